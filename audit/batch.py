@@ -1,0 +1,82 @@
+"""What a rule sees: one batch of parsed records, and the run they belong to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import pandera.polars as pa
+import polars as pl
+
+from audit.contract import contract_failures, in_vocabulary, record_contract
+from audit.profiles import ResolvedProfile
+from audit.tokenizer import Tokenizer
+
+
+@dataclass
+class AuditContext:
+    """Everything fixed for a run: the resolved profile and the tokenizer in use."""
+
+    profile: ResolvedProfile
+    tokenizer: Tokenizer
+    contract: pa.DataFrameSchema = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.contract = record_contract(self.tokenizer)
+
+
+class Batch:
+    """A frame of records (see `audit.records.RECORD_COLUMNS`) plus work shared between rules.
+
+    Shared work is computed once, on first use, for all rules: the contract failures and the
+    decoded output text (one batched tokenizer call).
+    """
+
+    def __init__(self, records: pl.DataFrame, context: AuditContext):
+        self.records = records
+        self.context = context
+        self._memo: dict[str, Any] = {}
+
+    def shared(self, key: str, compute: Callable[[Batch], Any]) -> Any:
+        """Work several rules need (e.g. the parsed tool calls), computed once per batch."""
+        if key not in self._memo:
+            self._memo[key] = compute(self)
+        return self._memo[key]
+
+    @property
+    def profile(self) -> ResolvedProfile:
+        return self.context.profile
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.context.tokenizer
+
+    @property
+    def height(self) -> int:
+        return self.records.height
+
+    @cached_property
+    def contract_failures(self) -> pl.DataFrame:
+        """`row`, `rule`, `column` of every contract failure in this batch."""
+        return contract_failures(self.context.contract, self.records)
+
+    @cached_property
+    def decodable(self) -> pl.Series:
+        """Rows whose output can be decoded: present, and every id inside the vocabulary."""
+        in_vocab = in_vocabulary(self.tokenizer)
+        return self.records.select(
+            pl.col("output_ids").list.eval(in_vocab.all()).list.first().fill_null(False)
+        ).to_series()
+
+    @cached_property
+    def decoded_output(self) -> pl.Series:
+        """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
+        rows = self.decodable.arg_true()
+        texts: list[str | None] = [None] * self.height
+        if len(rows):
+            sequences = self.records["output_ids"].gather(rows).to_list()
+            for row, text in zip(rows.to_list(), self.tokenizer.decode_batch(sequences), strict=True):
+                texts[row] = text
+        return pl.Series("decoded_output", texts, dtype=pl.String)

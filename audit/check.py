@@ -1,0 +1,131 @@
+"""`check`: resolve what to audit and with what, run the engine, and build the report.
+
+This is the whole core flow behind `audit check`, usable without the CLI:
+
+    from audit.check import CheckOptions, prepare, check_target
+    session = prepare(target, CheckOptions(tokenizer=Path("tok"), profile="kimi-k2.5"))
+    report = check_target(session)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from audit.batch import AuditContext
+from audit.engine import ProgressCallback, audit_file
+from audit.errors import ConfigError
+from audit.profiles import ResolvedProfile, load_profile
+from audit.records import DEFAULT_BLOCK_BYTES
+from audit.report import Report, build_report
+from audit.ruleset import RuleSet, load_rule_set
+from audit.targets import Target
+from audit.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What the user chose; unset values come from the partition's generation.json."""
+
+    profile: str | None = None
+    tokenizer: Path | None = None
+    trust_remote_code: bool = False
+    thinking: bool | None = None
+    rules: Path | None = None
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+
+
+@dataclass
+class Session:
+    """A target with everything needed to audit it, all configuration errors already raised."""
+
+    target: Target
+    context: AuditContext
+    rule_set: RuleSet
+    options: CheckOptions
+
+    @property
+    def profile(self) -> ResolvedProfile:
+        return self.context.profile
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.context.tokenizer
+
+
+_TOKENIZERS: dict[tuple[Path, bool], Tokenizer] = {}
+
+
+def _tokenizer(path: Path, trust_remote_code: bool) -> Tokenizer:
+    # Several partitions audited in one run usually share a tokenizer: load it once.
+    key = (path.resolve(), trust_remote_code)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    return _TOKENIZERS[key]
+
+
+def prepare(target: Target, options: CheckOptions) -> Session:
+    """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
+    rule_set = load_rule_set(options.rules)
+    generation = target.generation
+
+    tokenizer_dir = options.tokenizer or target.generation_path("tokenizer")
+    if tokenizer_dir is None:
+        raise ConfigError(
+            f"no tokenizer for {target.data_file}: pass --tokenizer DIR (a local Hugging Face "
+            "tokenizer directory), or record it in the partition's generation.json"
+        )
+    trust = options.trust_remote_code or bool(generation.get("trust_remote_code", False))
+    tokenizer = _tokenizer(tokenizer_dir, trust)
+    _check_fingerprint(target, tokenizer)
+
+    profile_name = options.profile or generation.get("profile")
+    if not profile_name:
+        raise ConfigError(
+            f"no profile for {target.data_file}: pass --profile NAME (see `audit profiles`) "
+            "or record it in the partition's generation.json"
+        )
+    thinking = options.thinking if options.thinking is not None else bool(generation.get("thinking", True))
+    profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
+    return Session(
+        target=target, context=AuditContext(profile, tokenizer), rule_set=rule_set, options=options
+    )
+
+
+def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
+    """A tokenizer other than the one the data records is a configuration error, not findings."""
+    recorded = target.generation.get("tokenizer")
+    if not isinstance(recorded, dict):
+        return
+    expected_hash = recorded.get("sha256")
+    expected_size = recorded.get("vocab_size")
+    actual = tokenizer.fingerprint
+    if expected_hash and expected_hash != actual.sha256:
+        raise ConfigError(
+            f"tokenizer mismatch: {target.data_file.parent}/generation.json records tokenizer "
+            f"sha256 {expected_hash[:12]}…, but {actual.path} hashes to {actual.sha256[:12]}…; "
+            "audit with the tokenizer the data was generated with"
+        )
+    if expected_size and int(expected_size) != actual.vocab_size:
+        raise ConfigError(
+            f"tokenizer mismatch: generation.json records a vocabulary of {expected_size} ids, "
+            f"but {actual.path} has {actual.vocab_size}"
+        )
+
+
+def check_target(session: Session, progress: ProgressCallback | None = None) -> Report:
+    """Audit the session's target and judge it against the rule set."""
+    audited = audit_file(
+        session.target.data_file,
+        session.context,
+        session.rule_set,
+        block_bytes=session.options.block_bytes,
+        progress=progress,
+    )
+    return build_report(
+        session.target.partition,
+        audited,
+        session.rule_set,
+        profile=session.profile.to_dict(),
+        tokenizer=session.tokenizer.fingerprint.to_dict(),
+    )

@@ -1,0 +1,56 @@
+"""The registry of rules: one explicit table, greppable, in code order."""
+
+from __future__ import annotations
+
+from audit.checks.base import Rule, Severity
+from audit.checks.integrity import (
+    DuplicateSampleId,
+    MetaCountMismatch,
+    RecordContract,
+    TokenOutOfVocabulary,
+    UnreadableLine,
+)
+from audit.checks.prompt import PromptSuffix, ThinkNotOpened
+from audit.checks.roundtrip import RoundTrip, TextMismatch
+from audit.checks.segmentation import (
+    ResponseTokenMissing,
+    ResponseTokenRepeated,
+    ThinkTokenInOutput,
+    ToolCallInReasoning,
+)
+from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated
+from audit.checks.toolcalls import (
+    ToolArgumentsInvalidJson,
+    ToolCallIdMalformed,
+    ToolMarkerAsText,
+    ToolMarkerGrammar,
+)
+
+RULES: dict[str, type[Rule]] = {
+    rule.code: rule
+    for rule in (
+        UnreadableLine,
+        RecordContract,
+        TokenOutOfVocabulary,
+        DuplicateSampleId,
+        MetaCountMismatch,
+        PromptSuffix,
+        ThinkNotOpened,
+        ResponseTokenMissing,
+        ResponseTokenRepeated,
+        ThinkTokenInOutput,
+        ToolCallInReasoning,
+        ToolMarkerGrammar,
+        ToolArgumentsInvalidJson,
+        ToolCallIdMalformed,
+        ToolMarkerAsText,
+        RoundTrip,
+        TextMismatch,
+        Truncated,
+        EndOfTurnMissing,
+        Aborted,
+        EmptyOutput,
+    )
+}
+
+__all__ = ["RULES", "Rule", "Severity"]

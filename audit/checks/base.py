@@ -1,0 +1,139 @@
+"""The rule unit: a stable code, a name, a default severity, docs, and one check.
+
+A rule author writes only the predicate. `RecordRule` subclasses return polars expressions
+(which rows break the rule, at which token, with what message); the engine evaluates them
+over each batch and does all the bookkeeping: line numbers, ids, severities, counts.
+
+Each rule's docstring is its documentation, in four sections, printed by `audit explain`:
+
+    <one-line summary>
+
+    What it checks:
+    Why it matters:
+    Example:
+    Fix:
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from enum import StrEnum
+from typing import Any, ClassVar
+
+import polars as pl
+
+from audit.batch import Batch
+
+DOC_SECTIONS = ("What it checks", "Why it matters", "Example", "Fix")
+
+# What every rule's check returns: the rows it flags, where, and why.
+FINDING_COLUMNS = {"row": pl.UInt32, "position": pl.Int64, "message": pl.String}
+
+
+class Severity(StrEnum):
+    ERROR = "error"
+    WARNING = "warning"
+
+
+class Rule:
+    """Base of every rule. Subclasses set the class attributes and implement `check`."""
+
+    code: ClassVar[str]
+    name: ClassVar[str]
+    severity: ClassVar[Severity] = Severity.ERROR
+    # Which id list a finding's `position` indexes.
+    position_field: ClassVar[str] = "output_ids"
+    # True for rules that judge the file as a whole (`check_file`), not one record.
+    file_level: ClassVar[bool] = False
+    # Parameters a rule set may override under [rules.CODE], with their defaults.
+    parameters: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **parameters: Any):
+        self.options = {**self.parameters, **parameters}
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        """Findings for this batch: columns `row`, `position` (token index or null), `message`."""
+        raise NotImplementedError
+
+    # -- documentation --------------------------------------------------------------------
+    @classmethod
+    def summary(cls) -> str:
+        return inspect.getdoc(cls).splitlines()[0]
+
+    @classmethod
+    def docs(cls) -> dict[str, str]:
+        """The docstring's sections, by heading."""
+        text = inspect.getdoc(cls) or ""
+        parts = re.split(rf"^({'|'.join(DOC_SECTIONS)}):\s*$", text, flags=re.MULTILINE)
+        return {parts[i]: inspect.cleandoc(parts[i + 1]) for i in range(1, len(parts) - 1, 2)}
+
+
+class RecordRule(Rule):
+    """A rule over single records, written as polars expressions on the batch's columns."""
+
+    def applies(self, batch: Batch) -> bool:
+        """False when the profile has nothing for this rule to check (e.g. no tool calls)."""
+        return True
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        """Boolean per record: does it break the rule? Null counts as no."""
+        raise NotImplementedError
+
+    def position(self, batch: Batch) -> pl.Expr:
+        """Token index the finding points at (into `output_ids` unless the message says)."""
+        return pl.lit(None, dtype=pl.Int64)
+
+    def message(self, batch: Batch) -> pl.Expr:
+        """One line per flagged record, naming tokens by their strings."""
+        raise NotImplementedError
+
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        """The columns the expressions read; override to add shared derived columns."""
+        return batch.records
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        if not self.applies(batch) or batch.height == 0:
+            return empty_findings()
+        frame = self.frame(batch).with_row_index("row")
+        flagged = frame.filter(self.violation(batch).fill_null(False))
+        return flagged.select(
+            pl.col("row").cast(pl.UInt32),
+            self.position(batch).cast(pl.Int64).alias("position"),
+            self.message(batch).cast(pl.String).alias("message"),
+        )
+
+
+def empty_findings() -> pl.DataFrame:
+    return pl.DataFrame(schema=FINDING_COLUMNS)
+
+
+def findings_frame(rows: list[int], positions: list[int | None], messages: list[str]) -> pl.DataFrame:
+    """Findings built from Python lists (for rules whose last step is per flagged record)."""
+    return pl.DataFrame({"row": rows, "position": positions, "message": messages}, schema=FINDING_COLUMNS)
+
+
+def first_index_of(column: str, token_id: int) -> pl.Expr:
+    """Index of the first occurrence of `token_id` in a list column, null when absent."""
+    return pl.col(column).list.eval(pl.arg_where(pl.element() == token_id).first()).list.first()
+
+
+def nth_index_of(column: str, token_id: int, n: int) -> pl.Expr:
+    """Index of the n-th (0-based) occurrence of `token_id`, null when there are fewer."""
+    return pl.col(column).list.eval(pl.arg_where(pl.element() == token_id)).list.get(n, null_on_oob=True)
+
+
+def id_set(token_ids: list[int] | tuple[int, ...]) -> pl.Expr:
+    """A set of ids to test membership against with `is_in`."""
+    return pl.lit(pl.Series(list(token_ids), dtype=pl.Int64)).implode()
+
+
+def first_index_in(column: str, token_ids: list[int]) -> pl.Expr:
+    """Index of the first element that is any of `token_ids`, null when none is."""
+    wanted = id_set(token_ids)
+    return pl.col(column).list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
+
+
+def truncated() -> pl.Expr:
+    """The server stopped the output early: length limit or abort (the termination rules speak)."""
+    return pl.col("finish_type").is_in(["length", "abort"]).fill_null(False)

@@ -1,0 +1,217 @@
+"""Integrity: is each line a record at all, and do its ids and counts hold together?"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import FINDING_COLUMNS, RecordRule, Rule
+from audit.contract import in_vocabulary
+
+
+class UnreadableLine(Rule):
+    """A line that cannot be read as JSON: bad syntax, bytes that are not UTF-8, or cut short.
+
+    What it checks:
+        Every non-blank line of the file parses as one JSON value. The reader reports the
+        line and the reason; the rest of the file is still audited.
+
+    Why it matters:
+        A line nobody can read is a sample silently missing from training, and often the
+        trace of a crash: a generator killed mid-write leaves a truncated last line.
+
+    Example:
+        {"id": "glaive-7", "input_ids": [163587, 1234, 16
+
+    Fix:
+        Write each record with one `write()` of a complete line and flush it; on resume,
+        drop a partial last line before appending. If the file is still being written,
+        audit it again when the generator has finished.
+    """
+
+    code = "INT001"
+    name = "unreadable-line"
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        # Reported by the reader before records exist; see audit.records.parse_block.
+        return pl.DataFrame(schema=FINDING_COLUMNS)
+
+
+class ContractRule(RecordRule):
+    """A rule whose predicate is a named check of the pandera record contract."""
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        failures = batch.contract_failures
+        rows = failures.filter(pl.col("rule") == self.code)["row"]
+        return pl.int_range(pl.len(), dtype=pl.UInt32).is_in(rows.implode())
+
+
+class RecordContract(ContractRule):
+    """A record that breaks the input contract: a field missing, of the wrong type, or empty.
+
+    What it checks:
+        `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of
+        integers, the prompt is not empty, and `meta_info` has SGLang's shape. Lines that
+        are JSON but of the wrong shape are reported here with the field that is wrong.
+
+    Why it matters:
+        A record without its prompt or output ids cannot become a training sequence; a
+        string where ids belong means a later step rewrote the record.
+
+    Example:
+        {"id": "glaive-9", "input_ids": [163587, 101], "output_ids": "The weather is..."}
+
+    Fix:
+        Save the `input_ids` you sent and the `output_ids` SGLang's `/generate` returned,
+        untouched; never the text.
+    """
+
+    code = "INT002"
+    name = "record-contract"
+
+    def message(self, batch: Batch) -> pl.Expr:
+        return (
+            pl.when(pl.col("input_ids").is_null())
+            .then(pl.lit("input_ids is missing (also looked for prompt_ids)"))
+            .when(pl.col("input_ids").list.len() == 0)
+            .then(pl.lit("input_ids is empty: there is no prompt"))
+            .otherwise(pl.lit("output_ids is missing"))
+        )
+
+
+class TokenOutOfVocabulary(ContractRule):
+    """A token id that the tokenizer in use does not have.
+
+    What it checks:
+        Every id in `input_ids` and `output_ids` is one the tokenizer can decode:
+        non-negative, below the vocabulary size, and not in a hole of the id space.
+
+    Why it matters:
+        Ids outside the vocabulary were not produced by this model with this tokenizer:
+        the data came from another tokenizer, or was damaged. The drafter's embedding
+        lookup would fail or, worse, silently read the wrong row.
+
+    Example:
+        output_ids = [..., 1234, 999999, 163586] with a 163840-entry vocabulary.
+
+    Fix:
+        Audit with the tokenizer the server used (compare `audit check` fingerprints), and
+        regenerate records whose ids were damaged.
+    """
+
+    code = "INT003"
+    name = "token-out-of-vocabulary"
+
+    def _first_bad(self, batch: Batch, column: str) -> pl.Expr:
+        in_vocab = in_vocabulary(batch.tokenizer)
+        return pl.col(column).list.eval(pl.arg_where(~in_vocab).first()).list.first()
+
+    def position(self, batch: Batch) -> pl.Expr:
+        return self._first_bad(batch, "output_ids")
+
+    def message(self, batch: Batch) -> pl.Expr:
+        size = batch.tokenizer.vocab_size
+
+        def describe(column: str) -> pl.Expr:
+            at = self._first_bad(batch, column)
+            return pl.format(
+                "{}[{}] = {} is not in the tokenizer's vocabulary ({} ids)",
+                pl.lit(column),
+                at,
+                pl.col(column).list.get(at.cast(pl.Int64), null_on_oob=True),
+                pl.lit(size),
+            )
+
+        return (
+            pl.when(self._first_bad(batch, "output_ids").is_not_null())
+            .then(describe("output_ids"))
+            .otherwise(describe("input_ids"))
+        )
+
+
+class MetaCountMismatch(ContractRule):
+    """`meta_info` token counts that differ from the saved id lists.
+
+    What it checks:
+        `meta_info.prompt_tokens == len(input_ids)` and
+        `meta_info.completion_tokens == len(output_ids)` when the counts are present.
+
+    Why it matters:
+        The server counted the tokens it produced. A different length means the ids are not
+        the ones the server produced: a parser or a later step dropped or added tokens.
+        Often it is the only trace left when a whole tool-call section was cut out.
+
+    Example:
+        meta_info.completion_tokens = 412, len(output_ids) = 377
+
+    Fix:
+        Save `output_ids` exactly as `/generate` returned them, with no parser in between
+        (never `/v1/chat/completions` with a reasoning or tool-call parser).
+    """
+
+    code = "INT005"
+    name = "meta-count-mismatch"
+
+    def message(self, batch: Batch) -> pl.Expr:
+        prompt_off = pl.col("prompt_tokens").is_not_null() & (
+            pl.col("prompt_tokens") != pl.col("input_ids").list.len()
+        )
+        return pl.when(prompt_off).then(
+            pl.format(
+                "meta_info.prompt_tokens = {} but input_ids has {} ids",
+                pl.col("prompt_tokens"),
+                pl.col("input_ids").list.len(),
+            )
+        ).otherwise(
+            pl.format(
+                "meta_info.completion_tokens = {} but output_ids has {} ids",
+                pl.col("completion_tokens"),
+                pl.col("output_ids").list.len(),
+            )
+        )
+
+
+class DuplicateSampleId(Rule):
+    """A sample id that an earlier line of the file already used.
+
+    What it checks:
+        Every `id` appears once per file. The first line keeps it; each later line with the
+        same id is flagged, naming the first.
+
+    Why it matters:
+        Duplicates are the trace of a crashed and resumed generation run that did not know
+        what it had already written (resume by line count is order-unsafe). They weight some
+        prompts twice, and hide the ones that were skipped.
+
+    Example:
+        line 12: {"id": "glaive-0042", ...}   line 97: {"id": "glaive-0042", ...}
+
+    Fix:
+        Resume by the set of ids already written, not by line count; keep the first copy.
+    """
+
+    code = "INT004"
+    name = "duplicate-sample-id"
+    file_level: ClassVar[bool] = True
+
+    def check_file(self, identities: pl.DataFrame) -> pl.DataFrame:
+        """Findings over the whole file's `line`, `id` columns: `line`, `position`, `message`."""
+        with_id = identities.filter(pl.col("id").is_not_null())
+        first = with_id.group_by("id").agg(pl.col("line").min().alias("first_line"))
+        return (
+            with_id.join(first, on="id")
+            .filter(pl.col("line") != pl.col("first_line"))
+            .sort("line")
+            .select(
+                "line",
+                pl.lit(None, dtype=pl.Int64).alias("position"),
+                pl.format("id {} was already used on line {}", pl.col("id"), pl.col("first_line")).alias(
+                    "message"
+                ),
+            )
+        )
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        return pl.DataFrame(schema=FINDING_COLUMNS)

@@ -1,0 +1,112 @@
+"""Prompt ending: the generation prompt the chat template should have left the model in."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_of
+
+
+def _ends_with(column: str, suffix: tuple[int, ...]) -> pl.Expr:
+    """Does the list column end with exactly these ids?"""
+    width = len(suffix)
+    matches = [
+        pl.col(column).list.get(index - width, null_on_oob=True) == token
+        for index, token in enumerate(suffix)
+    ]
+    return pl.all_horizontal(matches).fill_null(False)
+
+
+class PromptSuffix(RecordRule):
+    """The prompt does not end with the model's generation-prompt suffix.
+
+    What it checks:
+        `input_ids` end with the profile's generation-prompt suffix for the thinking mode in
+        use, resolved to ids by the tokenizer. Kimi-K2.5 thinking:
+        `<|im_assistant|>assistant<|im_middle|><think>`; DeepSeek-V3.1 thinking:
+        `<｜Assistant｜><think>`.
+
+    Why it matters:
+        The drafter learns from the target's hidden states at every prompt position. A prompt
+        without the `<think>` the server's template appends (a thinking-off template, an old
+        template revision, `add_generation_prompt=False`) conditions the target differently
+        from serving time, and acceptance collapses.
+
+    Example:
+        ... <|im_assistant|> assistant <|im_middle|>        (no <think>: thinking-off or stale template)
+
+    Fix:
+        Render prompts with the model's own tokenizer:
+        `apply_chat_template(messages, tools=tools, add_generation_prompt=True)`, and send
+        the ids to `/generate` as `input_ids`. Check `--thinking` matches the run.
+    """
+
+    code = "PRM001"
+    name = "prompt-suffix"
+    position_field: ClassVar[str] = "input_ids"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        accepted = [_ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
+        return ~pl.any_horizontal(accepted) & (pl.col("input_ids").list.len() > 0)
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        if batch.height == 0:
+            return empty_findings()
+        flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
+        if flagged.is_empty():
+            return empty_findings()
+        expected = batch.profile.prompt_suffixes[0]
+        tails = flagged.select(pl.col("input_ids").list.tail(len(expected) + 1)).to_series().to_list()
+        lengths = flagged.select(pl.col("input_ids").list.len()).to_series().to_list()
+        pieces = batch.tokenizer.token_strings(sorted({t for tail in tails for t in tail}))
+        text_of = dict(zip(sorted({t for tail in tails for t in tail}), pieces, strict=True))
+        expected_text = batch.profile.prompt_suffix_texts[0]
+        positions, messages = [], []
+        for tail, length in zip(tails, lengths, strict=True):
+            shown = "".join(text_of[t] for t in tail)
+            positions.append(length - 1)
+            messages.append(f"prompt ends with {shown!r}, expected it to end with {expected_text!r}")
+        return findings_frame(flagged["row"].to_list(), positions, messages)
+
+
+class ThinkNotOpened(RecordRule):
+    """The output does not open `<think>` although the template leaves that to the model.
+
+    What it checks:
+        For templates that do not prefill `<think>` (Kimi-K2-Thinking, Qwen3 hybrid, GLM),
+        the output starts with the think-start token, within the profile's
+        `think_open_window` leading tokens.
+
+    Why it matters:
+        With such templates the model always opens its reasoning itself; an output without
+        it was rewritten (a reasoning parser moved it into `reasoning_content`) or was
+        generated with thinking disabled.
+
+    Example:
+        output_ids decode to "The user wants ... </think>The answer is 4<|im_end|>"
+
+    Fix:
+        Use `/generate` (no reasoning parser) and save `output_ids` untouched; check that
+        thinking was on for the run.
+    """
+
+    code = "PRM002"
+    name = "think-not-opened"
+
+    def applies(self, batch: Batch) -> bool:
+        return batch.profile.reasoning == "model_opens"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        opened_at = first_index_of("output_ids", batch.profile.think_start)
+        window = batch.profile.profile.think_open_window
+        return (pl.col("output_ids").list.len() > 0) & (opened_at.is_null() | (opened_at > window))
+
+    def position(self, batch: Batch) -> pl.Expr:
+        return pl.lit(0)
+
+    def message(self, batch: Batch) -> pl.Expr:
+        think = batch.profile.profile.think_start
+        return pl.lit(f"output does not start with {think!r}; this template leaves it to the model")

@@ -1,0 +1,118 @@
+"""Round trip: the ids are the tokenizer's own reading of their text, and agree with `text`."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import RecordRule, empty_findings, findings_frame
+
+
+def _first_difference(left: list[int] | str, right: list[int] | str) -> int:
+    for index, (a, b) in enumerate(zip(left, right, strict=False)):
+        if a != b:
+            return index
+    return min(len(left), len(right))
+
+
+class RoundTrip(RecordRule):
+    """Output ids that do not survive `encode(decode(output_ids))` with special tokens kept.
+
+    What it checks:
+        Decoding `output_ids` (special tokens kept) and encoding the text again (special
+        tokens recognised, nothing added) gives back exactly `output_ids`. One batched
+        decode and one batched encode per block of records.
+
+    Why it matters:
+        Ids that are not the tokenizer's canonical reading of their own text did not come
+        from this tokenizer: they were re-tokenised with another one, spliced from pieces,
+        or carry plain-text copies of special tokens. The drafter would learn token
+        boundaries the target never produces.
+
+    Example:
+        "weather" saved as the byte pieces w e a t h e r instead of the single merged id.
+
+    Fix:
+        Save `output_ids` from `/generate`; never rebuild ids from text. Check that the audit
+        uses the server's tokenizer.
+    """
+
+    code = "RTR001"
+    name = "round-trip-mismatch"
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        rows = batch.decodable.arg_true()
+        if len(rows) == 0:
+            return empty_findings()
+        texts = batch.decoded_output.gather(rows).to_list()
+        reencoded = pl.Series(batch.tokenizer.encode_batch(texts), dtype=pl.List(pl.Int64))
+        original = batch.records["output_ids"].gather(rows)
+        differs = (reencoded != original).fill_null(True)
+        if not differs.any():
+            return empty_findings()
+        bad_rows = rows.filter(differs).to_list()
+        positions, messages = [], []
+        for ids, again in zip(original.filter(differs).to_list(), reencoded.filter(differs).to_list(), strict=True):
+            at = _first_difference(ids, again)
+            positions.append(at)
+            messages.append(
+                f"re-encoding the decoded output differs from output_ids[{at}]: "
+                f"saved {ids[at:at + 4]}..., tokenizer gives {again[at:at + 4]}..."
+            )
+        return findings_frame(bad_rows, positions, messages)
+
+
+class TextMismatch(RecordRule):
+    """A saved `text` that is not the decoding of the saved `output_ids`.
+
+    What it checks:
+        When a record carries `text`, it equals `decode(output_ids)` under one of SGLang's
+        documented settings: special tokens kept or skipped (`skip_special_tokens`), with or
+        without the final stop token (`no_stop_trim`).
+
+    Why it matters:
+        The server produced `text` and `output_ids` together. When they disagree, one of them
+        was changed afterwards, and nobody can tell which one the model really produced.
+
+    Example:
+        text: "The answer is 5."   decode(output_ids): "The answer is 4."
+
+    Fix:
+        Save the server's response whole; if a step must edit outputs, drop `text` or
+        regenerate it from the ids.
+    """
+
+    code = "RTR002"
+    name = "text-mismatch"
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        frame = batch.records.select("text", "output_ids").with_columns(
+            batch.decoded_output.alias("decoded")
+        )
+        suspect = frame.with_row_index("row").filter(
+            pl.col("text").is_not_null()
+            & pl.col("decoded").is_not_null()
+            & (pl.col("text") != pl.col("decoded"))
+        )
+        if suspect.is_empty():
+            return empty_findings()
+        stop_ids = set(batch.profile.stop_ids)
+        sequences = suspect["output_ids"].to_list()
+        trimmed = [ids[:-1] if ids and ids[-1] in stop_ids else ids for ids in sequences]
+        tokenizer = batch.tokenizer
+        variants = [
+            tokenizer.decode_batch(trimmed),
+            tokenizer.decode_batch_skipping_special(sequences),
+            tokenizer.decode_batch_skipping_special(trimmed),
+        ]
+        rows, messages = [], []
+        for index, (row, text, decoded) in enumerate(suspect.select("row", "text", "decoded").iter_rows()):
+            if any(text == variant[index] for variant in variants):
+                continue
+            at = _first_difference(text, decoded)
+            rows.append(row)
+            messages.append(
+                f"text differs from decode(output_ids) at character {at}: "
+                f"text has {text[at:at + 24]!r}, ids decode to {decoded[at:at + 24]!r}"
+            )
+        return findings_frame(rows, [None] * len(rows), messages)

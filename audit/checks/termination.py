@@ -1,0 +1,155 @@
+"""Termination: a finished turn ends with its end-of-turn token; cut or empty ones are named."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import RecordRule, id_set
+
+
+class Truncated(RecordRule):
+    """An output cut at the token limit (`finish_reason.type == "length"`).
+
+    What it checks:
+        `meta_info.finish_reason.type` is not `length`.
+
+    Why it matters:
+        A truncated answer has no end of turn and often no `</think>`: the drafter learns
+        sequences that stop mid-thought and never learns how the model ends a turn. A few
+        are tolerable; many mean `max_new_tokens` is too small for a thinking model.
+
+    Example:
+        meta_info.finish_reason = {"type": "length", "length": 4096}
+
+    Fix:
+        Raise `max_new_tokens` (thinking models need tens of thousands), and gate on the
+        rate with this rule's `fail_above`.
+    """
+
+    code = "TRM001"
+    name = "truncated"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        return pl.col("finish_type") == "length"
+
+    def position(self, batch: Batch) -> pl.Expr:
+        return pl.col("output_ids").list.len() - 1
+
+    def message(self, batch: Batch) -> pl.Expr:
+        return pl.format(
+            "finish_reason is length ({} tokens): the output was cut at the token limit",
+            pl.coalesce(pl.col("finish_length"), pl.col("output_ids").list.len()),
+        )
+
+
+class EndOfTurnMissing(RecordRule):
+    """A finished output whose last token is not the end-of-turn (or EOS) token.
+
+    What it checks:
+        When the output was not cut (`finish_reason` is `stop`, or no finish reason was
+        saved), its last id is the profile's end of turn or EOS, or the stop id SGLang
+        reports as `matched`. SGLang's `output_ids` include the matched stop token.
+
+    Why it matters:
+        A drafter must learn where a turn ends. An output without its stop token was trimmed
+        by a later step (a text round trip with `no_stop_trim` off), or, with no finish
+        reason saved, was silently cut.
+
+    Example:
+        output_ids = [..., 13, 2034]  finish_reason = {"type": "stop", "matched": 163586}
+
+    Fix:
+        Pass the end-of-turn id in `stop_token_ids` and save `output_ids` untouched; save
+        `meta_info` so truncation can be told from trimming.
+    """
+
+    code = "TRM002"
+    name = "end-of-turn-missing"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        last = pl.col("output_ids").list.last()
+        matched = pl.col("finish_matched").cast(pl.Int64, strict=False)
+        stop_string = pl.col("finish_matched").is_not_null() & matched.is_null()
+        finished = pl.col("finish_type").is_null() | (pl.col("finish_type") == "stop")
+        ends_well = last.is_in(id_set(batch.profile.stop_ids)) | (last == matched)
+        return finished & ~stop_string & (pl.col("output_ids").list.len() > 0) & ~ends_well.fill_null(False)
+
+    def position(self, batch: Batch) -> pl.Expr:
+        return pl.col("output_ids").list.len() - 1
+
+    def message(self, batch: Batch) -> pl.Expr:
+        names = " or ".join(repr(t) for t in batch.profile.profile.end_of_turn + batch.profile.profile.eos)
+        return (
+            pl.when(pl.col("finish_type").is_null())
+            .then(
+                pl.format(
+                    "output ends with id {}, not {}; no finish_reason saved: truncated or trimmed?",
+                    pl.col("output_ids").list.last(),
+                    pl.lit(names),
+                )
+            )
+            .otherwise(
+                pl.format(
+                    "finish_reason is stop but output ends with id {}, not {}",
+                    pl.col("output_ids").list.last(),
+                    pl.lit(names),
+                )
+            )
+        )
+
+
+class Aborted(RecordRule):
+    """A generation the server aborted (`finish_reason.type == "abort"`).
+
+    What it checks:
+        `meta_info.finish_reason.type` is not `abort`.
+
+    Why it matters:
+        An aborted request (client disconnect, server overload, a request error) stops at an
+        arbitrary token; its output is not a turn the model finished.
+
+    Example:
+        meta_info.finish_reason = {"type": "abort", "message": "client disconnected"}
+
+    Fix:
+        Retry aborted requests; write a record only for a finished generation.
+    """
+
+    code = "TRM003"
+    name = "aborted"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        return pl.col("finish_type") == "abort"
+
+    def message(self, batch: Batch) -> pl.Expr:
+        return pl.format(
+            "generation aborted: {}", pl.coalesce(pl.col("finish_message"), pl.lit("no message"))
+        )
+
+
+class EmptyOutput(RecordRule):
+    """An output with no tokens at all: nothing to supervise.
+
+    What it checks:
+        `output_ids` is not empty.
+
+    Why it matters:
+        A record with zero supervised tokens costs a forward pass and teaches nothing; many of
+        them mean requests failed and were written anyway.
+
+    Example:
+        {"id": "glaive-31", "input_ids": [...], "output_ids": []}
+
+    Fix:
+        Write a record only when the server returned a finished generation; retry the rest.
+    """
+
+    code = "TRM004"
+    name = "empty-output"
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        return pl.col("output_ids").list.len() == 0
+
+    def message(self, batch: Batch) -> pl.Expr:
+        return pl.lit("output_ids is empty")

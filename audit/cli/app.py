@@ -1,0 +1,126 @@
+"""The typer app, the options every command shares, and the entry point.
+
+Exit codes are a contract a CI job can gate on:
+
+    0  the gate passed (warnings allowed, unless --fail-on warning)
+    1  the gate failed: some rule exceeded its fail threshold
+    2  usage, configuration or input error: nothing was judged
+
+Each command lives in its own module of this package and registers itself on `app`.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from audit import __version__
+
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    name="audit",
+    help="Gate LLM-generated token data before it trains an EAGLE-3 drafter.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+console = Console()
+errors = Console(stderr=True)
+
+
+def fail(message: str) -> typer.Exit:
+    """Print one error line on stderr and return the exit to raise (code 2)."""
+    errors.print(f"[bold red]audit: error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+class Thinking(StrEnum):
+    on = "on"
+    off = "off"
+
+
+class FailOn(StrEnum):
+    error = "error"
+    warning = "warning"
+
+
+# -- options shared by every command that audits a target ------------------------------------
+Targets = Annotated[list[str], typer.Argument(help="Partition names, partition directories or .jsonl files.")]
+DataRootOption = Annotated[
+    Path | None,
+    typer.Option("--data-root", envvar="AUDIT_DATA_ROOT", help="Where partitions live (default prepared/)."),
+]
+ProfileOption = Annotated[
+    str | None, typer.Option("--profile", help="Profile name (see `audit profiles`) or a profile .toml file.")
+]
+TokenizerOption = Annotated[Path | None, typer.Option("--tokenizer", help="Local Hugging Face tokenizer directory.")]
+TrustOption = Annotated[
+    bool,
+    typer.Option("--trust-remote-code", help="Allow the tokenizer's own code (Kimi's tiktoken tokenizer needs it)."),
+]
+ThinkingOption = Annotated[
+    Thinking | None, typer.Option("--thinking", help="Thinking mode the data was generated with (default: on).")
+]
+RulesOption = Annotated[Path | None, typer.Option("--rules", help="Rule set file (default rules/default.toml).")]
+FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest verdict that fails the gate.")]
+ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when the gate fails.")]
+
+
+def check_options(
+    profile: str | None,
+    tokenizer: Path | None,
+    trust_remote_code: bool,
+    thinking: Thinking | None,
+    rules: Path | None,
+):
+    """The core's CheckOptions from the shared CLI options."""
+    from audit.check import CheckOptions
+
+    return CheckOptions(
+        profile=profile,
+        tokenizer=tokenizer,
+        trust_remote_code=trust_remote_code,
+        thinking=None if thinking is None else thinking is Thinking.on,
+        rules=rules,
+    )
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        console.print(f"audit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print the version.")
+    ] = False,
+) -> None:
+    """Gate LLM-generated token data before it trains an EAGLE-3 drafter."""
+
+
+def main() -> None:
+    """Entry point: run the app; an unexpected failure is one line and exit 2, never a traceback."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        errors.print("audit: interrupted")
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception as exc:  # the last guard: a user must never see a traceback
+        errors.print(
+            f"audit: internal error: {type(exc).__name__}: {exc} (please report it with the command you ran)",
+            highlight=False,
+            markup=False,
+        )
+        sys.exit(EXIT_USAGE)

@@ -1,0 +1,51 @@
+"""`audit rules`, `audit explain`, `audit profiles`: what the tool knows, for people."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from audit.cli.app import ThinkingOption, Thinking, TokenizerOption, TrustOption, app, console, fail
+from audit.errors import AuditError
+
+
+@app.command("rules")
+def list_rules() -> None:
+    """List every rule: code, name, default severity, summary."""
+    from audit.render import rules_table
+
+    console.print(rules_table())
+
+
+@app.command()
+def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, or its name.")]) -> None:
+    """Print a rule's documentation: what it checks, why it matters, an example, the fix."""
+    from audit.checks import RULES
+    from audit.render import explain as render_explain
+
+    wanted = code.strip()
+    rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted), None)
+    if rule is None:
+        raise fail(f"no rule {code!r}: `audit rules` lists them")
+    console.print(render_explain(rule))
+
+
+@app.command()
+def profiles(
+    tokenizer: TokenizerOption = None,
+    trust_remote_code: TrustOption = False,
+    thinking: ThinkingOption = None,
+) -> None:
+    """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
+    from audit.profiles import builtin_profiles, load_profile
+    from audit.render import profiles_table
+    from audit.tokenizer import load_tokenizer
+
+    try:
+        loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None
+        console.print(
+            profiles_table([load_profile(name) for name in builtin_profiles()], loaded, thinking is not Thinking.off)
+        )
+    except AuditError as exc:
+        raise fail(str(exc)) from None

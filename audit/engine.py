@@ -1,0 +1,136 @@
+"""The engine: stream a file through the rules and collect findings with their line numbers.
+
+Rules only say which rows break them; the engine numbers lines, attaches ids and
+severities, runs file-level rules at the end, and counts. Memory holds one block of records
+at a time plus the findings and the (line, id) pairs the duplicate check needs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from audit.batch import AuditContext, Batch
+from audit.records import DEFAULT_BLOCK_BYTES, InputDigest, iter_line_blocks, parse_block
+from audit.ruleset import RuleSet
+
+FINDINGS_SCHEMA: dict[str, pl.DataType] = {
+    "line": pl.UInt32(),
+    "id": pl.String(),
+    "rule": pl.String(),
+    "severity": pl.String(),
+    "position": pl.Int64(),
+    "field": pl.String(),
+    "message": pl.String(),
+}
+
+# Called after each block with (records so far, output tokens so far, bytes read so far).
+ProgressCallback = Callable[[int, int, int], None]
+
+
+@dataclass
+class FileAudit:
+    """What one pass over one file found."""
+
+    path: Path
+    sha256: str
+    bytes: int
+    lines: int  # physical lines, blank ones included
+    records: int  # non-blank lines, readable or not: the denominator of every rate
+    output_tokens: int
+    findings: pl.DataFrame  # FINDINGS_SCHEMA, sorted by line then rule
+    seconds: float
+
+
+def audit_file(
+    path: Path,
+    context: AuditContext,
+    rule_set: RuleSet,
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: ProgressCallback | None = None,
+) -> FileAudit:
+    """Run every rule of `rule_set` over `path` and return the findings."""
+    started = time.perf_counter()
+    digest = InputDigest()
+    record_rules = [c for c in rule_set.rules if not c.rule.file_level]
+    file_rules = [c for c in rule_set.rules if c.rule.file_level]
+    parts: list[pl.DataFrame] = []
+    identities: list[pl.DataFrame] = []
+    lines = records = output_tokens = 0
+
+    for block in iter_line_blocks(path, digest, block_bytes):
+        parsed = parse_block(block)
+        lines = block.first_line + len(block.lines) - 1
+        records += parsed.records.height + len(parsed.unreadable)
+        parts.append(_unreadable_findings(parsed.unreadable, rule_set))
+        batch = Batch(parsed.records, context)
+        for configured in record_rules:
+            found = configured.rule.check(batch)
+            if found.height:
+                parts.append(_locate(found, batch, configured.code, configured.severity.value, configured.rule.position_field))
+        identities.append(parsed.records.select("line", "id"))
+        output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
+        if progress is not None:
+            progress(records, output_tokens, digest.bytes)
+
+    if file_rules:
+        everyone = pl.concat(identities) if identities else pl.DataFrame(schema={"line": pl.UInt32, "id": pl.String})
+        for configured in file_rules:
+            found = configured.rule.check_file(everyone)
+            parts.append(
+                found.join(everyone, on="line", how="left").select(
+                    pl.col("line").cast(pl.UInt32),
+                    "id",
+                    pl.lit(configured.code).alias("rule"),
+                    pl.lit(configured.severity.value).alias("severity"),
+                    pl.col("position").cast(pl.Int64),
+                    pl.lit(configured.rule.position_field).alias("field"),
+                    pl.col("message").cast(pl.String),
+                )
+            )
+
+    findings = pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *parts], how="vertical").sort(
+        "line", "rule", maintain_order=True
+    )
+    return FileAudit(
+        path=path,
+        sha256=digest.sha256,
+        bytes=digest.bytes,
+        lines=lines,
+        records=records,
+        output_tokens=output_tokens,
+        findings=findings,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _locate(found: pl.DataFrame, batch: Batch, code: str, severity: str, field: str) -> pl.DataFrame:
+    """Attach line numbers and ids to a rule's row-indexed findings."""
+    located = batch.records.select(pl.col("line", "id").gather(found["row"]))
+    return pl.DataFrame(
+        {
+            "line": located["line"],
+            "id": located["id"],
+            "rule": pl.Series([code] * found.height, dtype=pl.String),
+            "severity": pl.Series([severity] * found.height, dtype=pl.String),
+            "position": found["position"],
+            "field": pl.Series([field] * found.height, dtype=pl.String),
+            "message": found["message"],
+        },
+        schema=FINDINGS_SCHEMA,
+    )
+
+
+def _unreadable_findings(unreadable: list, rule_set: RuleSet) -> pl.DataFrame:
+    """Lines the reader could not turn into records, as INT001 (not JSON) or INT002 findings."""
+    rows = []
+    for item in unreadable:
+        code = "INT002" if item.contract else "INT001"
+        if code in rule_set:
+            rows.append((item.line, None, code, rule_set[code].severity.value, None, None, item.reason))
+    return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")

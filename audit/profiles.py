@@ -1,0 +1,249 @@
+"""Model profiles: a family's special tokens, named by their strings, as data in `rules/profiles/`.
+
+A `Profile` is what the TOML file says. `Profile.resolve(tokenizer, thinking=...)` looks every
+string up in the tokenizer in use and returns a `ResolvedProfile` of ids: nothing is
+hard-coded, because ids move between tokenizer releases of one family. A profile may pin
+an id (`[pinned_ids]`); a tokenizer that disagrees is a configuration error, caught before
+any record is read.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
+from audit.errors import ConfigError
+from audit.tokenizer import Tokenizer
+from audit.toolcall_formats import FORMATS, ToolCallFormat
+
+PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
+
+# What the prompt leaves the output to do about reasoning:
+#   prompt_opens  the prompt ends inside <think>: the output closes it exactly once
+#   model_opens   the model writes <think> itself, first, then closes it exactly once
+#   closed        thinking is off (the prompt holds <think></think>): no think tokens at all
+#   none          the family has no think tokens (segmented another way)
+Reasoning = Literal["prompt_opens", "model_opens", "closed", "none"]
+
+_TOP_KEYS = {"name", "description", "tokens", "pinned_ids", "generation_prompt", "tool_calls"}
+_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window"}
+_PROMPT_KEYS = {"thinking", "no_thinking"}
+
+
+@dataclass(frozen=True)
+class ToolCallSpec:
+    """The tool-call markers of a family, by string, and the format that orders them."""
+
+    format: ToolCallFormat
+    markers: dict[str, str]  # role -> token string
+    call_id_pattern: str | None = None
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model family's token vocabulary for the rules, as written in its TOML file."""
+
+    name: str
+    description: str
+    source: Path
+    think_start: str | None
+    think_end: str | None
+    end_of_turn: tuple[str, ...]
+    eos: tuple[str, ...]
+    prompt_suffixes: dict[str, tuple[str, ...]]  # "thinking" / "no_thinking" -> suffix texts
+    pinned_ids: dict[str, int] = field(default_factory=dict)
+    tool_calls: ToolCallSpec | None = None
+    think_open_window: int = 0
+
+    def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
+        """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
+        where = f"profile {self.name} ({self.source})"
+
+        def token(text: str) -> int:
+            token_id = tokenizer.token_id(text)
+            if token_id is None:
+                raise ConfigError(
+                    f"{where}: token {text!r} is not in the tokenizer at {tokenizer.directory} "
+                    "as a single token: is this the right profile for this tokenizer?"
+                )
+            return token_id
+
+        for text, pinned in self.pinned_ids.items():
+            actual = token(text)
+            if actual != pinned:
+                raise ConfigError(
+                    f"{where}: pins {text!r} to id {pinned}, but the tokenizer at "
+                    f"{tokenizer.directory} has it at {actual}: wrong tokenizer or stale profile"
+                )
+
+        mode = "thinking" if thinking else "no_thinking"
+        suffix_texts = self.prompt_suffixes.get(mode)
+        if not suffix_texts:
+            raise ConfigError(f"{where}: has no generation_prompt.{mode}; this family has no such mode")
+        suffixes = tuple(tuple(tokenizer.encode_text(text)) for text in suffix_texts)
+
+        think_start = token(self.think_start) if self.think_start else None
+        think_end = token(self.think_end) if self.think_end else None
+        reasoning = _reasoning(suffixes[0], think_start, think_end, thinking)
+        for text, ids in zip(suffix_texts[1:], suffixes[1:], strict=True):
+            if _reasoning(ids, think_start, think_end, thinking) != reasoning:
+                raise ConfigError(
+                    f"{where}: generation_prompt.{mode} suffix {text!r} leaves reasoning in a "
+                    "different state than the first one; list such variants in separate profiles"
+                )
+
+        markers: dict[str, int] = {}
+        if self.tool_calls is not None:
+            markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
+
+        return ResolvedProfile(
+            profile=self,
+            thinking=thinking,
+            think_start=think_start,
+            think_end=think_end,
+            end_of_turn=tuple(token(t) for t in self.end_of_turn),
+            eos=tuple(token(t) for t in self.eos),
+            prompt_suffixes=suffixes,
+            prompt_suffix_texts=suffix_texts,
+            reasoning=reasoning,
+            tool_markers=markers,
+        )
+
+
+def _reasoning(
+    suffix: tuple[int, ...], think_start: int | None, think_end: int | None, thinking: bool
+) -> Reasoning:
+    if think_start is None or think_end is None:
+        return "none"
+    if think_end in suffix:
+        return "closed"
+    if think_start in suffix:
+        return "prompt_opens"
+    return "model_opens" if thinking else "closed"
+
+
+@dataclass(frozen=True)
+class ResolvedProfile:
+    """A profile with every token resolved to its id in the tokenizer in use."""
+
+    profile: Profile
+    thinking: bool
+    think_start: int | None
+    think_end: int | None
+    end_of_turn: tuple[int, ...]
+    eos: tuple[int, ...]
+    prompt_suffixes: tuple[tuple[int, ...], ...]
+    prompt_suffix_texts: tuple[str, ...]
+    reasoning: Reasoning
+    tool_markers: dict[str, int]  # role -> id
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """Ids that may end a finished output: end of turn first, then EOS."""
+        return tuple(dict.fromkeys(self.end_of_turn + self.eos))
+
+    @property
+    def tool_calls(self) -> ToolCallSpec | None:
+        return self.profile.tool_calls
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved tokens, for the report."""
+        return {
+            "name": self.name,
+            "source": str(self.profile.source),
+            "thinking": self.thinking,
+            "reasoning": self.reasoning,
+            "think_start": self.think_start,
+            "think_end": self.think_end,
+            "end_of_turn": list(self.end_of_turn),
+            "eos": list(self.eos),
+            "prompt_suffixes": [list(s) for s in self.prompt_suffixes],
+            "tool_markers": self.tool_markers,
+        }
+
+
+def builtin_profiles() -> dict[str, Path]:
+    """Built-in profile names and their files."""
+    return {path.stem: path for path in sorted(PROFILES_DIR.glob("*.toml"))}
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A built-in profile by name, or a profile TOML file by path."""
+    path = Path(name_or_path)
+    if not (path.suffix == ".toml" or path.is_file()):
+        known = builtin_profiles()
+        if name_or_path not in known:
+            raise ConfigError(
+                f"unknown profile {name_or_path!r}: use one of {', '.join(known)} "
+                "or pass a profile .toml file"
+            )
+        path = known[name_or_path]
+    return parse_profile(load_toml(path), path)
+
+
+def parse_profile(data: dict[str, Any], source: Path) -> Profile:
+    """Build a Profile from parsed TOML, rejecting unknown keys."""
+    where = str(source)
+    reject_unknown(data, _TOP_KEYS, where)
+    tokens = expect(data.get("tokens", {}), dict, f"{where}: [tokens]")
+    reject_unknown(tokens, _TOKEN_KEYS, f"{where}: [tokens]")
+    prompt = expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]")
+    reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
+    if "thinking" not in prompt and "no_thinking" not in prompt:
+        raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
+    pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
+    for text, value in pinned.items():
+        expect(value, int, f"{where}: pinned_ids.{text}")
+    if "end_of_turn" not in tokens:
+        raise ConfigError(f"{where}: [tokens] needs `end_of_turn`")
+    return Profile(
+        name=expect(data.get("name", source.stem), str, f"{where}: name"),
+        description=expect(data.get("description", ""), str, f"{where}: description"),
+        source=source,
+        think_start=tokens.get("think_start"),
+        think_end=tokens.get("think_end"),
+        end_of_turn=string_list(tokens["end_of_turn"], f"{where}: tokens.end_of_turn"),
+        eos=string_list(tokens.get("eos", []), f"{where}: tokens.eos"),
+        prompt_suffixes={
+            mode: string_list(value, f"{where}: generation_prompt.{mode}")
+            for mode, value in prompt.items()
+        },
+        pinned_ids=dict(pinned),
+        tool_calls=_parse_tool_calls(data.get("tool_calls"), where),
+        think_open_window=expect(
+            tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window"
+        ),
+    )
+
+
+def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
+    if table is None:
+        return None
+    where = f"{where}: [tool_calls]"
+    expect(table, dict, where)
+    format_name = expect(table.get("format"), str, f"{where}.format")
+    if format_name not in FORMATS:
+        raise ConfigError(f"{where}.format: unknown {format_name!r} (known: {', '.join(FORMATS)})")
+    fmt = FORMATS[format_name]
+    reject_unknown(table, {"format", "call_id_pattern", *fmt.roles}, where)
+    missing = [role for role in fmt.roles if role not in table]
+    if missing:
+        raise ConfigError(f"{where}: format {format_name} needs {', '.join(missing)}")
+    pattern = table.get("call_id_pattern")
+    if pattern is not None:
+        try:
+            re.compile(expect(pattern, str, f"{where}.call_id_pattern"))
+        except re.error as exc:
+            raise ConfigError(f"{where}.call_id_pattern: not a regular expression: {exc}") from None
+    return ToolCallSpec(
+        format=fmt,
+        markers={role: expect(table[role], str, f"{where}.{role}") for role in fmt.roles},
+        call_id_pattern=pattern,
+    )

@@ -1,0 +1,144 @@
+"""Rendering for people: rich tables of reports, rules and profiles. Only the CLI imports this."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Group
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from audit.checks import RULES, Rule
+from audit.checks.base import DOC_SECTIONS
+from audit.report import Report
+
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+SEVERITY_STYLE = {"error": "red", "warning": "yellow"}
+
+
+def report_table(report: Report) -> Table:
+    """One row per rule: code, name, severity, failing records, rate, threshold, verdict, lines."""
+    table = Table(
+        title=f"audit check {escape(report.target)}  ·  {report.records} records  ·  "
+        f"profile {escape(report.profile['name'])}",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1),
+        collapse_padding=True,
+        pad_edge=False,
+    )
+    table.add_column("code", no_wrap=True)
+    table.add_column("rule", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("severity", no_wrap=True)
+    table.add_column("failing", justify="right", no_wrap=True)
+    table.add_column("threshold", overflow="fold", min_width=9)
+    table.add_column("verdict", no_wrap=True)
+    table.add_column("lines", overflow="fold", min_width=8)
+    for result in report.results:
+        quiet = result.failing == 0
+        table.add_row(
+            Text(result.code, style="" if quiet else SEVERITY_STYLE.get(result.severity, "")),
+            result.name,
+            result.severity,
+            f"{result.failing} ({result.rate:.1%})" if result.failing else "0",
+            result.threshold,
+            Text(result.verdict, style=VERDICT_STYLE[result.verdict]),
+            ", ".join(map(str, result.example_lines)),
+            style="dim" if quiet else None,
+        )
+    return table
+
+
+def verdict_line(report: Report) -> Text:
+    failed = [r.code for r in report.results if r.verdict == "fail"]
+    warned = [r.code for r in report.results if r.verdict == "warn"]
+    text = Text()
+    text.append(f"{report.verdict.upper()} ", style=VERDICT_STYLE[report.verdict])
+    text.append(
+        f"{report.target}: {report.failing_records} of {report.records} records have errors"
+    )
+    if failed:
+        text.append(f"; failed: {', '.join(failed)}", style="red")
+    if warned:
+        text.append(f"; warnings: {', '.join(warned)}", style="yellow")
+    text.append(f"  ({report.seconds:.2f}s)", style="dim")
+    return text
+
+
+def first_findings(report: Report, limit: int = 8) -> Table | None:
+    """The first few error findings, so the table's numbers point at something concrete."""
+    shown = report.findings.head(limit)
+    if shown.is_empty():
+        return None
+    table = Table(title="first findings", title_justify="left", header_style="bold", show_lines=False)
+    for column in ("line", "id", "rule", "position", "message"):
+        table.add_column(column, overflow="fold")
+    for row in shown.iter_rows(named=True):
+        position = "" if row["position"] is None else f"{row['field']}[{row['position']}]"
+        table.add_row(
+            str(row["line"]),
+            escape(str(row["id"] or "")),
+            Text(row["rule"], style=SEVERITY_STYLE.get(row["severity"], "")),
+            position,
+            escape(row["message"]),
+        )
+    return table
+
+
+def rules_table() -> Table:
+    table = Table(title="rules", title_justify="left", header_style="bold")
+    for column in ("code", "name", "severity", "summary"):
+        table.add_column(column, no_wrap=column != "summary")
+    for code, rule in RULES.items():
+        table.add_row(code, rule.name, Text(rule.severity.value, style=SEVERITY_STYLE[rule.severity.value]), rule.summary())
+    return table
+
+
+def _reflow(text: str) -> str:
+    """Join the hard-wrapped lines of each paragraph so the terminal wraps them."""
+    return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
+
+
+def explain(rule: type[Rule]) -> Panel:
+    docs = rule.docs()
+    parts: list = [Text(rule.summary(), style="bold")]
+    for section in DOC_SECTIONS:
+        if section in docs:
+            parts.append(Text(f"\n{section}", style="bold cyan"))
+            body = docs[section] if section == "Example" else _reflow(docs[section])
+            parts.append(Text(body, style="green" if section == "Example" else ""))
+    if rule.parameters:
+        parts.append(Text("\nParameters (set under [rules.%s])" % rule.code, style="bold cyan"))
+        parts.append(Text("\n".join(f"{k} = {v!r}" for k, v in rule.parameters.items())))
+    return Panel(
+        Group(*parts),
+        title=f"{rule.code} {rule.name}  ·  default severity {rule.severity.value}",
+        title_align="left",
+    )
+
+
+def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Table:
+    """Built-in profiles, and with a tokenizer the ids each resolves to (or why it does not fit)."""
+    from audit.errors import AuditError
+
+    table = Table(title="profiles", title_justify="left", header_style="bold")
+    for column in ("name", "description", "generation suffix", "resolved"):
+        table.add_column(column, overflow="fold")
+    mode = "thinking" if thinking else "no_thinking"
+    for profile in profiles:
+        suffix = " | ".join(profile.prompt_suffixes.get(mode, ("-",)))
+        resolved = "-"
+        if tokenizer is not None:
+            try:
+                r = profile.resolve(tokenizer, thinking=thinking)
+                resolved = (
+                    f"think {r.think_start}/{r.think_end}, end of turn {list(r.end_of_turn)}, "
+                    f"suffix {[list(s) for s in r.prompt_suffixes]}, reasoning {r.reasoning}"
+                    + (f", tool markers {r.tool_markers}" if r.tool_markers else "")
+                )
+            except AuditError as exc:
+                resolved = f"does not fit: {exc}"
+        table.add_row(escape(profile.name), escape(profile.description), escape(suffix), escape(resolved))
+    return table

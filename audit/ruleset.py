@@ -1,0 +1,164 @@
+"""Rule sets: which rules run, at which severity, and when they warn or fail the gate.
+
+A rule set is a TOML file (`rules/default.toml` unless `--rules FILE`):
+
+    select = ["ALL"]            # codes or prefixes ("TCL"); default ALL
+    ignore = ["RTR002"]         # codes or prefixes to leave out
+
+    [rules.TRM001]
+    severity = "error"          # "error" or "warning"
+    warn_above = 0              # a count of failing records ...
+    fail_above = "2%"           # ... or a rate of all records
+
+A rule warns when its failing records exceed `warn_above` and fails when they exceed
+`fail_above`. Unset: an error rule fails on its first failing record, a warning rule warns
+on its first and never fails. Any other key under `[rules.CODE]` is a parameter the rule
+declares; anything else is rejected, with the file and key named.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit.checks import RULES, Rule, Severity
+from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
+from audit.errors import ConfigError
+
+DEFAULT_RULE_SET = BUILTIN_RULES_DIR / "default.toml"
+
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A limit on failing records: a count, or a rate of all records."""
+
+    count: int | None = None
+    rate: float | None = None
+
+    def exceeded(self, failing: int, records: int) -> bool:
+        if self.count is not None:
+            return failing > self.count
+        return records > 0 and failing / records > (self.rate or 0.0)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{(self.rate or 0) * 100:g}%"
+
+    def to_json(self) -> int | str:
+        return self.count if self.count is not None else str(self)
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> Threshold:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return cls(count=value)
+        if isinstance(value, str) and (match := _RATE.match(value)):
+            return cls(rate=float(match.group(1)) / 100)
+        raise ConfigError(f"{where}: expected a count (0, 5) or a rate (\"0.5%\"), got {value!r}")
+
+
+@dataclass(frozen=True)
+class ConfiguredRule:
+    """A rule as a rule set runs it."""
+
+    rule: Rule
+    severity: Severity
+    warn_above: Threshold | None
+    fail_above: Threshold | None
+
+    @property
+    def code(self) -> str:
+        return self.rule.code
+
+    def verdict(self, failing: int, records: int) -> str:
+        """"fail", "warn" or "pass" for this many failing records out of `records`."""
+        if self.fail_above is not None and self.fail_above.exceeded(failing, records):
+            return "fail"
+        if self.warn_above is not None and self.warn_above.exceeded(failing, records):
+            return "warn"
+        return "pass"
+
+    @property
+    def threshold_text(self) -> str:
+        parts = []
+        if self.warn_above is not None:
+            parts.append(f"warn >{self.warn_above}")
+        if self.fail_above is not None:
+            parts.append(f"fail >{self.fail_above}")
+        return ", ".join(parts) or "never fails"
+
+
+@dataclass(frozen=True)
+class RuleSet:
+    """The rules a run applies, in registry order, with where they came from."""
+
+    source: Path
+    sha256: str
+    rules: tuple[ConfiguredRule, ...]
+
+    def __getitem__(self, code: str) -> ConfiguredRule:
+        for configured in self.rules:
+            if configured.code == code:
+                return configured
+        raise KeyError(code)
+
+    def __contains__(self, code: str) -> bool:
+        return any(configured.code == code for configured in self.rules)
+
+
+def _matches(code: str, selectors: list[str]) -> bool:
+    return any(s == "ALL" or code.startswith(s) for s in selectors)
+
+
+def load_rule_set(path: Path | None = None) -> RuleSet:
+    """Load a rule set file (the built-in default when `path` is None)."""
+    path = path or DEFAULT_RULE_SET
+    if not path.is_file():
+        raise ConfigError(f"rule set {path}: no such file")
+    data = load_toml(path)
+    where = str(path)
+    reject_unknown(data, {"select", "ignore", "rules"}, where)
+    select = expect(data.get("select", ["ALL"]), list, f"{where}: select")
+    ignore = expect(data.get("ignore", []), list, f"{where}: ignore")
+    for selector in [*select, *ignore]:
+        if selector != "ALL" and not any(code.startswith(str(selector)) for code in RULES):
+            raise ConfigError(f"{where}: select/ignore entry {selector!r} matches no rule code")
+    overrides = expect(data.get("rules", {}), dict, f"{where}: [rules]")
+    for code in overrides:
+        if code not in RULES:
+            raise ConfigError(f"{where}: [rules.{code}] is not a rule code (see `audit rules`)")
+    configured = []
+    for code, rule_class in RULES.items():
+        if not _matches(code, select) or _matches(code, ignore):
+            continue
+        configured.append(_configure(rule_class, overrides.get(code, {}), f"{where}: [rules.{code}]"))
+    return RuleSet(
+        source=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), rules=tuple(configured)
+    )
+
+
+def _configure(rule_class: type[Rule], table: Any, where: str) -> ConfiguredRule:
+    expect(table, dict, where)
+    reject_unknown(table, {"severity", "warn_above", "fail_above", *rule_class.parameters}, where)
+    severity_name = table.get("severity", rule_class.severity.value)
+    try:
+        severity = Severity(severity_name)
+    except ValueError:
+        raise ConfigError(f"{where}.severity: expected \"error\" or \"warning\", got {severity_name!r}") from None
+    warn = Threshold.parse(table["warn_above"], f"{where}.warn_above") if "warn_above" in table else None
+    fail = Threshold.parse(table["fail_above"], f"{where}.fail_above") if "fail_above" in table else None
+    if warn is None and fail is None:
+        if severity is Severity.ERROR:
+            fail = Threshold(count=0)
+        else:
+            warn = Threshold(count=0)
+    parameters = {k: v for k, v in table.items() if k in rule_class.parameters}
+    for key, value in parameters.items():
+        default = rule_class.parameters[key]
+        expect(value, type(default), f"{where}.{key}")
+    return ConfiguredRule(
+        rule=rule_class(**parameters), severity=severity, warn_above=warn, fail_above=fail
+    )

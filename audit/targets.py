@@ -1,0 +1,126 @@
+"""What `audit check TARGET` points at: a partition name, a partition directory, or a file.
+
+A partition is a directory `<data root>/<name>/` holding `raw_responses.jsonl`, and
+optionally `generation.json`, written by the generator, which records how the data was
+made (profile, tokenizer path and fingerprint, thinking mode) so that a bare
+`audit check NAME` knows what to audit it with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from audit.errors import InputError
+
+DATA_FILE = "raw_responses.jsonl"
+GENERATION_FILE = "generation.json"
+DEFAULT_DATA_ROOT = Path("prepared")
+# The sample shipped with the project, used when run from a checkout with no data root.
+SAMPLE_DATA_ROOT = Path("fixtures") / "prepared"
+
+_PARTITION_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved audit target."""
+
+    partition: str  # a short name for reports: the partition, or the file's stem
+    data_file: Path
+    generation: dict[str, Any] = field(default_factory=dict)
+    directory: Path | None = None  # where generation.json paths are relative to
+
+    def generation_path(self, key: str) -> Path | None:
+        """A path recorded in generation.json, resolved against the partition directory."""
+        value = self.generation.get(key)
+        if isinstance(value, dict):
+            value = value.get("path")
+        if not isinstance(value, str) or self.directory is None:
+            return None
+        return (self.directory / value).resolve()
+
+
+def data_root(explicit: str | Path | None) -> tuple[Path, str | None]:
+    """The data root and, when the shipped sample stands in for it, a note saying so."""
+    if explicit is not None:
+        return Path(explicit), None
+    if env := os.environ.get("AUDIT_DATA_ROOT"):
+        return Path(env), None
+    if not DEFAULT_DATA_ROOT.exists() and SAMPLE_DATA_ROOT.is_dir():
+        return SAMPLE_DATA_ROOT, f"no {DEFAULT_DATA_ROOT}/ here: auditing the shipped sample in {SAMPLE_DATA_ROOT}/"
+    return DEFAULT_DATA_ROOT, None
+
+
+def resolve_target(spec: str, root: Path) -> Target:
+    """Turn what the user typed into the file to audit, or raise an InputError saying why not."""
+    path = Path(spec)
+    if spec.endswith(".jsonl") or path.is_file():
+        return _file_target(path)
+    if os.sep in spec or (os.altsep and os.altsep in spec) or spec.startswith("."):
+        if path.is_dir():
+            return _directory_target(path, path.name)
+        raise InputError(f"{spec}: no such partition directory")
+    if not _PARTITION_NAME.match(spec):
+        raise InputError(f"{spec!r} is not a partition name (letters, digits, _ . -)")
+    if not root.is_dir():
+        raise InputError(
+            f"data root {root}/ does not exist: pass --data-root DIR, set AUDIT_DATA_ROOT, "
+            f"or give a partition directory or .jsonl path"
+        )
+    candidate = (root / spec).resolve()
+    if not candidate.is_relative_to(root.resolve()):
+        raise InputError(f"partition {spec!r} resolves outside the data root {root}/")
+    if not candidate.is_dir():
+        known = sorted(p.name for p in root.iterdir() if (p / DATA_FILE).is_file())
+        hint = f" (partitions here: {', '.join(known)})" if known else ""
+        raise InputError(f"no partition {spec!r} under {root}/{hint}")
+    return _directory_target(candidate, spec)
+
+
+def _directory_target(directory: Path, name: str) -> Target:
+    data_file = directory / DATA_FILE
+    if not data_file.is_file():
+        raise InputError(f"{directory}: no {DATA_FILE} in this partition directory")
+    _require_content(data_file)
+    return Target(
+        partition=name,
+        data_file=data_file,
+        generation=_read_generation(directory),
+        directory=directory,
+    )
+
+
+def _file_target(path: Path) -> Target:
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    _require_content(path)
+    partition = path.parent.name if path.name == DATA_FILE else path.stem
+    return Target(
+        partition=partition or path.stem,
+        data_file=path,
+        generation=_read_generation(path.parent),
+        directory=path.parent,
+    )
+
+
+def _require_content(path: Path) -> None:
+    if path.stat().st_size == 0:
+        raise InputError(f"{path}: the file is empty; there is nothing to audit")
+
+
+def _read_generation(directory: Path) -> dict[str, Any]:
+    path = directory / GENERATION_FILE
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); fix or remove it") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    return data

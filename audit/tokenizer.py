@@ -1,0 +1,172 @@
+"""The tokenizer in use: loaded from a local directory, used only through batched calls.
+
+`Tokenizer` hides which backend does the work: the fast Rust `tokenizers` object behind a
+transformers tokenizer, or the tiktoken encoding behind Kimi's remote-code tokenizer. Every
+call takes a whole batch, so no rule ever loops over tokens in Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from audit.errors import ConfigError
+
+# Nothing may reach a model hub at run time: tokenizers come from local directories only.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+# Files whose bytes define a tokenizer's behaviour; their hash is its fingerprint.
+_FINGERPRINT_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "tiktoken.model",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What identifies a tokenizer: where it was loaded from, its size and a hash of its files."""
+
+    path: str
+    vocab_size: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "vocab_size": self.vocab_size, "sha256": self.sha256}
+
+
+def fingerprint_directory(directory: Path) -> str:
+    """sha256 over the tokenizer files present in `directory`, in a fixed order."""
+    digest = hashlib.sha256()
+    for name in _FINGERPRINT_FILES:
+        path = directory / name
+        if path.is_file():
+            digest.update(name.encode())
+            digest.update(b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+class Tokenizer:
+    """A loaded tokenizer with batched decode/encode and token look-ups."""
+
+    def __init__(self, hf_tokenizer: Any, directory: Path):
+        self.hf = hf_tokenizer
+        self.directory = directory
+        self._fast = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self._tiktoken = None if self._fast is not None else _tiktoken_encoding(hf_tokenizer)
+        self.vocab: dict[str, int] = dict(hf_tokenizer.get_vocab())
+        known = set(self.vocab.values())
+        if self._tiktoken is not None:
+            known.update(range(self._tiktoken.n_vocab))
+        self.known_ids: frozenset[int] = frozenset(known)
+        self.vocab_size = max(known) + 1 if known else 0
+        # A vocabulary with holes (ids nobody can decode) needs a membership test, not a range.
+        self.contiguous = len(known) == self.vocab_size
+        self.fingerprint = Fingerprint(
+            path=str(directory), vocab_size=self.vocab_size, sha256=fingerprint_directory(directory)
+        )
+
+    # -- look-ups -------------------------------------------------------------------------
+    def token_id(self, token: str) -> int | None:
+        """The id of a token given by its exact string, or None when the vocabulary lacks it."""
+        return self.vocab.get(token)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of `text`, special-token strings recognised, nothing added around it."""
+        return self.encode_batch([text])[0]
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """The decoded piece of each id, one by one (for display)."""
+        return self.decode_batch([[i] for i in ids])
+
+    # -- batched work ---------------------------------------------------------------------
+    def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """Decode many id lists, special tokens kept, no clean-up of spaces."""
+        if self._fast is not None:
+            return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=False)
+        if self._tiktoken is not None:
+            return [self._tiktoken.decode(list(s)) for s in sequences]
+        return self.hf.batch_decode(
+            [list(s) for s in sequences],
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
+        )
+
+    def decode_batch_skipping_special(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """Decode as SGLang does by default (`skip_special_tokens=True`)."""
+        if self._fast is not None:
+            return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=True)
+        return self.hf.batch_decode(
+            [list(s) for s in sequences],
+            skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts, special-token strings recognised, no BOS/EOS added."""
+        if self._fast is not None:
+            encodings = self._fast.encode_batch(list(texts), add_special_tokens=False)
+            return [e.ids for e in encodings]
+        if self._tiktoken is not None:
+            return self._tiktoken.encode_batch(list(texts), allowed_special="all")
+        return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+
+    def render_prompt(
+        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any
+    ) -> list[int]:
+        """The chat template's rendering of a prompt, as ids, ready for generation."""
+        rendered = self.hf.apply_chat_template(
+            messages,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **template_kwargs,
+        )
+        return self.encode_text(rendered)
+
+
+def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
+    """The tiktoken `Encoding` behind a remote-code tokenizer (Kimi's), if there is one."""
+    model = getattr(hf_tokenizer, "model", None)
+    if model is not None and hasattr(model, "encode_batch") and hasattr(model, "n_vocab"):
+        return model
+    return None
+
+
+def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
+    """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"tokenizer directory {path} does not exist: pass --tokenizer DIR, a local Hugging "
+            "Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
+        )
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf = AutoTokenizer.from_pretrained(
+            str(path), trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except Exception as exc:  # transformers raises many types; all mean "cannot use this"
+        hint = ""
+        if not trust_remote_code and (path / "tiktoken.model").exists():
+            hint = " (this looks like a tiktoken tokenizer such as Kimi's: add --trust-remote-code)"
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot load the tokenizer in {path}: {first_line}{hint}") from exc
+    return Tokenizer(hf, path)
