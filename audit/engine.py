@@ -28,6 +28,16 @@ FINDINGS_SCHEMA: dict[str, pl.DataType] = {
     "message": pl.String(),
 }
 
+# One row per readable record: the shape of the data, for summaries and plots.
+STATS_SCHEMA: dict[str, pl.DataType] = {
+    "line": pl.UInt32(),
+    "prompt_tokens": pl.UInt32(),
+    "output_tokens": pl.UInt32(),
+    "response_at": pl.Int64(),  # index of the response token (</think>) in output_ids, or null
+    "finish_type": pl.String(),
+    "tool_calls": pl.UInt32(),
+}
+
 # Called after each block with (records so far, output tokens so far, bytes read so far).
 ProgressCallback = Callable[[int, int, int], None]
 
@@ -44,6 +54,7 @@ class FileAudit:
     output_tokens: int
     findings: pl.DataFrame  # FINDINGS_SCHEMA, sorted by line then rule
     seconds: float
+    stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
 
 
 def audit_file(
@@ -61,6 +72,7 @@ def audit_file(
     file_rules = [c for c in rule_set.rules if c.rule.file_level]
     parts: list[pl.DataFrame] = []
     identities: list[pl.DataFrame] = []
+    stats: list[pl.DataFrame] = []
     lines = records = output_tokens = 0
 
     for block in iter_line_blocks(path, digest, block_bytes):
@@ -74,6 +86,7 @@ def audit_file(
             if found.height:
                 parts.append(_locate(found, batch, configured.code, configured.severity.value, configured.rule.position_field))
         identities.append(parsed.records.select("line", "id"))
+        stats.append(record_stats(batch))
         output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
         if progress is not None:
             progress(records, output_tokens, digest.bytes)
@@ -106,6 +119,28 @@ def audit_file(
         output_tokens=output_tokens,
         findings=findings,
         seconds=time.perf_counter() - started,
+        stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
+    )
+
+
+def record_stats(batch: Batch) -> pl.DataFrame:
+    """Lengths, where the response token falls, finish reason and tool calls of each record."""
+    profile = batch.profile
+    output = pl.col("output_ids")
+    response_at = (
+        output.list.eval(pl.arg_where(pl.element() == profile.think_end).first()).list.first()
+        if profile.think_end is not None
+        else pl.lit(None)
+    )
+    call_begin = profile.tool_markers.get("call_begin")
+    tool_calls = output.list.count_matches(call_begin) if call_begin is not None else pl.lit(0)
+    return batch.records.select(
+        pl.col("line"),
+        pl.col("input_ids").list.len().fill_null(0).cast(pl.UInt32).alias("prompt_tokens"),
+        output.list.len().fill_null(0).cast(pl.UInt32).alias("output_tokens"),
+        response_at.cast(pl.Int64).alias("response_at"),
+        pl.col("finish_type"),
+        tool_calls.fill_null(0).cast(pl.UInt32).alias("tool_calls"),
     )
 
 
