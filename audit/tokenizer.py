@@ -99,7 +99,7 @@ class Tokenizer:
         if self._fast is not None:
             return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=False)
         if self._tiktoken is not None:
-            return [self._tiktoken.decode(list(s)) for s in sequences]
+            return self._tiktoken.decode_batch([list(s) for s in sequences])
         return self.hf.batch_decode(
             [list(s) for s in sequences],
             skip_special_tokens=False,
@@ -147,6 +147,22 @@ def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
     return None
 
 
+def _provide_moved_names() -> None:
+    """Let remote tokenizer code written for transformers 4 import under transformers 5.
+
+    Kimi's `tokenization_kimi.py` imports `bytes_to_unicode` from the GPT-2 tokenizer module,
+    which transformers 5 no longer exports there (it lives in `convert_slow_tokenizer`).
+    """
+    try:
+        from transformers.models.gpt2 import tokenization_gpt2
+    except ImportError:
+        return
+    if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        tokenization_gpt2.bytes_to_unicode = bytes_to_unicode
+
+
 def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
     """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why."""
     path = Path(directory).expanduser()
@@ -160,6 +176,8 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
+        if trust_remote_code:
+            _provide_moved_names()
         hf = AutoTokenizer.from_pretrained(
             str(path), trust_remote_code=trust_remote_code, local_files_only=True
         )
