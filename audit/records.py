@@ -215,7 +215,7 @@ def _diagnose(line: int, text: bytes, exc: Exception, *, last_line_unterminated:
         if last_line_unterminated:
             return UnreadableLine(
                 line,
-                "last line is cut short with no newline: the file may still be being written",
+                "last line is cut short with no newline: is the file still being written?",
                 False,
             )
         return UnreadableLine(line, f"not valid JSON: {err}", False)

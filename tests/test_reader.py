@@ -1,0 +1,89 @@
+"""Reading the input: every bad line becomes a finding at its physical line; the rest is audited."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from audit.engine import audit_file
+from tests.conftest import PREPARED, write_jsonl
+
+SAMPLE = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()
+
+
+def good(index: int = 0) -> bytes:
+    """A clean record's line, newline included."""
+    return SAMPLE[index] + b"\n"
+
+
+def findings_by_line(path: Path, context, rules, **kwargs) -> dict[int, set[str]]:
+    audited = audit_file(path, context, rules, **kwargs)
+    found: dict[int, set[str]] = {}
+    for row in audited.findings.iter_rows(named=True):
+        found.setdefault(row["line"], set()).add(row["rule"])
+    return found
+
+
+def test_bad_lines_are_findings_with_line_numbers_and_the_rest_is_read(tmp_path, kimi_context, default_rules):
+    path = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            good(0),
+            b"{not json\n",
+            b'{"id": "x", "input_ids": [1, 2], "output_ids": "text"}\n',
+            b'{"id": "bytes", "text": "\xff\xfe", "input_ids": [1], "output_ids": [2]}\n',
+            b"   \n",  # blank: not a record, but it still counts as a line
+            b"[1, 2, 3]\n",
+            good(1),
+            b'{"id": "float", "input_ids": [1.5], "output_ids": [2]}\n',
+            good(2),
+        ],
+    )
+    audited = audit_file(path, kimi_context, default_rules)
+    found = findings_by_line(path, kimi_context, default_rules)
+    assert found == {2: {"INT001"}, 3: {"INT002"}, 4: {"INT001"}, 6: {"INT002"}, 8: {"INT002"}}
+    assert audited.records == 8 and audited.lines == 9
+    messages = {row["line"]: row["message"] for row in audited.findings.iter_rows(named=True)}
+    assert "not UTF-8" in messages[4]
+    assert "output_ids must be a list" in messages[3]
+    assert "expected an object" in messages[6]
+
+
+def test_a_cut_last_line_says_the_file_may_still_be_written(tmp_path, kimi_context, default_rules):
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(good(0) + good(1)[: len(good(1)) // 2])
+    audited = audit_file(path, kimi_context, default_rules)
+    [finding] = audited.findings.to_dicts()
+    assert finding["line"] == 2 and finding["rule"] == "INT001"
+    assert "still being written" in finding["message"]
+
+
+def test_a_complete_last_line_without_newline_is_a_record(tmp_path, kimi_context, default_rules):
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(good(0) + good(1).rstrip(b"\n"))
+    audited = audit_file(path, kimi_context, default_rules)
+    assert audited.records == 2 and audited.findings.is_empty()
+
+
+def test_prompt_ids_alias_and_missing_id_uses_the_line(tmp_path, kimi_context, default_rules):
+    record = json.loads(SAMPLE[0])
+    record["prompt_ids"] = record.pop("input_ids")
+    del record["id"]
+    record["output_ids"] = record["output_ids"][:-1]  # no end of turn: a finding to look at
+    record["meta_info"]["completion_tokens"] -= 1
+    record.pop("text")
+    path = write_jsonl(tmp_path / "raw.jsonl", [record])
+    audited = audit_file(path, kimi_context, default_rules)
+    [finding] = audited.findings.to_dicts()
+    assert finding["rule"] == "TRM002" and finding["line"] == 1 and finding["id"] is None
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
+def test_block_size_does_not_change_the_findings(block_bytes, kimi_context, default_rules):
+    path = PREPARED / "B1_glaive" / "raw_responses.jsonl"
+    reference = audit_file(path, kimi_context, default_rules)
+    streamed = audit_file(path, kimi_context, default_rules, block_bytes=block_bytes)
+    assert streamed.findings.equals(reference.findings)
+    assert streamed.sha256 == reference.sha256 and streamed.records == reference.records
