@@ -67,6 +67,10 @@ class Tokenizer:
         self.hf = hf_tokenizer
         self.directory = directory
         self._fast = getattr(hf_tokenizer, "backend_tokenizer", None)
+        if self._fast is not None:
+            # Special-token strings in text must encode to their ids, as in the server's own
+            # tokenizer; a config (or an earlier `split_special_tokens=True` call) may turn it off.
+            self._fast.encode_special_tokens = False
         self._tiktoken = None if self._fast is not None else _tiktoken_encoding(hf_tokenizer)
         self.vocab: dict[str, int] = dict(hf_tokenizer.get_vocab())
         known = set(self.vocab.values())
