@@ -1,6 +1,7 @@
 """The `audit` command line: one module per command, all registered on one typer app."""
 
 from audit.cli import catalog, check  # noqa: F401  (registers the commands)
+from audit.cli import gate, history  # noqa: F401  (registers gate, report, diff)
 from audit.cli.app import app, main
 
 __all__ = ["app", "main"]

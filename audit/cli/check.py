@@ -1,15 +1,21 @@
-"""`audit check`: run the rule set over targets, print the verdict, write JSON reports."""
+"""`audit check`: run the rule set over targets, print the verdict, write JSON reports.
+
+Also home of what `check`, `gate` and `report` share: the `--format` option and `emit()`,
+which prints reports in the chosen format (the writers themselves live in `audit.formats`).
+"""
 
 from __future__ import annotations
 
-import json
+import os
 import sys
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
+from rich.table import Table
 
 from audit.cli.app import (
     DataRootOption,
@@ -18,7 +24,6 @@ from audit.cli.app import (
     FailOnOption,
     ProfileOption,
     RulesOption,
-    Targets,
     ThinkingOption,
     TokenizerOption,
     TrustOption,
@@ -28,19 +33,98 @@ from audit.cli.app import (
     errors,
     fail,
 )
-from audit.errors import AuditError
+from audit.errors import AuditError, InputError
+from audit.formats import OutputFormat, render, step_summary, summary_rows
+from audit.report import Report
 
 DEFAULT_REPORTS_DIR = Path("reports")
 
+FormatOption = Annotated[
+    OutputFormat,
+    typer.Option(
+        "--format",
+        help="rich tables; json (the report); jsonl (one finding per line); junit; sarif (2.1.0); "
+        "github (::error annotations, and a summary in $GITHUB_STEP_SUMMARY when set).",
+    ),
+]
+OptionalTargets = Annotated[
+    list[str] | None,
+    typer.Argument(help="Partition names, partition directories or .jsonl files.", show_default=False),
+]
+AllOption = Annotated[
+    bool, typer.Option("--all", help="Every partition under the data root that has raw_responses.jsonl.")
+]
 
-class OutputFormat(StrEnum):
-    rich = "rich"
-    json = "json"
+
+def emit(
+    reports: Sequence[Report],
+    output_format: OutputFormat,
+    *,
+    fail_on_warning: bool,
+    report_paths: Sequence[Path] = (),
+) -> None:
+    """Print `reports` in `output_format`; rich prints per-report tables and, for several, a summary."""
+    if output_format is not OutputFormat.rich:
+        sys.stdout.write(render(reports, output_format, fail_on_warning=fail_on_warning))
+        sys.stdout.flush()
+        if output_format is OutputFormat.github and (summary := os.environ.get("GITHUB_STEP_SUMMARY")):
+            try:
+                with open(summary, "a", encoding="utf-8") as out:
+                    out.write(step_summary(reports, fail_on_warning=fail_on_warning))
+            except OSError as exc:
+                errors.print(f"audit: could not append to $GITHUB_STEP_SUMMARY ({summary}): {exc.strerror}")
+        return
+    for index, report in enumerate(reports):
+        print_rich_report(report, report_paths[index] if index < len(report_paths) else None)
+    if len(reports) > 1:
+        console.print(summary_table(reports, fail_on_warning=fail_on_warning))
+
+
+def print_rich_report(report: Report, path: Path | None = None) -> None:
+    """The rule table, the first findings and the verdict line of one report."""
+    from audit.render import first_findings, report_table, verdict_line
+
+    console.print(report_table(report))
+    if (findings := first_findings(report)) is not None:
+        console.print(findings)
+    console.print(verdict_line(report))
+    if path is not None:
+        console.print(f"[dim]report: {path}[/]", highlight=False)
+
+
+def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
+    """One row per partition: records, records with errors, verdict, failed and warned rules."""
+    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+    table = Table(title=f"summary · {len(reports)} partitions", title_justify="left", header_style="bold",
+                  box=box.SIMPLE_HEAD)
+    for column in ("partition", "records", "with errors", "verdict", "failed", "warnings"):
+        table.add_column(column, justify="right" if column in ("records", "with errors") else "left",
+                         overflow="fold")
+    for row in summary_rows(reports, fail_on_warning=fail_on_warning):
+        table.add_row(
+            row["target"], str(row["records"]), str(row["records_with_errors"]),
+            f"[{style[row['verdict']]}]{row['verdict']}[/]",
+            ", ".join(row["failed"]) or "-", ", ".join(row["warned"]) or "-",
+        )
+    return table
+
+
+def all_partitions(root: Path) -> list[str]:
+    """The names of every partition under `root` (a directory holding raw_responses.jsonl)."""
+    from audit.targets import DATA_FILE
+
+    if not root.is_dir():
+        raise InputError(f"data root {root}/ does not exist: pass --data-root DIR or set AUDIT_DATA_ROOT")
+    names = sorted(p.name for p in root.iterdir() if (p / DATA_FILE).is_file())
+    if not names:
+        raise InputError(f"no partitions under {root}/ (a partition is a directory holding {DATA_FILE})")
+    return names
 
 
 @app.command()
 def check(
-    targets: Targets,
+    targets: OptionalTargets = None,
+    all_: AllOption = False,
     data_root: DataRootOption = None,
     profile: ProfileOption = None,
     tokenizer: TokenizerOption = None,
@@ -53,42 +137,53 @@ def check(
     reports_dir: Annotated[
         Path, typer.Option("--reports-dir", help="Directory for reports named <partition>-<UTC time>.json.")
     ] = DEFAULT_REPORTS_DIR,
-    output_format: Annotated[
-        OutputFormat, typer.Option("--format", help="rich tables, or the JSON report on stdout.")
-    ] = OutputFormat.rich,
+    output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
 ) -> None:
-    """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error)."""
+    """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
+
+    With several targets (or --all), every target is prepared first: a configuration error in
+    any of them exits 2 before anything is audited. Then each is audited in turn; the exit code
+    is the worst of them.
+    """
     from audit.check import check_target, prepare
-    from audit.render import first_findings, report_table, verdict_line
     from audit.targets import data_root as resolve_root
     from audit.targets import resolve_target
 
-    if report is not None and len(targets) > 1:
-        raise fail("--report names one file; with several targets use --reports-dir")
+    targets = list(targets or [])
+    if all_ and targets:
+        raise fail("--all audits every partition under the data root; give no targets with it")
+    if not all_ and not targets:
+        raise fail("name a target (a partition, a partition directory or a .jsonl file), or pass --all")
     root, note = resolve_root(data_root)
     if note and output_format is OutputFormat.rich:
         errors.print(f"[dim]{note}[/]")
     options = check_options(profile, tokenizer, trust_remote_code, thinking, rules)
-    worst = 0
+    fail_on_warning = fail_on is FailOn.warning
     try:
+        if all_:
+            targets = all_partitions(root)
+        if report is not None and len(targets) > 1:
+            raise fail("--report names one file; with several targets use --reports-dir")
         sessions = [prepare(resolve_target(spec, root), options) for spec in targets]
+        reports: list[Report] = []
         for session in sessions:
             result = check_target(session)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             path = report or reports_dir / f"{result.target}-{stamp}.json"
             result.write_json(path)
-            if output_format is OutputFormat.json:
-                json.dump(result.to_json(), sys.stdout, ensure_ascii=False)
-                sys.stdout.write("\n")
-            else:
-                console.print(report_table(result))
-                if (findings := first_findings(result)) is not None:
-                    console.print(findings)
-                console.print(verdict_line(result))
-                console.print(f"[dim]report: {path}[/]", highlight=False)
-            worst = max(worst, result.exit_code(fail_on_warning=fail_on is FailOn.warning))
+            reports.append(result)
+            if output_format is OutputFormat.rich:
+                print_rich_report(result, path)  # as each finishes: a long run shows progress
     except AuditError as exc:
         raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the report: {exc}") from None
+    if output_format is OutputFormat.rich:
+        if len(reports) > 1:
+            console.print(summary_table(reports, fail_on_warning=fail_on_warning))
+    else:
+        emit(reports, output_format, fail_on_warning=fail_on_warning)
+    worst = max(r.exit_code(fail_on_warning=fail_on_warning) for r in reports)
     raise typer.Exit(0 if exit_zero else worst)

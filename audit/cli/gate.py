@@ -1,0 +1,97 @@
+"""`audit gate`: audit one target and split it into clean.jsonl and quarantine.jsonl."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from audit.cli.app import (
+    DataRootOption,
+    ExitZeroOption,
+    FailOn,
+    FailOnOption,
+    ProfileOption,
+    RulesOption,
+    ThinkingOption,
+    TokenizerOption,
+    TrustOption,
+    app,
+    check_options,
+    console,
+    errors,
+    fail,
+)
+from audit.cli.check import FormatOption, emit
+from audit.errors import AuditError
+from audit.formats import OutputFormat
+
+
+class QuarantineOn(StrEnum):
+    error = "error"
+    warning = "warning"
+
+
+@app.command()
+def gate(
+    target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for clean.jsonl, quarantine.jsonl and manifest.json.")
+    ],
+    data_root: DataRootOption = None,
+    profile: ProfileOption = None,
+    tokenizer: TokenizerOption = None,
+    trust_remote_code: TrustOption = False,
+    thinking: ThinkingOption = None,
+    rules: RulesOption = None,
+    quarantine_on: Annotated[
+        QuarantineOn,
+        typer.Option("--quarantine-on", help="Lowest finding severity that quarantines a record."),
+    ] = QuarantineOn.error,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite a gate output made from a different input.")
+    ] = False,
+    report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
+    output_format: FormatOption = OutputFormat.rich,
+    fail_on: FailOnOption = FailOn.error,
+    exit_zero: ExitZeroOption = False,
+) -> None:
+    """Split TARGET into the records training may use and the ones it must not.
+
+    Writes clean.jsonl (the passing lines, byte for byte), quarantine.jsonl (each rejected
+    line with its findings) and manifest.json into --out, then prints the report. Exit codes
+    as for check: 0 the gate passed, 1 it failed (the split is written either way), 2 error.
+    """
+    from audit.check import prepare
+    from audit.gate import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_target
+    from audit.targets import data_root as resolve_root
+    from audit.targets import resolve_target
+
+    root, note = resolve_root(data_root)
+    if note and output_format is OutputFormat.rich:
+        errors.print(f"[dim]{note}[/]")
+    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules)
+    fail_on_warning = fail_on is FailOn.warning
+    try:
+        session = prepare(resolve_target(target, root), options)
+        result = gate_target(session, out, quarantine_on=quarantine_on.value, force=force)
+        if report is not None:
+            result.report.write_json(report)
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the gate output: {exc}") from None
+
+    emit([result.report], output_format, fail_on_warning=fail_on_warning, report_paths=[report] if report else [])
+    counts = result.manifest["counts"]
+    line = (
+        f"gate {result.report.target}: {counts['clean']} clean, {counts['quarantined']} quarantined "
+        f"of {counts['in']} records -> {out}/ ({CLEAN_FILE}, {QUARANTINE_FILE}, {MANIFEST_FILE})"
+        + ("; unchanged, the same gate was already there" if result.unchanged else "")
+    )
+    # On stdout with the tables; on stderr when stdout carries a machine format.
+    (console if output_format is OutputFormat.rich else errors).print(line, highlight=False, markup=False)
+    code = result.report.exit_code(fail_on_warning=fail_on_warning)
+    raise typer.Exit(0 if exit_zero else code)

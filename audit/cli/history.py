@@ -1,0 +1,94 @@
+"""`audit report` renders a saved report again; `audit diff` compares two of them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from audit.cli.app import FailOn, FailOnOption, app, console, fail
+from audit.cli.check import FormatOption, emit
+from audit.errors import AuditError
+from audit.formats import OutputFormat
+
+ReportFile = Annotated[Path, typer.Argument(help="A JSON report written by `audit check` (or --report).")]
+
+
+@app.command("report")
+def report_command(
+    files: Annotated[list[Path], typer.Argument(help="JSON reports written by `audit check` (or --report).")],
+    output_format: FormatOption = OutputFormat.rich,
+    fail_on: FailOnOption = FailOn.error,
+) -> None:
+    """Render saved reports again, in any --format. Exits 0 once rendered, 2 on an unreadable file."""
+    from audit.history import load_report
+
+    try:
+        reports = [load_report(path) for path in files]
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+    emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning)
+
+
+class DiffFormat(StrEnum):
+    rich = "rich"
+    json = "json"
+
+
+_STYLE = {"worse": "bold red", "better": "green", "same": "dim", "added": "cyan", "removed": "dim"}
+
+
+@app.command()
+def diff(
+    old: ReportFile,
+    new: ReportFile,
+    output_format: Annotated[DiffFormat, typer.Option("--format", help="rich table or JSON.")] = DiffFormat.rich,
+    fail_on: FailOnOption = FailOn.error,
+) -> None:
+    """Show how each rule's failing rate moved from OLD to NEW.
+
+    Exit 1 when a rule regressed: in NEW it fails the gate and it is worse than in OLD (its
+    verdict rose, or it failed both times at a higher rate). Exit 0 otherwise, 2 when a file
+    cannot be read as a report.
+    """
+    from audit.history import diff_reports, load_report
+
+    try:
+        before, after = load_report(old), load_report(new)
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+    compared = diff_reports(before, after, fail_on_warning=fail_on is FailOn.warning)
+    if output_format is DiffFormat.json:
+        sys.stdout.write(json.dumps(compared.to_json(), ensure_ascii=False) + "\n")
+        raise typer.Exit(compared.exit_code)
+
+    title = f"audit diff  ·  {before.target} ({before.created_at}, {before.records} records)  ->  "
+    title += f"{after.target} ({after.created_at}, {after.records} records)"
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    for column in ("code", "old", "new", "Δ rate", "verdict", "threshold", "change"):
+        justify = "right" if column in ("old", "new", "Δ rate") else "left"
+        table.add_column(column, justify=justify, no_wrap=column != "threshold", overflow="fold")
+    for move in compared.moves:
+        old_side, new_side = move.old, move.new
+        cells = ["-" if side is None else f"{side.failing} ({side.rate:.2%})" for side in (old_side, new_side)]
+        delta = (new_side.rate if new_side else 0.0) - (old_side.rate if old_side else 0.0)
+        verdicts = f"{old_side.verdict if old_side else '-'} → {new_side.verdict if new_side else '-'}"
+        change = move.change + (" · regressed" if move.regressed else "")
+        style = "bold red" if move.regressed else _STYLE[move.change]
+        table.add_row(
+            move.code, *cells, f"{delta:+.2%}", verdicts, (new_side or old_side).threshold, f"[{style}]{change}[/]"
+        )
+    console.print(table)
+    if before.target != after.target:
+        console.print(f"[yellow]note: comparing different targets ({before.target} and {after.target})[/]")
+    if compared.regressions:
+        console.print(f"[bold red]REGRESSED[/] {', '.join(m.code for m in compared.regressions)}")
+    else:
+        console.print("[green]no rule regressed[/]")
+    raise typer.Exit(compared.exit_code)

@@ -1,0 +1,336 @@
+"""Machine output formats of reports, for CI: json, jsonl, junit, sarif, github.
+
+Each writer takes one or more `Report`s and returns text; the CLI only chooses which one to
+print. Nothing here knows of terminals (the rich tables live in `audit.render`).
+
+Every machine format carries `schema_version` (`FORMAT_SCHEMA_VERSION`) where the format has
+room for it, and changes only by addition:
+
+    json    the report itself (`Report.to_json()`), one document per target
+    jsonl   one finding per line, with the target and data file it belongs to
+    junit   one <testsuite> per target, one <testcase> per rule; a failing rule is a <failure>
+            whose message holds its failing count, rate and threshold
+    sarif   SARIF 2.1.0, one run per target, one result per rule that has failing records,
+            with at most `EXAMPLE_LOCATIONS` locations (data file + line)
+    github  `::error file=...,line=...,title=...::message` workflow commands, one per rule
+            (GitHub shows only ten annotations of a kind per step, so they are aggregated),
+            and `step_summary()` for $GITHUB_STEP_SUMMARY
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree as ET
+
+from audit import __version__
+from audit.report import SCHEMA_VERSION, Report, RuleResult
+
+FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
+EXAMPLE_LOCATIONS = 5
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+SARIF_VERSION = "2.1.0"
+INFORMATION_URI = "https://github.com/audit/audit"
+
+# A verdict's rank: what "got worse" means, and which verdicts fail a gate.
+VERDICT_RANK = {"pass": 0, "warn": 1, "fail": 2}
+
+
+class OutputFormat(StrEnum):
+    """What `--format` accepts; `rich` is the human format, rendered by the CLI."""
+
+    rich = "rich"
+    json = "json"
+    jsonl = "jsonl"
+    junit = "junit"
+    sarif = "sarif"
+    github = "github"
+
+
+def failing_verdicts(fail_on_warning: bool) -> set[str]:
+    """The verdicts that fail the gate: `fail`, and `warn` too under `--fail-on warning`."""
+    return {"fail", "warn"} if fail_on_warning else {"fail"}
+
+
+def render(reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False) -> str:
+    """Render `reports` in a machine format; the text ends with a newline."""
+    fmt = OutputFormat(fmt)
+    if fmt is OutputFormat.json:
+        return render_json(reports)
+    if fmt is OutputFormat.jsonl:
+        return render_jsonl(reports)
+    if fmt is OutputFormat.junit:
+        return render_junit(reports, fail_on_warning=fail_on_warning)
+    if fmt is OutputFormat.sarif:
+        return render_sarif(reports, fail_on_warning=fail_on_warning)
+    if fmt is OutputFormat.github:
+        return render_github(reports, fail_on_warning=fail_on_warning)
+    raise ValueError(f"{fmt} is rendered by the CLI, not as text")
+
+
+def render_json(reports: Sequence[Report]) -> str:
+    """Each report's JSON on one line: one document for one target, JSON lines for several."""
+    return "".join(json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in reports)
+
+
+def render_jsonl(reports: Sequence[Report]) -> str:
+    """One finding per line: schema_version, target, file, line, id, rule, severity, field,
+    position, message."""
+    out = []
+    for report in reports:
+        data_file = report.input.get("path")
+        for finding in report.findings.iter_rows(named=True):
+            row = {"schema_version": FORMAT_SCHEMA_VERSION, "target": report.target, "file": data_file}
+            row.update(finding)
+            out.append(json.dumps(row, ensure_ascii=False) + "\n")
+    return "".join(out)
+
+
+def rule_message(result: RuleResult, records: int) -> str:
+    """One sentence a CI user reads: how many records fail, at what rate, against what threshold."""
+    message = (
+        f"{result.code} {result.name}: {result.failing} of {records} records "
+        f"({result.rate:.2%}), threshold {result.threshold}, verdict {result.verdict}"
+    )
+    if result.example_lines:
+        message += f"; first lines {', '.join(map(str, result.example_lines))}"
+    if result.summary:
+        message += f". {result.summary.rstrip('.')}."
+    return message
+
+
+# -- JUnit -----------------------------------------------------------------------------------
+
+
+def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
+    """JUnit XML: a testsuite per target, a testcase per rule, a failure per failing rule."""
+    failing = failing_verdicts(fail_on_warning)
+    suites = ET.Element("testsuites", name="audit")
+    total_tests = total_failures = 0
+    total_time = 0.0
+    for report in reports:
+        failures = sum(1 for r in report.results if r.verdict in failing)
+        suite = ET.SubElement(
+            suites,
+            "testsuite",
+            name=f"audit {report.target}",
+            tests=str(len(report.results)),
+            failures=str(failures),
+            errors="0",
+            skipped="0",
+            time=f"{report.seconds:.3f}",
+            timestamp=report.created_at,
+        )
+        properties = ET.SubElement(suite, "properties")
+        for name, value in (
+            ("schema_version", FORMAT_SCHEMA_VERSION),
+            ("tool_version", __version__),
+            ("data_file", report.input.get("path")),
+            ("data_sha256", report.input.get("sha256")),
+            ("records", report.records),
+            ("profile", report.profile.get("name")),
+            ("verdict", report.verdict),
+        ):
+            ET.SubElement(properties, "property", name=name, value=str(value))
+        for result in report.results:
+            case = ET.SubElement(
+                suite,
+                "testcase",
+                name=f"{result.code} {result.name}",
+                classname=f"audit.{report.target}",
+                file=str(report.input.get("path", "")),
+                time="0",
+            )
+            message = rule_message(result, report.records)
+            if result.verdict in failing:
+                failure = ET.SubElement(case, "failure", message=message, type=result.verdict)
+                failure.text = message
+            elif result.failing:
+                ET.SubElement(case, "system-out").text = message
+        total_tests += len(report.results)
+        total_failures += failures
+        total_time += report.seconds
+    suites.set("tests", str(total_tests))
+    suites.set("failures", str(total_failures))
+    suites.set("errors", "0")
+    suites.set("time", f"{total_time:.3f}")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+# -- SARIF -----------------------------------------------------------------------------------
+
+
+def artifact_uri(path: str | os.PathLike[str]) -> str:
+    """A SARIF artifact URI: relative to the working directory when under it (what code
+    scanning resolves against the checkout), else an absolute file:// URI."""
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return resolved.as_uri()
+
+
+_SARIF_LEVEL = {"fail": "error", "warn": "warning", "pass": "note"}
+
+
+def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
+    """SARIF 2.1.0 JSON: one run per target; one result per rule with failing records."""
+    runs = []
+    for report in reports:
+        rules = [
+            {
+                "id": r.code,
+                "name": r.name,
+                "shortDescription": {"text": r.summary or r.name},
+                "defaultConfiguration": {"level": "error" if r.severity == "error" else "warning"},
+                "properties": {"severity": r.severity, "threshold": r.threshold},
+            }
+            for r in report.results
+        ]
+        uri = artifact_uri(report.input.get("path", report.target))
+        results = []
+        for index, result in enumerate(report.results):
+            if not result.failing:
+                continue
+            level = _SARIF_LEVEL[result.verdict]
+            if fail_on_warning and result.verdict == "warn":
+                level = "error"
+            results.append(
+                {
+                    "ruleId": result.code,
+                    "ruleIndex": index,
+                    "level": level,
+                    "message": {"text": rule_message(result, report.records)},
+                    "locations": [
+                        {
+                            "physicalLocation": {
+                                "artifactLocation": {"uri": uri},
+                                "region": {"startLine": int(line)},
+                            }
+                        }
+                        for line in result.example_lines[:EXAMPLE_LOCATIONS]
+                    ],
+                    "properties": {
+                        "failing": result.failing,
+                        "records": report.records,
+                        "rate": round(result.rate, 6),
+                        "verdict": result.verdict,
+                    },
+                }
+            )
+        runs.append(
+            {
+                "tool": {
+                    "driver": {
+                        "name": "audit",
+                        "version": __version__,
+                        "informationUri": INFORMATION_URI,
+                        "rules": rules,
+                    }
+                },
+                "automationDetails": {"id": f"audit/{report.target}/"},
+                "artifacts": [{"location": {"uri": uri}, "hashes": {"sha-256": report.input.get("sha256")}}],
+                "results": results,
+                "properties": {
+                    "schema_version": FORMAT_SCHEMA_VERSION,
+                    "target": report.target,
+                    "verdict": report.verdict,
+                    "records": report.records,
+                },
+            }
+        )
+    document = {"$schema": SARIF_SCHEMA, "version": SARIF_VERSION, "runs": runs}
+    return json.dumps(document, ensure_ascii=False, indent=1) + "\n"
+
+
+# -- GitHub Actions --------------------------------------------------------------------------
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_relative(path: str) -> str:
+    """A file path as GitHub resolves annotation paths: relative to the checkout when possible."""
+    uri = artifact_uri(path)
+    return uri.removeprefix("file://")
+
+
+def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
+    """GitHub workflow commands: one annotation per rule with failing records, at its first
+    failing line (the others are named in the message), then a `::notice` verdict per target."""
+    failing = failing_verdicts(fail_on_warning)
+    out = []
+    for report in reports:
+        file = _escape_property(github_relative(report.input.get("path", report.target)))
+        for result in report.results:
+            if not result.failing:
+                continue
+            command = "error" if result.verdict in failing else "warning" if result.verdict == "warn" else "notice"
+            line = result.example_lines[0] if result.example_lines else 1
+            title = _escape_property(f"audit {report.target}: {result.code} {result.name}")
+            message = _escape_data(rule_message(result, report.records))
+            out.append(f"::{command} file={file},line={line},title={title}::{message}\n")
+        verdict = "failed" if report.verdict in failing else "passed"
+        command = "error" if report.verdict in failing else "notice"
+        out.append(
+            f"::{command} title={_escape_property('audit ' + report.target)}::"
+            + _escape_data(
+                f"gate {verdict}: {report.failing_records} of {report.records} records have errors "
+                f"(verdict {report.verdict})"
+            )
+            + "\n"
+        )
+    return "".join(out)
+
+
+def step_summary(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
+    """A markdown summary for $GITHUB_STEP_SUMMARY: one table across targets, one per target."""
+    failing = failing_verdicts(fail_on_warning)
+    icon = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
+    parts = ["## audit\n", "| target | records | with errors | verdict | failed rules |", "|---|--:|--:|---|---|"]
+    for report in reports:
+        failed = ", ".join(r.code for r in report.results if r.verdict in failing) or "-"
+        parts.append(
+            f"| {report.target} | {report.records} | {report.failing_records} | "
+            f"{icon[report.verdict]} {report.verdict} | {failed} |"
+        )
+    for report in reports:
+        flagged = [r for r in report.results if r.failing]
+        if not flagged:
+            continue
+        parts += ["", f"### {report.target}", "", "| rule | failing | rate | threshold | verdict | first lines |",
+                  "|---|--:|--:|---|---|---|"]
+        for r in flagged:
+            lines = ", ".join(map(str, r.example_lines))
+            parts.append(
+                f"| {r.code} {r.name} | {r.failing} | {r.rate:.2%} | {r.threshold} | "
+                f"{icon[r.verdict]} {r.verdict} | {lines} |"
+            )
+    return "\n".join(parts) + "\n"
+
+
+def summary_rows(reports: Sequence[Report], *, fail_on_warning: bool = False) -> list[dict[str, Any]]:
+    """One row per target for a cross-partition summary: records, errors, verdict, failed rules."""
+    failing = failing_verdicts(fail_on_warning)
+    return [
+        {
+            "target": r.target,
+            "records": r.records,
+            "records_with_errors": r.failing_records,
+            "verdict": r.verdict,
+            "failed": [x.code for x in r.results if x.verdict in failing],
+            "warned": [x.code for x in r.results if x.verdict == "warn" and x.verdict not in failing],
+            "exit_code": r.exit_code(fail_on_warning=fail_on_warning),
+        }
+        for r in reports
+    ]

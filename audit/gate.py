@@ -1,0 +1,333 @@
+"""`gate`: split a partition into the records training may use and the ones it must not.
+
+    from audit.check import CheckOptions, prepare
+    from audit.gate import gate_target
+    result = gate_target(prepare(target, CheckOptions()), Path("gated/B1_glaive"))
+
+writes three files into the output directory:
+
+    clean.jsonl       every record that passed, its original bytes, in input order, each
+                      followed by "\\n" (a last line that had no newline gets one; a "\\r"
+                      before the newline is part of the record's bytes and is kept)
+    quarantine.jsonl  one JSON object per rejected record, in input order:
+                      {"line", "id", "findings": [{rule, severity, message, position, field}],
+                       "raw": the line as text}  -- or, when its bytes are not UTF-8,
+                      "raw_base64" instead of "raw". Either way the original line is
+                      `raw.encode("utf-8")` (or `b64decode(raw_base64)`) without its "\\n".
+    manifest.json     what was gated, with what, and the sha256 of everything (written last)
+
+A record is a non-blank line, readable or not (the denominator of every rate in the report).
+Blank lines are not records: they go to neither output and are counted in the manifest as
+`blank_lines`. So `clean + quarantined == records`, always.
+
+A record is quarantined when it has a finding of severity `error` (or any finding with
+`quarantine_on="warning"`); all its findings travel with it, warnings included.
+
+The split is a second streamed pass over the file, one block of lines at a time; memory holds
+the findings and one block, never the file. If the file changes between the audit and the
+split, nothing is written.
+
+Each output is written to a temporary file in the output directory and renamed into place;
+the old manifest is removed before the first rename and the new one renamed in last, so a
+directory with a manifest always holds the outputs that manifest describes (check its hashes).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+import polars as pl
+
+from audit import __version__
+from audit.check import Session, check_target
+from audit.engine import ProgressCallback
+from audit.errors import InputError
+from audit.records import InputDigest, iter_line_blocks
+from audit.report import Report
+
+MANIFEST_SCHEMA_VERSION = 1
+CLEAN_FILE = "clean.jsonl"
+QUARANTINE_FILE = "quarantine.jsonl"
+MANIFEST_FILE = "manifest.json"
+OUTPUT_FILES = (CLEAN_FILE, QUARANTINE_FILE, MANIFEST_FILE)
+
+QUARANTINE_SEVERITIES = {"error": ("error",), "warning": ("error", "warning")}
+
+# Fields of a finding that travel with a quarantined record (line and id are on the record).
+_FINDING_FIELDS = ("rule", "severity", "message", "position", "field")
+
+
+@dataclass
+class GateResult:
+    """A gated target: the report of its audit, the manifest written, and where."""
+
+    report: Report
+    manifest: dict[str, Any]
+    out_dir: Path
+    unchanged: bool = False  # the output already held this exact gate: no byte changed
+
+    @property
+    def clean(self) -> int:
+        return int(self.manifest["counts"]["clean"])
+
+    @property
+    def quarantined(self) -> int:
+        return int(self.manifest["counts"]["quarantined"])
+
+
+def gate_target(
+    session: Session,
+    out_dir: Path,
+    *,
+    quarantine_on: str = "error",
+    force: bool = False,
+    progress: ProgressCallback | None = None,
+) -> GateResult:
+    """Audit the session's target and split its records into clean.jsonl and quarantine.jsonl.
+
+    Raises InputError (nothing written) when `out_dir` holds the gate of a different input
+    and `force` is false, when an output would overwrite the input, or when the input changes
+    while it is being gated.
+    """
+    if quarantine_on not in QUARANTINE_SEVERITIES:
+        raise InputError(f"--quarantine-on must be error or warning, got {quarantine_on!r}")
+    data_file = session.target.data_file
+    input_path = data_file.resolve()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise InputError(f"--out {out_dir}: exists and is not a directory")
+    for name in OUTPUT_FILES:
+        if (out_dir / name).resolve() == input_path:
+            raise InputError(f"--out {out_dir}: {name} would overwrite the input itself; choose another directory")
+    previous = read_manifest(out_dir)
+    if not force:
+        _refuse_foreign_output(out_dir, previous, input_path)
+
+    report = check_target(session, progress=progress)
+    severities = QUARANTINE_SEVERITIES[quarantine_on]
+    quarantined_lines = (
+        report.findings.filter(pl.col("severity").is_in(severities))["line"].unique().to_list()
+    )
+    findings_by_line = _findings_of(report.findings.filter(pl.col("line").is_in(quarantined_lines)))
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    temporaries: list[Path] = []
+    try:
+        clean_tmp, clean_out = _temporary(out_dir, CLEAN_FILE, temporaries)
+        quarantine_tmp, quarantine_out = _temporary(out_dir, QUARANTINE_FILE, temporaries)
+        with clean_out, quarantine_out:
+            counts, digest = _split(
+                data_file, findings_by_line, clean_out, quarantine_out, session.options.block_bytes
+            )
+        if digest.sha256 != report.input["sha256"]:
+            raise InputError(
+                f"{data_file} changed while it was being gated (is it still being written?); "
+                "nothing was written: gate it again once it is complete"
+            )
+        manifest = _manifest(
+            session, report, input_path, counts, quarantine_on,
+            clean=_file_summary(clean_tmp, counts["clean"]),
+            quarantine=_file_summary(quarantine_tmp, counts["quarantined"]),
+        )
+        unchanged = previous is not None and _same_gate(previous, manifest)
+        if unchanged:
+            # Idempotent: the same gate again leaves every byte as it was, the time included.
+            manifest["created_at"] = previous["created_at"]
+        manifest_tmp, manifest_out = _temporary(out_dir, MANIFEST_FILE, temporaries)
+        with manifest_out:
+            manifest_out.write(json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")
+        # The old manifest goes first and the new one comes last: a crash in between leaves a
+        # directory without a manifest, which no consumer may take for a finished gate.
+        (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
+        os.replace(clean_tmp, out_dir / CLEAN_FILE)
+        os.replace(quarantine_tmp, out_dir / QUARANTINE_FILE)
+        os.replace(manifest_tmp, out_dir / MANIFEST_FILE)
+        temporaries.clear()
+    finally:
+        for leftover in temporaries:
+            leftover.unlink(missing_ok=True)
+    return GateResult(report=report, manifest=manifest, out_dir=out_dir, unchanged=unchanged)
+
+
+def read_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """The manifest of an earlier gate in `out_dir`, or None when there is none."""
+    path = out_dir / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise InputError(
+            f"{path} is not a gate manifest (not valid JSON): pass --force to overwrite the gate output"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("input"), dict):
+        raise InputError(f"{path} is not a gate manifest: pass --force to overwrite the gate output")
+    return data
+
+
+def _refuse_foreign_output(out_dir: Path, previous: dict[str, Any] | None, input_path: Path) -> None:
+    """An existing gate output of another input is somebody's training data: keep it."""
+    if previous is None:
+        present = [name for name in (CLEAN_FILE, QUARANTINE_FILE) if (out_dir / name).exists()]
+        if present:
+            raise InputError(
+                f"--out {out_dir} holds {' and '.join(present)} but no {MANIFEST_FILE} (an interrupted "
+                "gate, or not a gate output): pass --force to overwrite, or choose another --out"
+            )
+        return
+    recorded = previous["input"]
+    if recorded.get("path") != str(input_path):
+        raise InputError(
+            f"--out {out_dir} holds the gate of {recorded.get('path')}, not of {input_path}: "
+            "pass --force to overwrite it, or choose another --out"
+        )
+    with input_path.open("rb") as handle:
+        sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
+    if recorded.get("sha256") != sha256:
+        raise InputError(
+            f"--out {out_dir} holds the gate of an earlier version of {input_path} "
+            f"(sha256 {str(recorded.get('sha256'))[:12]}…, now {sha256[:12]}…): pass --force to "
+            "overwrite it, or choose another --out"
+        )
+
+
+def _findings_of(findings: pl.DataFrame) -> dict[int, tuple[str | None, list[dict[str, Any]]]]:
+    """Per quarantined line: its id and its findings (memory: the findings, nothing more)."""
+    grouped: dict[int, tuple[str | None, list[dict[str, Any]]]] = {}
+    for row in findings.iter_rows(named=True):
+        record_id, found = grouped.setdefault(row["line"], (row["id"], []))
+        if record_id is None and row["id"] is not None:
+            grouped[row["line"]] = (row["id"], found)
+        found.append({name: row[name] for name in _FINDING_FIELDS})
+    return grouped
+
+
+def _split(
+    data_file: Path,
+    findings_by_line: dict[int, tuple[str | None, list[dict[str, Any]]]],
+    clean_out: IO[bytes],
+    quarantine_out: IO[bytes],
+    block_bytes: int,
+) -> tuple[dict[str, int], InputDigest]:
+    """Stream the file once more and send each record to clean or quarantine, bytes untouched."""
+    digest = InputDigest()
+    counts = {"records": 0, "clean": 0, "quarantined": 0, "blank_lines": 0, "lines": 0}
+    for block in iter_line_blocks(data_file, digest, block_bytes):
+        clean: list[bytes] = []
+        for offset, raw in enumerate(block.lines):
+            if not raw.strip():  # the reader's own rule: a blank line is not a record
+                counts["blank_lines"] += 1
+                continue
+            line = block.first_line + offset
+            quarantined = findings_by_line.get(line)
+            if quarantined is None:
+                clean.append(raw)
+                continue
+            quarantine_out.write(_quarantine_line(line, raw, *quarantined))
+            counts["quarantined"] += 1
+        if clean:
+            clean_out.write(b"\n".join(clean) + b"\n")
+            counts["clean"] += len(clean)
+        counts["lines"] = block.first_line + len(block.lines) - 1
+    counts["records"] = counts["clean"] + counts["quarantined"]
+    return counts, digest
+
+
+def _quarantine_line(line: int, raw: bytes, record_id: str | None, findings: list[dict[str, Any]]) -> bytes:
+    entry: dict[str, Any] = {"line": line, "id": record_id, "findings": findings}
+    try:
+        entry["raw"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        entry["raw_base64"] = base64.b64encode(raw).decode("ascii")
+    return orjson.dumps(entry) + b"\n"
+
+
+def _temporary(out_dir: Path, name: str, temporaries: list[Path]) -> tuple[Path, IO[bytes]]:
+    handle, path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
+    temporaries.append(Path(path))
+    # mkstemp makes the file private (0600); the outputs are data for others to read.
+    os.fchmod(handle, 0o666 & ~_umask())
+    return Path(path), os.fdopen(handle, "wb")
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+def _file_summary(path: Path, records: int) -> dict[str, Any]:
+    with path.open("rb") as handle:
+        sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
+    return {"sha256": sha256, "bytes": path.stat().st_size, "records": records}
+
+
+def _manifest(
+    session: Session,
+    report: Report,
+    input_path: Path,
+    counts: dict[str, int],
+    quarantine_on: str,
+    *,
+    clean: dict[str, Any],
+    quarantine: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "schema_version": MANIFEST_SCHEMA_VERSION,
+        "tool": {"name": "audit", "version": __version__},
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "target": report.target,
+        "input": {
+            "path": str(input_path),
+            "sha256": report.input["sha256"],
+            "bytes": report.input["bytes"],
+            "lines": counts["lines"],
+            "records": counts["records"],
+            "blank_lines": counts["blank_lines"],
+        },
+        "counts": {
+            "in": counts["records"],
+            "clean": counts["clean"],
+            "quarantined": counts["quarantined"],
+        },
+        "outputs": {
+            CLEAN_FILE: {"path": CLEAN_FILE, **clean},
+            QUARANTINE_FILE: {"path": QUARANTINE_FILE, **quarantine},
+        },
+        "quarantine_on": quarantine_on,
+        "verdict": report.verdict,
+        "failed_rules": [r.code for r in report.results if r.verdict == "fail"],
+        "warned_rules": [r.code for r in report.results if r.verdict == "warn"],
+        "rule_set": report.rule_set,
+        "profile": {"name": session.profile.name, "thinking": session.profile.thinking,
+                    "source": report.profile.get("source")},
+        "tokenizer": report.tokenizer,
+    }
+
+
+def _same_gate(previous: dict[str, Any], manifest: dict[str, Any]) -> bool:
+    def comparable(m: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in m.items() if k != "created_at"}
+
+    # Compare as JSON sees them: the previous manifest went through a round trip.
+    return comparable(previous) == comparable(json.loads(json.dumps(manifest)))
+
+
+def iter_quarantine(path: Path) -> Iterable[dict[str, Any]]:
+    """The entries of a quarantine.jsonl, each with `raw_bytes`: the original line, restored."""
+    with path.open("rb") as handle:
+        for line in handle:
+            entry = orjson.loads(line)
+            entry["raw_bytes"] = (
+                entry["raw"].encode("utf-8") if "raw" in entry else base64.b64decode(entry["raw_base64"])
+            )
+            yield entry
