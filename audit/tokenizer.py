@@ -11,10 +11,22 @@ import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from audit.errors import ConfigError
+from audit.fastcodec import (
+    ByteDecoder,
+    FastEncoder,
+    FlatIds,
+    byte_decoder_for_backend,
+    byte_decoder_for_tiktoken,
+    fast_encoder_for_backend,
+    fast_paths_enabled,
+)
 
 # Nothing may reach a model hub at run time: tokenizers come from local directories only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,6 +96,16 @@ class Tokenizer:
             path=str(directory), vocab_size=self.vocab_size, sha256=fingerprint_directory(directory)
         )
 
+    @cached_property
+    def special_token_strings(self) -> tuple[str, ...]:
+        """Strings of the special and added tokens, longest first (for stripping them from text)."""
+        strings = set(getattr(self.hf, "all_special_tokens", []) or [])
+        decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
+        strings.update(getattr(token, "content", str(token)) for token in decoder.values())
+        if self._tiktoken is not None:
+            strings.update(self._tiktoken.special_tokens_set)
+        return tuple(sorted((s for s in strings if s), key=len, reverse=True))
+
     # -- look-ups -------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
         """The id of a token given by its exact string, or None when the vocabulary lacks it."""
@@ -128,6 +150,60 @@ class Tokenizer:
         if self._tiktoken is not None:
             return self._tiktoken.encode_batch(list(texts), allowed_special="all")
         return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+
+    # -- flat, vectorised batches (the round trip's fast path) -----------------------------------
+    @cached_property
+    def byte_decoder(self) -> ByteDecoder | None:
+        """The id -> bytes table, when the tokenizer is byte-level and fast paths are on."""
+        if not fast_paths_enabled():
+            return None
+        if self._fast is not None:
+            return byte_decoder_for_backend(self._fast, self.vocab_size)
+        if self._tiktoken is not None:
+            return byte_decoder_for_tiktoken(self._tiktoken)
+        return None
+
+    @cached_property
+    def fast_encoder(self) -> FastEncoder | None:
+        """fastokens over this tokenizer.json, when installed and fast paths are on."""
+        if not fast_paths_enabled() or self._fast is None:
+            return None
+        return fast_encoder_for_backend(self._fast)
+
+    @property
+    def backend_name(self) -> str:
+        """Which implementation decodes and encodes: for reports and the benchmark."""
+        decode = "table" if self.byte_decoder is not None else "tokenizer"
+        if self.fast_encoder is not None:
+            encode = "fastokens"
+        else:
+            encode = "tiktoken" if self._tiktoken is not None else "tokenizers"
+        return f"decode={decode} encode={encode}"
+
+    def decode_flat(self, flat: FlatIds) -> list[str]:
+        """`decode_batch` of flat sequences (special tokens kept), vectorised when possible."""
+        decoder = self.byte_decoder
+        if decoder is None:
+            return self.decode_batch([flat.sequence(i) for i in range(len(flat))])
+        texts = decoder.decode(flat)
+        invalid = [i for i, text in enumerate(texts) if text is None]
+        if invalid:
+            # Bytes that are not UTF-8: the tokenizer's own lossy replacement is the reference.
+            for i, text in zip(invalid, self.decode_batch([flat.sequence(i) for i in invalid]), strict=True):
+                texts[i] = text
+        return texts  # type: ignore[return-value]
+
+    def encode_flat(self, texts: list[str]) -> FlatIds:
+        """`encode_batch` as one flat id array (special-token strings recognised)."""
+        encoder = self.fast_encoder
+        if encoder is not None:
+            return encoder.encode_flat(texts)
+        encoded = self.encode_batch(texts)
+        lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
+        offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = np.concatenate([np.asarray(e, dtype=np.int64) for e in encoded]) if encoded else np.zeros(0, np.int64)
+        return FlatIds(values.astype(np.int64, copy=False), offsets)
 
     def render_prompt(
         self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 
 from audit.batch import Batch
@@ -13,6 +15,18 @@ def _first_difference(left: list[int] | str, right: list[int] | str) -> int:
         if a != b:
             return index
     return min(len(left), len(right))
+
+
+def _folder(special_strings: tuple[str, ...]):
+    """Text without special-token strings, whitespace folded: what no decode setting changes."""
+    pattern = re.compile("|".join(re.escape(s) for s in special_strings)) if special_strings else None
+
+    def fold(text: str) -> str:
+        if pattern is not None:
+            text = pattern.sub(" ", text)
+        return " ".join(text.split())
+
+    return fold
 
 
 class RoundTrip(RecordRule):
@@ -68,7 +82,8 @@ class TextMismatch(RecordRule):
     What it checks:
         When a record carries `text`, it equals `decode(output_ids)` under one of SGLang's
         documented settings: special tokens kept or skipped (`skip_special_tokens`), with or
-        without the final stop token (`no_stop_trim`).
+        without the final stop token (`no_stop_trim`). Differences only in special-token
+        strings and whitespace (`spaces_between_special_tokens`) are accepted.
 
     Why it matters:
         The server produced `text` and `output_ids` together. When they disagree, one of them
@@ -105,9 +120,14 @@ class TextMismatch(RecordRule):
             tokenizer.decode_batch_skipping_special(sequences),
             tokenizer.decode_batch_skipping_special(trimmed),
         ]
+        fold = _folder(tokenizer.special_token_strings)
         rows, messages = [], []
         for index, (row, text, decoded) in enumerate(suspect.select("row", "text", "decoded").iter_rows()):
             if any(text == variant[index] for variant in variants):
+                continue
+            if fold(text) == fold(decoded):
+                # Same words and tokens; only special-token spelling or spacing differs, as
+                # SGLang's detokenizer may add (`spaces_between_special_tokens`).
                 continue
             at = _first_difference(text, decoded)
             rows.append(row)
