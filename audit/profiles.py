@@ -25,12 +25,15 @@ PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 #   prompt_opens  the prompt ends inside <think>: the output closes it exactly once
 #   model_opens   the model writes <think> itself, first, then closes it exactly once
 #   closed        thinking is off (the prompt holds <think></think>): no think tokens at all
-#   none          the family has no think tokens (segmented another way)
+#   none          the family has no think tokens (gpt-oss: segmented by harmony channels)
 Reasoning = Literal["prompt_opens", "model_opens", "closed", "none"]
 
-_TOP_KEYS = {"name", "description", "tokens", "pinned_ids", "generation_prompt", "tool_calls"}
+_TOP_KEYS = {"name", "description", "tokens", "pinned_ids", "generation_prompt", "tool_calls", "channels"}
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window"}
 _PROMPT_KEYS = {"thinking", "no_thinking"}
+# Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
+CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
+_CHANNEL_NAMES = ("reasoning", "answer", "tools")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,26 @@ class ToolCallSpec:
     format: ToolCallFormat
     markers: dict[str, str]  # role -> token string
     call_id_pattern: str | None = None
+    # Kimi may enter a tool-call section straight from its reasoning, with no </think> (Kimi-K2
+    # issue 89): real model behaviour, so such outputs are counted (SEG004), not rejected as a
+    # stripped response token. Families that always close reasoning first leave this false.
+    may_end_reasoning: bool = False
+
+
+@dataclass(frozen=True)
+class ChannelSpec:
+    """Harmony's message markers (by string) and channel names, for families without think tokens.
+
+    An output is a sequence of messages: `<|start|>ROLE` (omitted for the first, which the
+    prompt opened), `<|channel|>NAME [to=RECIPIENT] [<|constrain|>FORMAT]`, `<|message|>`,
+    content, then `<|end|>`, or `<|call|>` for a tool call, or `<|return|>` for the final answer.
+    """
+
+    markers: dict[str, str]  # "start", "channel", ... -> token string
+    reasoning: str = "analysis"
+    answer: str = "final"
+    tools: str = "commentary"
+    recipient_pattern: str = r"^functions\.[A-Za-z0-9_.\-]+$"
 
 
 @dataclass(frozen=True)
@@ -57,6 +80,7 @@ class Profile:
     pinned_ids: dict[str, int] = field(default_factory=dict)
     tool_calls: ToolCallSpec | None = None
     think_open_window: int = 0
+    channels: ChannelSpec | None = None
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -99,6 +123,10 @@ class Profile:
         if self.tool_calls is not None:
             markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
 
+        channel_markers: dict[str, int] = {}
+        if self.channels is not None:
+            channel_markers = {role: token(text) for role, text in self.channels.markers.items()}
+
         return ResolvedProfile(
             profile=self,
             thinking=thinking,
@@ -110,6 +138,7 @@ class Profile:
             prompt_suffix_texts=suffix_texts,
             reasoning=reasoning,
             tool_markers=markers,
+            channel_markers=channel_markers,
         )
 
 
@@ -139,6 +168,7 @@ class ResolvedProfile:
     prompt_suffix_texts: tuple[str, ...]
     reasoning: Reasoning
     tool_markers: dict[str, int]  # role -> id
+    channel_markers: dict[str, int] = field(default_factory=dict)  # harmony role -> id
 
     @property
     def name(self) -> str:
@@ -153,6 +183,10 @@ class ResolvedProfile:
     def tool_calls(self) -> ToolCallSpec | None:
         return self.profile.tool_calls
 
+    @property
+    def channels(self) -> ChannelSpec | None:
+        return self.profile.channels
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved tokens, for the report."""
         return {
@@ -166,6 +200,7 @@ class ResolvedProfile:
             "eos": list(self.eos),
             "prompt_suffixes": [list(s) for s in self.prompt_suffixes],
             "tool_markers": self.tool_markers,
+            **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
         }
 
 
@@ -220,7 +255,34 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         think_open_window=expect(
             tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window"
         ),
+        channels=_parse_channels(data.get("channels"), where),
     )
+
+
+def _parse_channels(table: Any, where: str) -> ChannelSpec | None:
+    if table is None:
+        return None
+    where = f"{where}: [channels]"
+    expect(table, dict, where)
+    reject_unknown(table, {*CHANNEL_MARKERS, *_CHANNEL_NAMES, "recipient_pattern"}, where)
+    missing = [role for role in CHANNEL_MARKERS if role not in table]
+    if missing:
+        raise ConfigError(f"{where}: needs {', '.join(missing)}")
+    names = {key: expect(table[key], str, f"{where}.{key}") for key in _CHANNEL_NAMES if key in table}
+    pattern = table.get("recipient_pattern")
+    if pattern is not None:
+        _compile(expect(pattern, str, f"{where}.recipient_pattern"), f"{where}.recipient_pattern")
+        names["recipient_pattern"] = pattern
+    return ChannelSpec(
+        markers={role: expect(table[role], str, f"{where}.{role}") for role in CHANNEL_MARKERS}, **names
+    )
+
+
+def _compile(pattern: str, where: str) -> None:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(f"{where}: not a regular expression: {exc}") from None
 
 
 def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
@@ -232,18 +294,16 @@ def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
     if format_name not in FORMATS:
         raise ConfigError(f"{where}.format: unknown {format_name!r} (known: {', '.join(FORMATS)})")
     fmt = FORMATS[format_name]
-    reject_unknown(table, {"format", "call_id_pattern", *fmt.roles}, where)
+    reject_unknown(table, {"format", "call_id_pattern", "may_end_reasoning", *fmt.roles}, where)
     missing = [role for role in fmt.roles if role not in table]
     if missing:
         raise ConfigError(f"{where}: format {format_name} needs {', '.join(missing)}")
     pattern = table.get("call_id_pattern")
     if pattern is not None:
-        try:
-            re.compile(expect(pattern, str, f"{where}.call_id_pattern"))
-        except re.error as exc:
-            raise ConfigError(f"{where}.call_id_pattern: not a regular expression: {exc}") from None
+        _compile(expect(pattern, str, f"{where}.call_id_pattern"), f"{where}.call_id_pattern")
     return ToolCallSpec(
         format=fmt,
         markers={role: expect(table[role], str, f"{where}.{role}") for role in fmt.roles},
         call_id_pattern=pattern,
+        may_end_reasoning=expect(table.get("may_end_reasoning", False), bool, f"{where}.may_end_reasoning"),
     )

@@ -23,8 +23,9 @@ class ResponseTokenMissing(RecordRule):
 
     What it checks:
         When the prompt (or the model) opened `<think>`, the output contains the response
-        token `</think>`. Truncated and aborted outputs are left to the termination rules,
-        and a tool-call section entered without `</think>` to its own rule.
+        token `</think>`. Truncated and aborted outputs are left to the termination rules;
+        for families whose profile says a tool call may end the reasoning (Kimi,
+        `may_end_reasoning`), a tool-call section entered without `</think>` to SEG004.
 
     Why it matters:
         Without it everything lands in the reasoning segment and the training sequence no
@@ -48,7 +49,10 @@ class ResponseTokenMissing(RecordRule):
     def violation(self, batch: Batch) -> pl.Expr:
         output = pl.col("output_ids")
         missing = output.list.count_matches(batch.profile.think_end) == 0
-        entry = _tool_entry_ids(batch)
+        # Only families known to enter a tool call straight from reasoning (Kimi) are excused:
+        # elsewhere a tool call with no </think> before it means the token was stripped.
+        spec = batch.profile.tool_calls
+        entry = _tool_entry_ids(batch) if spec is not None and spec.may_end_reasoning else []
         in_tool_call = first_index_in("output_ids", entry).is_not_null() if entry else pl.lit(False)
         return missing & (output.list.len() > 0) & ~truncated() & ~in_tool_call
 
