@@ -14,7 +14,7 @@ from pathlib import Path
 
 from audit.batch import AuditContext
 from audit.engine import ProgressCallback, audit_file
-from audit.errors import ConfigError
+from audit.errors import ConfigError, InputError
 from audit.profiles import ResolvedProfile, load_profile
 from audit.records import DEFAULT_BLOCK_BYTES
 from audit.report import Report, build_report
@@ -122,6 +122,8 @@ def check_target(session: Session, progress: ProgressCallback | None = None) -> 
         block_bytes=session.options.block_bytes,
         progress=progress,
     )
+    if audited.records == 0:
+        raise InputError(f"{session.target.data_file}: no records, only blank lines; nothing to audit")
     return build_report(
         session.target.partition,
         audited,

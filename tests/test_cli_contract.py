@@ -90,6 +90,9 @@ def test_empty_file_and_wrong_tokenizer_are_input_errors(tmp_path):
     empty.touch()
     result = run("check", str(empty), "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER))
     assert result.exit_code == 2 and "empty" in result.output
+    empty.write_text("\n  \n")
+    result = run("check", str(empty), "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER))
+    assert result.exit_code == 2 and "no records" in result.output
     # The DeepSeek profile's tokens are not in the Kimi tokenizer: a configuration error.
     data = PREPARED / "B0_clean" / "raw_responses.jsonl"
     result = run("check", str(data), "--profile", "deepseek-v3.1", "--tokenizer", str(KIMI_TOKENIZER))
