@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
 import pandera.polars as pa
 import polars as pl
 
 from audit.contract import contract_failures, in_vocabulary, record_contract
+from audit.fastcodec import FlatIds
 from audit.profiles import ResolvedProfile
 from audit.tokenizer import Tokenizer
 
@@ -67,16 +69,30 @@ class Batch:
         """Rows whose output can be decoded: present, and every id inside the vocabulary."""
         in_vocab = in_vocabulary(self.tokenizer)
         return self.records.select(
-            pl.col("output_ids").list.eval(in_vocab.all()).list.first().fill_null(False)
+            pl.col("output_ids").list.eval(in_vocab.all(ignore_nulls=False)).list.first().fill_null(False)
         ).to_series()
+
+    @cached_property
+    def decodable_rows(self) -> np.ndarray:
+        """Indices of the decodable rows, in order."""
+        return self.decodable.arg_true().to_numpy()
+
+    @cached_property
+    def decodable_output(self) -> FlatIds:
+        """`output_ids` of the decodable rows as one flat array (no Python lists)."""
+        return FlatIds.from_series(self.records["output_ids"].gather(self.decodable_rows))
+
+    @cached_property
+    def decoded_texts(self) -> list[str]:
+        """`decode(output_ids)` of each decodable row, special tokens kept (one batched call)."""
+        if len(self.decodable_rows) == 0:
+            return []
+        return self.tokenizer.decode_flat(self.decodable_output)
 
     @cached_property
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
-        rows = self.decodable.arg_true()
-        texts: list[str | None] = [None] * self.height
-        if len(rows):
-            sequences = self.records["output_ids"].gather(rows).to_list()
-            for row, text in zip(rows.to_list(), self.tokenizer.decode_batch(sequences), strict=True):
-                texts[row] = text
-        return pl.Series("decoded_output", texts, dtype=pl.String)
+        full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)
+        if len(self.decodable_rows):
+            full = full.scatter(self.decodable_rows, pl.Series(self.decoded_texts, dtype=pl.String))
+        return full

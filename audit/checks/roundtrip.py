@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.fastcodec import differing_sequences
 
 
 def _first_difference(left: list[int] | str, right: list[int] | str) -> int:
@@ -55,23 +57,24 @@ class RoundTrip(RecordRule):
     name = "round-trip-mismatch"
 
     def check(self, batch: Batch) -> pl.DataFrame:
-        rows = batch.decodable.arg_true()
+        rows = batch.decodable_rows
         if len(rows) == 0:
             return empty_findings()
-        texts = batch.decoded_output.gather(rows).to_list()
-        reencoded = pl.Series(batch.tokenizer.encode_batch(texts), dtype=pl.List(pl.Int64))
-        original = batch.records["output_ids"].gather(rows)
-        differs = (reencoded != original).fill_null(True)
+        original = batch.decodable_output
+        # One flat encode of the whole batch, compared with numpy: no per-token Python.
+        again = batch.tokenizer.encode_flat(batch.decoded_texts)
+        differs = differing_sequences(original, again)
         if not differs.any():
             return empty_findings()
-        bad_rows = rows.filter(differs).to_list()
-        positions, messages = [], []
-        for ids, again in zip(original.filter(differs).to_list(), reencoded.filter(differs).to_list(), strict=True):
-            at = _first_difference(ids, again)
+        bad_rows, positions, messages = [], [], []
+        for index in np.flatnonzero(differs).tolist():
+            ids, encoded = original.sequence(index), again.sequence(index)
+            at = _first_difference(ids, encoded)
+            bad_rows.append(int(rows[index]))
             positions.append(at)
             messages.append(
                 f"re-encoding the decoded output differs from output_ids[{at}]: "
-                f"saved {ids[at:at + 4]}..., tokenizer gives {again[at:at + 4]}..."
+                f"saved {ids[at:at + 4]}..., tokenizer gives {encoded[at:at + 4]}..."
             )
         return findings_frame(bad_rows, positions, messages)
 

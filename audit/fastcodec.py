@@ -1,0 +1,219 @@
+"""The fast paths of the round trip: vectorised decode, and the fastest encoder available.
+
+The round trip `encode(decode(output_ids)) == output_ids` is the one rule whose cost is the
+tokenizer's, not the data's. Two things make it cheap:
+
+* **Decode is a table look-up.** For a byte-level BPE (GPT-2 style `ByteLevel` decoder) or a
+  tiktoken encoding, every id stands for a fixed byte string, and a sequence decodes to the
+  concatenation of its ids' bytes. `ByteDecoder` builds that table once, verifies it against
+  the tokenizer's own decoder for every id, and then decodes a whole batch with a handful of
+  numpy gathers: no per-sequence decoder call, no per-token Python.
+* **Encode uses `fastokens`** when the tokenizer is a `tokenizer.json` (byte-identical output
+  to `tokenizers`, many times faster), built from the very backend transformers loaded, and
+  returns one flat `uint32` buffer. Tiktoken encodings keep their own (fast) encoder.
+
+Both are optional: `AUDIT_TOKENIZER_BACKEND=tokenizers` turns them off and every call goes
+through the plain `tokenizers` / tiktoken / transformers objects, which the tests compare
+against. A tokenizer the fast paths do not understand falls back on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
+
+# Bytes gathered per numpy step while decoding: bounds the index array (8 bytes per byte).
+_DECODE_CHUNK_TOKENS = 1 << 19
+
+
+def fast_paths_enabled() -> bool:
+    """False when the user asked for the plain tokenizer backend (the reference)."""
+    return os.environ.get(BACKEND_ENV, "fast").strip().lower() not in {"tokenizers", "plain", "reference"}
+
+
+@dataclass
+class FlatIds:
+    """Many id lists as one flat array: sequence i is `values[offsets[i]:offsets[i + 1]]`."""
+
+    values: np.ndarray  # int64
+    offsets: np.ndarray  # int64, len = sequences + 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def from_series(cls, series: pl.Series) -> FlatIds:
+        """A polars list column (no nulls, no null elements) without going through Python lists."""
+        lengths = series.list.len().fill_null(0).to_numpy().astype(np.int64, copy=False)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = series.explode(empty_as_null=False, keep_nulls=False).to_numpy()
+        return cls(values.astype(np.int64, copy=False), offsets)
+
+    def sequence(self, i: int) -> list[int]:
+        return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+
+def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
+    """Boolean per sequence: are the two flat id lists different there? (vectorised)"""
+    differs = left.lengths != right.lengths
+    same_length = ~differs
+    if same_length.any():
+        # Over the sequences of equal length the two flat arrays line up element by element.
+        left_keep = np.repeat(same_length, left.lengths)
+        right_keep = np.repeat(same_length, right.lengths)
+        unequal = left.values[left_keep] != right.values[right_keep]
+        if unequal.any():
+            rows = np.flatnonzero(same_length)
+            lengths = left.lengths[rows]
+            owner = np.repeat(rows, lengths)
+            differs[np.unique(owner[unequal])] = True
+    return differs
+
+
+class ByteDecoder:
+    """id -> bytes table of a byte-level tokenizer; decodes whole batches with numpy."""
+
+    def __init__(self, pieces: list[bytes | None]):
+        lengths = np.array([len(p) if p is not None else 0 for p in pieces], dtype=np.int64)
+        self.known = np.array([p is not None for p in pieces], dtype=bool)
+        self.lengths = lengths
+        self.starts = np.zeros(len(pieces), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=self.starts[1:])
+        self.table = np.frombuffer(b"".join(p or b"" for p in pieces), dtype=np.uint8)
+
+    def decode_bytes(self, flat: FlatIds) -> tuple[bytes, np.ndarray]:
+        """All sequences' bytes concatenated, and per-sequence byte offsets."""
+        ids = flat.values
+        token_lengths = self.lengths[ids]
+        ends = np.cumsum(token_lengths)
+        byte_offsets = np.zeros(len(flat) + 1, dtype=np.int64)
+        if len(ids):
+            byte_offsets[1:] = np.concatenate([[0], ends])[flat.offsets[1:]]
+        out = np.empty(int(ends[-1]) if len(ids) else 0, dtype=np.uint8)
+        for lo in range(0, len(ids), _DECODE_CHUNK_TOKENS):
+            hi = min(lo + _DECODE_CHUNK_TOKENS, len(ids))
+            lens = token_lengths[lo:hi]
+            base = int(ends[lo - 1]) if lo else 0
+            chunk_total = int(ends[hi - 1]) - base
+            if chunk_total == 0:
+                continue
+            # Each output byte reads table[start of its token + its index inside the token].
+            token_out_start = ends[lo:hi] - lens - base
+            index = np.repeat(self.starts[ids[lo:hi]] - token_out_start, lens)
+            index += np.arange(chunk_total, dtype=np.int64)
+            out[base : base + chunk_total] = self.table[index]
+        return out.tobytes(), byte_offsets
+
+    def decode(self, flat: FlatIds) -> list[str | None]:
+        """Each sequence's text; None where its bytes are not valid UTF-8 (the caller decodes
+        those with the tokenizer itself, whose lossy replacement is then authoritative)."""
+        data, offsets = self.decode_bytes(flat)
+        texts: list[str | None] = []
+        view = memoryview(data)
+        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+            try:
+                texts.append(str(view[a:b], "utf-8"))
+            except UnicodeDecodeError:
+                texts.append(None)
+        return texts
+
+
+# -- building the table ------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1)
+def _byte_level_chars() -> dict[str, int]:
+    """GPT-2's byte <-> printable-character map, reversed (character -> byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    n = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+def _byte_level_piece(token: str, chars: dict[str, int]) -> bytes:
+    # As the ByteLevel decoder does: map every character back to its byte; a token with a
+    # character outside the map (an added token such as <｜end▁of▁sentence｜>) is its UTF-8.
+    try:
+        return bytes(chars[c] for c in token)
+    except KeyError:
+        return token.encode("utf-8")
+
+
+def _is_byte_level(backend: Any) -> bool:
+    import json
+
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = [d.get("type") for d in decoder.get("decoders", [])] if decoder.get("type") == "Sequence" else [decoder.get("type")]
+    return kinds == ["ByteLevel"]
+
+
+def byte_decoder_for_backend(backend: Any, vocab_size: int) -> ByteDecoder | None:
+    """The table of a `tokenizers` backend with a ByteLevel decoder, verified id by id."""
+    if not _is_byte_level(backend):
+        return None
+    chars = _byte_level_chars()
+    pieces: list[bytes | None] = []
+    for i in range(vocab_size):
+        token = backend.id_to_token(i)
+        pieces.append(None if token is None else _byte_level_piece(token, chars))
+    decoder = ByteDecoder(pieces)
+    known = [i for i, p in enumerate(pieces) if p is not None]
+    reference = backend.decode_batch([[i] for i in known], skip_special_tokens=False)
+    for i, text in zip(known, reference, strict=True):
+        if pieces[i].decode("utf-8", "replace") != text:  # type: ignore[union-attr]
+            return None  # the decoder does something the table does not: stay exact, go slow
+    return decoder
+
+
+def byte_decoder_for_tiktoken(encoding: Any) -> ByteDecoder | None:
+    """The table of a tiktoken encoding: its mergeable ranks and special tokens."""
+    size = int(encoding.n_vocab)
+    pieces: list[bytes | None] = [None] * size
+    for i in range(size):
+        try:
+            pieces[i] = encoding.decode_single_token_bytes(i)
+        except KeyError:
+            continue
+    return ByteDecoder(pieces)
+
+
+class FastEncoder:
+    """`fastokens` over the serialized state of the very backend transformers loaded."""
+
+    def __init__(self, backend: Any):
+        import fastokens
+
+        self._tokenizer = fastokens.Tokenizer.from_json_str(backend.to_str())
+
+    def encode_flat(self, texts: list[str]) -> FlatIds:
+        ids, offsets = self._tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        return FlatIds(
+            np.frombuffer(ids, dtype=np.uint32).astype(np.int64),
+            np.frombuffer(offsets, dtype=np.uint64).astype(np.int64),
+        )
+
+
+def fast_encoder_for_backend(backend: Any) -> FastEncoder | None:
+    """A fastokens encoder, or None when it is not installed or cannot read this tokenizer."""
+    try:
+        return FastEncoder(backend)
+    except Exception:  # an unsupported tokenizer.json feature: the plain backend stays exact
+        return None
