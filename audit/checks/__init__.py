@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from audit.checks.base import Rule, Severity
+from audit.checks.degenerate import RepetitionLoop, SegmentTooShort
+from audit.checks.harmony import ChannelGrammar, ChannelOrder, ChannelToolCall
 from audit.checks.integrity import (
     DuplicateSampleId,
     MetaCountMismatch,
@@ -40,6 +42,9 @@ RULES: dict[str, type[Rule]] = {
         ResponseTokenRepeated,
         ThinkTokenInOutput,
         ToolCallInReasoning,
+        ChannelGrammar,
+        ChannelOrder,
+        ChannelToolCall,
         ToolMarkerGrammar,
         ToolArgumentsInvalidJson,
         ToolCallIdMalformed,
@@ -50,6 +55,8 @@ RULES: dict[str, type[Rule]] = {
         EndOfTurnMissing,
         Aborted,
         EmptyOutput,
+        RepetitionLoop,
+        SegmentTooShort,
     )
 }
 

@@ -1,0 +1,313 @@
+"""Harmony channels (gpt-oss): messages well formed, reasoning before the answer, calls readable.
+
+gpt-oss has no think tokens. Its output is a series of messages, each
+`[<|start|>ROLE] <|channel|>NAME [to=RECIPIENT] [<|constrain|>json] <|message|>CONTENT END`
+where END is `<|end|>` (more follows), `<|call|>` (a tool call: the turn stops) or `<|return|>`
+(the final answer: the turn is over). The prompt ends with `<|start|>assistant`, so the first
+message of the output has no `<|start|>` of its own.
+
+The marker ids of every record are mapped to letters and matched against the message grammar
+in one vectorised regex; only the short headers (and tool-call bodies) are decoded, in one batch.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, truncated
+
+LETTERS = {
+    "start": "B",
+    "channel": "H",
+    "constrain": "K",
+    "message": "M",
+    "end": "N",
+    "call": "L",
+    "return": "R",
+}
+# A finished output: messages ended by <|end|>, then one ended by <|return|> or <|call|>. The
+# leading B stands for the <|start|> the prompt already holds.
+_FINISHED = r"^(?:BHK?MN)*BHK?M[RL]$"
+# A cut output (length, abort): whole messages, then any prefix of one.
+_CUT = r"^(?:BHK?MN)*(?:B(?:H(?:K?(?:M[RL]?)?)?)?)?$"
+_RECIPIENT = re.compile(r"\bto=(\S+)")
+
+
+def _has_channels(batch: Batch) -> bool:
+    return bool(batch.profile.channel_markers)
+
+
+def channel_letters(batch: Batch) -> pl.Expr:
+    """Per record, "B" plus its harmony markers in order as letters, e.g. "BHMNBHMR"."""
+    markers = batch.profile.channel_markers
+    return pl.lit("B") + (
+        pl.col("output_ids")
+        .list.eval(
+            pl.element().replace_strict(
+                list(markers.values()), [LETTERS[r] for r in markers], default=None, return_dtype=pl.String
+            )
+        )
+        .list.drop_nulls()
+        .list.join("")
+    )
+
+
+def _grammar_ok(batch: Batch) -> pl.Expr:
+    letters = channel_letters(batch)
+    return pl.when(truncated()).then(letters.str.contains(_CUT)).otherwise(letters.str.contains(_FINISHED))
+
+
+def harmony_messages(batch: Batch) -> pl.DataFrame:
+    """One row per complete message of every grammar-valid record, in order.
+
+    Columns: `row`, `index` (0-based message number), `channel_at` / `message_at` / `end_at`
+    (token indexes of its markers), `terminator` ("end" / "call" / "return"), `channel`
+    (the channel name), `recipient` (from `to=`, in the header or after the role), `constrained`
+    (a `<|constrain|>` in the header), `content_tokens`.
+    """
+    return batch.shared("harmony_messages", _parse_messages)
+
+
+def _parse_messages(batch: Batch) -> pl.DataFrame:
+    markers = batch.profile.channel_markers
+    stops = [markers["end"], markers["call"], markers["return"]]
+
+    def at(ids: list[int]) -> pl.Expr:
+        return pl.col("output_ids").list.eval(pl.arg_where(pl.element().is_in(ids)))
+
+    frame = (
+        batch.records.with_row_index("row")
+        .filter(_grammar_ok(batch) & (pl.col("output_ids").list.len() > 0))
+        .select(
+            "row",
+            "output_ids",
+            h=at([markers["channel"]]),
+            m=at([markers["message"]]),
+            t=at(stops),
+            # The first message's <|start|> is in the prompt: -1 stands for it.
+            b=pl.concat_list(pl.lit([-1], dtype=pl.List(pl.Int64)), at([markers["start"]]).cast(pl.List(pl.Int64))),
+        )
+    )
+    # A cut record may end inside a message: keep only messages that reached their end marker.
+    complete = pl.col("t").list.len()
+    frame = frame.with_columns(
+        pl.col("h").list.head(complete), pl.col("m").list.head(complete), pl.col("b").list.head(complete)
+    ).filter(complete > 0)
+    messages = frame.explode("h", "m", "t", "b").with_columns(
+        pl.int_range(pl.len()).over("row").alias("index")
+    )
+    role_heads = messages.select(
+        pl.col("output_ids").list.slice(pl.col("b") + 1, pl.col("h") - pl.col("b") - 1)
+    ).to_series()
+    channel_heads = messages.select(
+        pl.col("output_ids").list.slice(pl.col("h") + 1, pl.col("m") - pl.col("h") - 1)
+    ).to_series()
+    terminator_ids = messages.select(pl.col("output_ids").list.get(pl.col("t"))).to_series().to_list()
+    tokenizer = batch.tokenizer
+    role_texts = tokenizer.decode_batch(role_heads.to_list())
+    channel_texts = tokenizer.decode_batch(channel_heads.to_list())
+    constrain = batch.profile.profile.channels.markers["constrain"]
+    names, recipients, constrained = [], [], []
+    for role, head in zip(role_texts, channel_texts, strict=True):
+        name = head.split("<|", 1)[0].split(maxsplit=1)
+        names.append(name[0] if name else "")
+        found = _RECIPIENT.search(head) or _RECIPIENT.search(role)
+        recipients.append(found.group(1).removesuffix(constrain) if found else None)
+        constrained.append(constrain in head)
+    kind = {markers["end"]: "end", markers["call"]: "call", markers["return"]: "return"}
+    return messages.select(
+        "row",
+        "index",
+        pl.col("h").cast(pl.Int64).alias("channel_at"),
+        pl.col("m").cast(pl.Int64).alias("message_at"),
+        pl.col("t").cast(pl.Int64).alias("end_at"),
+        (pl.col("t") - pl.col("m") - 1).cast(pl.Int64).alias("content_tokens"),
+    ).with_columns(
+        pl.Series("terminator", [kind[i] for i in terminator_ids], dtype=pl.String),
+        pl.Series("channel", names, dtype=pl.String),
+        pl.Series("recipient", recipients, dtype=pl.String),
+        pl.Series("constrained", constrained, dtype=pl.Boolean),
+    )
+
+
+class ChannelGrammar(RecordRule):
+    """Harmony message markers out of order, or an output that does not end its turn.
+
+    What it checks:
+        For harmony families (gpt-oss), the output's marker tokens follow the message
+        grammar: `<|channel|>NAME [<|constrain|>json] <|message|>CONTENT <|end|>`, each
+        further message opened by `<|start|>ROLE`, and the last one ended by `<|return|>`
+        (the final answer) or `<|call|>` (a tool call). A cut output (finish `length` or
+        `abort`) may stop anywhere, but what it has must be in order.
+
+    Why it matters:
+        The channel markers are how gpt-oss separates reasoning from the answer. A dropped
+        or moved marker (a harmony parser that split `reasoning_content` off and re-joined
+        the text, `skip_special_tokens`) leaves a token stream the model never emits.
+
+    Example:
+        <|channel|>analysis<|message|>Let me think.<|channel|>final<|message|>4<|return|>
+        (no <|end|><|start|>assistant between the two messages)
+
+    Fix:
+        Send the rendered prompt ids to SGLang's `/generate` and save `output_ids` untouched;
+        never rebuild the stream from parsed channels.
+    """
+
+    code = "CHN001"
+    name = "channel-grammar"
+
+    def applies(self, batch: Batch) -> bool:
+        return _has_channels(batch)
+
+    def violation(self, batch: Batch) -> pl.Expr:
+        return (pl.col("output_ids").list.len() > 0) & ~_grammar_ok(batch)
+
+    def position(self, batch: Batch) -> pl.Expr:
+        return first_index_in("output_ids", list(batch.profile.channel_markers.values()))
+
+    def message(self, batch: Batch) -> pl.Expr:
+        names = {letter: batch.profile.profile.channels.markers[role] for role, letter in LETTERS.items()}
+        shown = channel_letters(batch).str.slice(1)
+        for letter, text in names.items():
+            shown = shown.str.replace_all(letter, f"{text} ", literal=True)
+        return pl.format(
+            "harmony markers out of order: {}; expected <|channel|> [<|constrain|>] <|message|> "
+            "<|end|>, ... ending <|return|> or <|call|>",
+            pl.when(shown.str.len_chars() > 0).then(shown.str.strip_chars()).otherwise(pl.lit("none")),
+        )
+
+
+class ChannelOrder(RecordRule):
+    """Harmony channels in the wrong roles: no reasoning before the answer, or a wrong ending.
+
+    What it checks:
+        Every message's channel is one of the profile's (`analysis`, `commentary`, `final`);
+        the answer channel (`final`) comes after at least one reasoning (`analysis`) message,
+        is the last message and ends with `<|return|>`; `<|return|>` ends only a `final`
+        message; `<|call|>` ends only a message addressed to a tool (`to=...`), and a message
+        addressed to a tool ends with `<|call|>`.
+
+    Why it matters:
+        gpt-oss always reasons on `analysis` before answering on `final`. An output whose
+        analysis is gone, whose answer ends with `<|end|>`, or whose channels were renamed,
+        was rewritten after generation (the `reasoning_content` split of a chat-completions
+        server, an answer re-rendered as history) and is not what the model emits.
+
+    Example:
+        <|channel|>final<|message|>The answer is 4.<|return|>        (no analysis message)
+
+    Fix:
+        Save `output_ids` from `/generate`; render history turns only in prompts, never in
+        outputs.
+    """
+
+    code = "CHN002"
+    name = "channel-order"
+
+    def applies(self, batch: Batch) -> bool:
+        return _has_channels(batch)
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        if not self.applies(batch) or batch.height == 0:
+            return empty_findings()
+        spec = batch.profile.profile.channels
+        messages = harmony_messages(batch)
+        if messages.is_empty():
+            return empty_findings()
+        known = [spec.reasoning, spec.answer, spec.tools]
+        last = pl.col("index") == pl.col("index").max().over("row")
+        seen_reasoning = (
+            (pl.col("channel") == spec.reasoning).cast(pl.Int32).cum_sum().over("row") > 0
+        )
+        to_tool = pl.col("recipient").is_not_null()
+        problem = (
+            pl.when(~pl.col("channel").is_in(known))
+            .then(pl.format("unknown channel {!r}; expected one of " + ", ".join(known), pl.col("channel")))
+            .when((pl.col("channel") == spec.answer) & ~seen_reasoning)
+            .then(pl.lit(f"{spec.answer} message with no {spec.reasoning} message before it"))
+            .when((pl.col("channel") == spec.answer) & ~last)
+            .then(pl.lit(f"{spec.answer} message is not the last one"))
+            .when((pl.col("channel") == spec.answer) & (pl.col("terminator") != "return"))
+            .then(pl.format(f"{spec.answer} message ends with <|{{}}|>, expected <|return|>", pl.col("terminator")))
+            .when((pl.col("terminator") == "return") & (pl.col("channel") != spec.answer))
+            .then(pl.format("<|return|> ends a {} message; only " + spec.answer + " ends the turn", pl.col("channel")))
+            .when((pl.col("terminator") == "call") & ~to_tool)
+            .then(pl.lit("<|call|> ends a message addressed to no tool (no to=...)"))
+            .when(to_tool & (pl.col("terminator") != "call"))
+            .then(pl.format("message to {} ends with <|{}|>, expected <|call|>", pl.col("recipient"), pl.col("terminator")))
+        )
+        bad = (
+            messages.with_columns(problem.alias("problem"))
+            .filter(pl.col("problem").is_not_null())
+            .group_by("row", maintain_order=True)
+            .first()
+        )
+        return findings_frame(bad["row"].to_list(), bad["channel_at"].to_list(), bad["problem"].to_list())
+
+
+class ChannelToolCall(RecordRule):
+    """A harmony tool call to a malformed recipient, or with arguments that are not JSON.
+
+    What it checks:
+        Every message ended by `<|call|>` is addressed `to=` a recipient matching the
+        profile's `recipient_pattern` (`functions.NAME`), and when it is a function call or
+        its header says `<|constrain|>json`, its content parses as JSON.
+
+    Why it matters:
+        gpt-oss writes `commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.
+        A recipient without its namespace or arguments that do not parse were rewritten by a
+        tool-call parser or cut, and teach the drafter calls the model never makes.
+
+    Example:
+        <|channel|>commentary to=get_weather <|constrain|>json<|message|>{"city": "Paris"<|call|>
+
+    Fix:
+        Save raw `output_ids`; a length stop inside a call is a truncation to drop, not to
+        repair.
+    """
+
+    code = "CHN003"
+    name = "channel-tool-call"
+
+    def applies(self, batch: Batch) -> bool:
+        return _has_channels(batch)
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        if not self.applies(batch) or batch.height == 0:
+            return empty_findings()
+        spec = batch.profile.profile.channels
+        messages = harmony_messages(batch)
+        calls = messages.filter(pl.col("terminator") == "call")
+        if calls.is_empty():
+            return empty_findings()
+        pattern = re.compile(spec.recipient_pattern)
+        bodies = batch.records.with_row_index("row").join(calls, on="row").select(
+            pl.col("output_ids").list.slice(pl.col("message_at") + 1, pl.col("content_tokens"))
+        ).to_series()
+        texts = batch.tokenizer.decode_batch(bodies.to_list())
+        rows, positions, problems = [], [], []
+        for (row, at, body_at, recipient, constrained), text in zip(
+            calls.select("row", "channel_at", "message_at", "recipient", "constrained").iter_rows(),
+            texts,
+            strict=True,
+        ):
+            if rows and rows[-1] == row:
+                continue  # one finding per record
+            if recipient is None or not pattern.match(recipient):
+                rows.append(row)
+                positions.append(at)
+                problems.append(f"tool call recipient {recipient!r} does not match {spec.recipient_pattern}")
+                continue
+            if constrained or recipient.startswith("functions."):
+                try:
+                    orjson.loads(text.strip())
+                except orjson.JSONDecodeError as exc:
+                    rows.append(row)
+                    positions.append(body_at + 1)
+                    problems.append(f"arguments of call {recipient} are not valid JSON ({exc}): {text[:80]!r}")
+        return findings_frame(rows, positions, problems)
