@@ -17,6 +17,7 @@ from typing import Any
 import polars as pl
 
 from audit import __version__
+from audit.distributions import summarize
 from audit.engine import FINDINGS_SCHEMA, FileAudit
 from audit.ruleset import RuleSet
 
@@ -76,6 +77,8 @@ class Report:
     findings: pl.DataFrame
     created_at: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     seconds: float = 0.0
+    # The partition's shape (audit.distributions.summarize), for plots; None in older reports.
+    distributions: dict[str, Any] | None = None
 
     @property
     def verdict(self) -> str:
@@ -116,6 +119,7 @@ class Report:
             },
             "results": [r.to_json() for r in self.results],
             "findings": self.findings.to_dicts(),
+            "distributions": self.distributions,
         }
 
     def write_json(self, path: Path) -> Path:
@@ -159,6 +163,7 @@ class Report:
             findings=findings,
             created_at=data["created_at"],
             seconds=data.get("seconds", 0.0),
+            distributions=data.get("distributions"),
         )
 
 
@@ -216,4 +221,5 @@ def build_report(
         results=results,
         findings=audited.findings,
         seconds=audited.seconds,
+        distributions=summarize(audited.stats),
     )

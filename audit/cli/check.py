@@ -51,6 +51,14 @@ OptionalTargets = Annotated[
     list[str] | None,
     typer.Argument(help="Partition names, partition directories or .jsonl files.", show_default=False),
 ]
+HtmlOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--html",
+        help="Also write a self-contained HTML page (verdict, plots, samples); with several targets, "
+        "one page each, named FILE-<partition>.html.",
+    ),
+]
 AllOption = Annotated[
     bool, typer.Option("--all", help="Every partition under the data root that has raw_responses.jsonl.")
 ]
@@ -138,6 +146,7 @@ def check(
         Path, typer.Option("--reports-dir", help="Directory for reports named <partition>-<UTC time>.json.")
     ] = DEFAULT_REPORTS_DIR,
     output_format: FormatOption = OutputFormat.rich,
+    html: HtmlOption = None,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
 ) -> None:
@@ -176,6 +185,16 @@ def check(
             reports.append(result)
             if output_format is OutputFormat.rich:
                 print_rich_report(result, path)  # as each finishes: a long run shows progress
+            if html is not None:
+                from audit.html import collect_samples, html_path, write_html
+
+                page = write_html(
+                    result,
+                    html_path(html, result.target, several=len(sessions) > 1),
+                    collect_samples(result, session.tokenizer, data_file=session.target.data_file),
+                )
+                if output_format is OutputFormat.rich:
+                    console.print(f"[dim]html: {page}[/]", highlight=False)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

@@ -12,8 +12,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from audit.cli.app import FailOn, FailOnOption, app, console, fail
-from audit.cli.check import FormatOption, emit
+from audit.cli.app import FailOn, FailOnOption, TrustOption, app, console, fail
+from audit.cli.check import FormatOption, HtmlOption, emit
 from audit.errors import AuditError
 from audit.formats import OutputFormat
 
@@ -25,14 +25,28 @@ def report_command(
     files: Annotated[list[Path], typer.Argument(help="JSON reports written by `audit check` (or --report).")],
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
+    html: HtmlOption = None,
+    trust_remote_code: TrustOption = False,
 ) -> None:
-    """Render saved reports again, in any --format. Exits 0 once rendered, 2 on an unreadable file."""
+    """Render saved reports again, in any --format. Exits 0 once rendered, 2 on an unreadable file.
+
+    --html draws the page again; its samples come from the report's data file and tokenizer when
+    both are still there and unchanged (checked by sha256), and are left out with a note otherwise.
+    """
     from audit.history import load_report
 
     try:
         reports = [load_report(path) for path in files]
+        if html is not None:
+            from audit.html import html_path, samples_for_saved_report, write_html
+
+            for saved in reports:
+                samples = samples_for_saved_report(saved, trust_remote_code=trust_remote_code)
+                write_html(saved, html_path(html, saved.target, several=len(reports) > 1), samples)
     except AuditError as exc:
         raise fail(str(exc)) from None
+    except OSError as exc:
+        raise fail(f"cannot write the HTML page: {exc}") from None
     emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning)
 
 
