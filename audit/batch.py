@@ -23,6 +23,8 @@ class AuditContext:
 
     profile: ResolvedProfile
     tokenizer: Tokenizer
+    # Source prompts by sample id (`--prompts FILE`), for the template-fidelity rule.
+    prompts: dict[str, dict[str, Any]] | None = None
     contract: pa.DataFrameSchema = field(init=False)
 
     def __post_init__(self) -> None:

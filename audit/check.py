@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from audit.batch import AuditContext
+from audit.checks.template import load_prompts
 from audit.engine import ProgressCallback, audit_file
 from audit.errors import ConfigError, InputError
 from audit.profiles import ResolvedProfile, load_profile
@@ -33,6 +34,7 @@ class CheckOptions:
     thinking: bool | None = None
     rules: Path | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
+    prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
 
 
 @dataclass
@@ -87,8 +89,12 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         )
     thinking = options.thinking if options.thinking is not None else bool(generation.get("thinking", True))
     profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
+    prompts = load_prompts(options.prompts) if options.prompts is not None else None
     return Session(
-        target=target, context=AuditContext(profile, tokenizer), rule_set=rule_set, options=options
+        target=target,
+        context=AuditContext(profile, tokenizer, prompts=prompts),
+        rule_set=rule_set,
+        options=options,
     )
 
 

@@ -8,7 +8,9 @@ One JSON object per line (SGLang `/generate` output saved raw):
     meta_info     optional, as SGLang returns it: finish_reason {type, matched | length |
                   message}, prompt_tokens, completion_tokens, ...
     text          optional, the server's decoded text
-    messages, tools, anything else: kept on disk, ignored here
+    messages, tools optional, the source prompt: kept as the line's raw text in `source`
+                  (only for lines that have them), for the template-fidelity rule
+    anything else: kept on disk, ignored here
 
 The file is read in byte blocks, each block parsed by polars with an explicit schema. A
 block polars refuses is split in halves until the offending lines are single: each becomes
@@ -63,7 +65,12 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
+    # The raw JSON line, kept only when it carries `messages` (read by the template rule alone,
+    # so the common path never parses the prompt's messages).
+    "source": pl.String(),
 }
+
+_MESSAGES_KEY = b'"messages"'
 
 _LIST_FIELDS = ("input_ids", "prompt_ids", "output_ids")
 
@@ -180,7 +187,12 @@ def _parse_bisecting(
         _parse_bisecting(numbered[middle:], frames, unreadable, block)
         return
     lines = pl.Series("line", [line for line, _ in numbered], dtype=pl.UInt32())
-    frames.append(_normalise(raw, lines))
+    source = pl.Series(
+        "source",
+        [text.decode() if _MESSAGES_KEY in text else None for _, text in numbered],
+        dtype=pl.String(),
+    )
+    frames.append(_normalise(raw, lines).with_columns(source))
 
 
 def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:

@@ -14,6 +14,7 @@ from audit.checks.integrity import (
 )
 from audit.checks.prompt import PromptSuffix, ThinkNotOpened
 from audit.checks.roundtrip import RoundTrip, TextMismatch
+from audit.checks.template import TemplateMismatch
 from audit.checks.segmentation import (
     ResponseTokenMissing,
     ResponseTokenRepeated,
@@ -38,6 +39,7 @@ RULES: dict[str, type[Rule]] = {
         MetaCountMismatch,
         PromptSuffix,
         ThinkNotOpened,
+        TemplateMismatch,
         ResponseTokenMissing,
         ResponseTokenRepeated,
         ThinkTokenInOutput,

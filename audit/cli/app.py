@@ -70,6 +70,10 @@ ThinkingOption = Annotated[
     Thinking | None, typer.Option("--thinking", help="Thinking mode the data was generated with (default: on).")
 ]
 RulesOption = Annotated[Path | None, typer.Option("--rules", help="Rule set file (default rules/default.toml).")]
+PromptsOption = Annotated[
+    Path | None,
+    typer.Option("--prompts", help="JSONL of {id, messages, tools}: re-render each prompt with the chat template (TPL001)."),
+]
 FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest verdict that fails the gate.")]
 ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when the gate fails.")]
 
@@ -80,6 +84,7 @@ def check_options(
     trust_remote_code: bool,
     thinking: Thinking | None,
     rules: Path | None,
+    prompts: Path | None = None,
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.check import CheckOptions
@@ -90,6 +95,7 @@ def check_options(
         trust_remote_code=trust_remote_code,
         thinking=None if thinking is None else thinking is Thinking.on,
         rules=rules,
+        prompts=prompts,
     )
 
 

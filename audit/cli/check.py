@@ -23,6 +23,7 @@ from audit.cli.app import (
     FailOn,
     FailOnOption,
     ProfileOption,
+    PromptsOption,
     RulesOption,
     ThinkingOption,
     TokenizerOption,
@@ -139,6 +140,7 @@ def check(
     trust_remote_code: TrustOption = False,
     thinking: ThinkingOption = None,
     rules: RulesOption = None,
+    prompts: PromptsOption = None,
     report: Annotated[
         Path | None, typer.Option("--report", help="Where to write the JSON report (one target only).")
     ] = None,
@@ -168,7 +170,7 @@ def check(
     root, note = resolve_root(data_root)
     if note and output_format is OutputFormat.rich:
         errors.print(f"[dim]{note}[/]")
-    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules)
+    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, prompts)
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:

@@ -1,0 +1,233 @@
+"""Template fidelity: the prompt ids are exactly the chat template's rendering of the messages.
+
+Records that carry their source `messages` (and `tools`), or whose id a `--prompts FILE` maps
+to them, are rendered again with the tokenizer's own chat template (`add_generation_prompt`,
+the run's thinking mode) and encoded; the ids must equal `input_ids`. Rendering is Python (the
+template engine), so identical message lists are rendered once and the encoding is one
+batched call per block.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import polars as pl
+
+from audit.batch import Batch
+from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.errors import ConfigError
+
+# Tokens of context shown on each side of the first difference.
+_CONTEXT = 6
+
+
+def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
+    """Read a prompts file: one JSON object per line with `id` and `messages` (`tools` optional)."""
+    if not path.is_file():
+        raise ConfigError(f"--prompts {path}: no such file")
+    prompts: dict[str, dict[str, Any]] = {}
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ConfigError(f"--prompts {path}:{number}: not valid JSON ({exc})") from None
+            if not isinstance(value, dict) or "id" not in value or not isinstance(value.get("messages"), list):
+                raise ConfigError(
+                    f"--prompts {path}:{number}: expected an object with `id` and a `messages` list"
+                )
+            prompts[str(value["id"])] = value
+    return prompts
+
+
+def _template_kwargs(thinking: bool) -> dict[str, Any]:
+    # Families spell the switch differently: DeepSeek `thinking`, Qwen3 and GLM
+    # `enable_thinking`. A template ignores the name it does not use.
+    return {"thinking": thinking, "enable_thinking": thinking}
+
+
+class TemplateMismatch(RecordRule):
+    """Prompt ids that differ from the chat template's rendering of the record's messages.
+
+    What it checks:
+        When a record carries its source `messages` (and `tools`), or `--prompts FILE` maps its
+        id to them, the tokenizer's chat template renders them again
+        (`add_generation_prompt=True`, thinking as in the run, a record's own
+        `chat_template_kwargs` applied) and the encoded ids equal `input_ids` exactly. The
+        finding names the first differing position with the decoded text on both sides. The
+        generation-prompt ending itself is PRM001's to judge: a prompt that does not end with
+        the profile's suffix is compared up to it, and a template whose ending stops short of
+        the profile's is completed with it first.
+
+    Why it matters:
+        The drafter is trained on `input_ids + output_ids` and served behind the real
+        template. A prompt rendered by another template revision, with the system prompt or
+        tools dropped, with a doubled BOS, or re-tokenised from text, conditions the target
+        differently from serving time, and no other check sees it: every id is valid.
+
+    Example:
+        input_ids[3] decodes to '<|im_start|>user\\nWhat', the template gives
+        '<|im_start|>system\\nYou are'                       (system prompt dropped)
+
+    Fix:
+        Render prompts with the target's own tokenizer,
+        `apply_chat_template(messages, tools=tools, add_generation_prompt=True)`, send the ids
+        as `input_ids`, and audit with that same tokenizer directory.
+    """
+
+    code = "TPL001"
+    name = "template-mismatch"
+    position_field = "input_ids"
+
+    def __init__(self, **parameters: Any):
+        super().__init__(**parameters)
+        # Rendered prompt ids by (tokenizer, thinking, messages+tools+kwargs as JSON bytes).
+        self._rendered: dict[tuple[int, bool, bytes], list[int] | str] = {}
+
+    def applies(self, batch: Batch) -> bool:
+        return bool(getattr(batch.tokenizer.hf, "chat_template", None))
+
+    def check(self, batch: Batch) -> pl.DataFrame:
+        if batch.height == 0 or not self.applies(batch):
+            return empty_findings()
+        sources = self._sources(batch)
+        if not sources:
+            return empty_findings()
+        thinking = batch.profile.thinking
+        keyed: list[tuple[int, tuple[int, bool, bytes], dict[str, Any]]] = []
+        for row, prompt in sources:
+            key = (
+                id(batch.tokenizer),
+                thinking,
+                orjson.dumps(
+                    [prompt.get("messages"), prompt.get("tools"), prompt.get("chat_template_kwargs")],
+                    option=orjson.OPT_SORT_KEYS,
+                ),
+            )
+            keyed.append((row, key, prompt))
+        self._render_missing(batch, keyed, thinking)
+
+        input_ids = batch.records["input_ids"]
+        suffixes = batch.profile.prompt_suffixes
+        rows, positions, messages = [], [], []
+        mismatched: list[tuple[int, list[int], list[int], int]] = []
+        for row, key, _ in keyed:
+            rendered = self._rendered[key]
+            saved = input_ids[row]
+            if saved is None:
+                continue
+            if isinstance(rendered, str):  # the template refused these messages
+                rows.append(row)
+                positions.append(None)
+                messages.append(f"the chat template cannot render this record's messages: {rendered}")
+                continue
+            saved_list = saved.to_list()
+            if not _ends_with_any(saved_list, suffixes):
+                # A wrong ending is PRM001's finding; compare only what precedes the suffix.
+                body = len(rendered) - _suffix_length(rendered, suffixes)
+                saved_list, rendered = saved_list[:body], rendered[:body]
+            if saved_list != rendered:
+                at = next(
+                    (i for i, (a, b) in enumerate(zip(saved_list, rendered, strict=False)) if a != b),
+                    min(len(saved_list), len(rendered)),
+                )
+                mismatched.append((row, saved_list, rendered, at))
+        if mismatched:
+            windows = []
+            for _, saved_list, rendered, at in mismatched:
+                start = max(0, at - _CONTEXT)
+                windows.append(saved_list[start : at + _CONTEXT])
+                windows.append(rendered[start : at + _CONTEXT])
+            texts = batch.tokenizer.decode_batch(windows)
+            for index, (row, saved_list, rendered, at) in enumerate(mismatched):
+                rows.append(row)
+                positions.append(at)
+                messages.append(
+                    f"input_ids differ from the chat template's rendering at input_ids[{at}] "
+                    f"({len(saved_list)} ids saved, {len(rendered)} rendered): saved "
+                    f"{texts[2 * index]!r}, template {texts[2 * index + 1]!r}"
+                )
+        return findings_frame(rows, positions, messages)
+
+    def _sources(self, batch: Batch) -> list[tuple[int, dict[str, Any]]]:
+        """(row, prompt object) for each record whose source prompt is known."""
+        found: list[tuple[int, dict[str, Any]]] = []
+        prompts = batch.context.prompts
+        columns = batch.records.select("source", "id")
+        if prompts is None and columns["source"].null_count() == columns.height:
+            return found
+        for row, (source, sample_id) in enumerate(columns.iter_rows()):
+            prompt = None
+            if source is not None:
+                try:
+                    value = orjson.loads(source)
+                except orjson.JSONDecodeError:
+                    value = None
+                if isinstance(value, dict) and isinstance(value.get("messages"), list):
+                    prompt = value
+            if prompt is None and prompts is not None and sample_id is not None:
+                prompt = prompts.get(sample_id)
+            if prompt is not None:
+                found.append((row, prompt))
+        return found
+
+    def _render_missing(
+        self, batch: Batch, keyed: list[tuple[int, tuple[int, bool, bytes], dict[str, Any]]], thinking: bool
+    ) -> None:
+        """Render every prompt not rendered yet, then encode them in one batch."""
+        hf = batch.tokenizer.hf
+        texts: dict[tuple[int, bool, bytes], str] = {}
+        suffixes = batch.profile.prompt_suffix_texts
+        for _, key, prompt in keyed:
+            if key in self._rendered or key in texts:
+                continue
+            kwargs = _template_kwargs(thinking)
+            extra = prompt.get("chat_template_kwargs")
+            if isinstance(extra, dict):
+                kwargs.update(extra)
+            try:
+                text = hf.apply_chat_template(
+                    prompt["messages"],
+                    tools=prompt.get("tools") or None,
+                    add_generation_prompt=True,
+                    tokenize=False,
+                    **kwargs,
+                )
+            except Exception as exc:  # jinja raises many types; each means "cannot render"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self._rendered[key] = f"{type(exc).__name__}: {first}"
+                continue
+            texts[key] = _complete_suffix(text, suffixes)
+        if texts:
+            encoded = batch.tokenizer.encode_batch(list(texts.values()))
+            self._rendered.update(zip(texts, encoded, strict=True))
+
+
+def _ends_with_any(ids: list[int], suffixes: tuple[tuple[int, ...], ...]) -> bool:
+    return any(len(ids) >= len(s) and tuple(ids[len(ids) - len(s) :]) == s for s in suffixes)
+
+
+def _suffix_length(ids: list[int], suffixes: tuple[tuple[int, ...], ...]) -> int:
+    """Length of the profile suffix `ids` end with (the longest that fits), else 0."""
+    fitting = [len(s) for s in suffixes if len(ids) >= len(s) and tuple(ids[len(ids) - len(s) :]) == s]
+    return max(fitting, default=0)
+
+
+def _complete_suffix(text: str, suffixes: tuple[str, ...]) -> str:
+    """The rendering with the profile's generation suffix completed, if the template stops short.
+
+    A tokenizer whose template ends its generation prompt earlier than the profile says (the
+    hybrid Qwen3 template audited as Qwen3-Thinking-2507, an R1 template before `<think>\\n`
+    was added) leaves the difference to PRM001; this rule then compares the rest.
+    """
+    if any(text.endswith(suffix) for suffix in suffixes):
+        return text
+    suffix = suffixes[0]
+    for keep in range(len(suffix) - 1, 0, -1):
+        if text.endswith(suffix[:keep]):
+            return text + suffix[keep:]
+    return text
