@@ -1,0 +1,151 @@
+"""`audit inspect`'s core: the token-by-token view of a record, built from the findings."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from audit.check import CheckOptions, check_target, prepare
+from audit.inspect.model import Inspector, LineIndex
+from audit.inspect.render import DetailLines
+from audit.targets import resolve_target
+from tests.conftest import KIMI_TOKENIZER, PREPARED
+
+LONG_REASONING = 30_000
+
+
+def inspector_for(target: str, root: Path = PREPARED, **options) -> Inspector:
+    session = prepare(resolve_target(target, root), CheckOptions(**options))
+    report = check_target(session)
+    return Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def glaive() -> Inspector:
+    return inspector_for("B1_glaive")
+
+
+def write_long_partition(directory: Path) -> Path:
+    """A partition of one clean record and one with a 30k-token reasoning and a second </think>."""
+    from audit.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(KIMI_TOKENIZER)
+    clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
+    words = tokenizer.encode_text(" the user wants the weather")
+    reasoning = (words * (LONG_REASONING // len(words) + 1))[:LONG_REASONING]
+    think_end, end_of_turn = tokenizer.token_id("</think>"), tokenizer.token_id("<|im_end|>")
+    answer = tokenizer.encode_text("It is sunny.")
+    output = reasoning[:20_000] + [think_end] + reasoning[20_000:] + [think_end] + answer + [end_of_turn]
+    long = {
+        "id": "long-0001",
+        "input_ids": clean["input_ids"],
+        "output_ids": output,
+        "meta_info": {"finish_reason": {"type": "stop", "matched": end_of_turn}},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "raw_responses.jsonl").open("w") as out:
+        out.write(json.dumps(clean) + "\n")
+        out.write(json.dumps(long) + "\n")
+    (directory / "generation.json").write_text(
+        json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}, "thinking": True})
+    )
+    return directory
+
+
+def test_the_list_holds_exactly_the_labelled_lines_with_their_rules(glaive: Inspector) -> None:
+    labels = json.loads((PREPARED / "B1_glaive" / "labels.json").read_text())
+    assert [e.line for e in glaive.entries] == sorted(set(glaive.findings["line"].to_list()))
+    assert {int(line) for line in labels} <= {e.line for e in glaive.entries}
+    by_line = {e.line: e for e in glaive.entries}
+    assert "PRM001" in by_line[20].rules and by_line[20].id == "glaive-0019"
+    # A record whose findings are all warnings is listed as a warning, any error makes it an error.
+    only_warnings = glaive.findings.group_by("line").agg((pl.col("severity") == "warning").all().alias("w"))
+    for line, warning in only_warnings.iter_rows():
+        assert by_line[line].severity == ("warning" if warning else "error")
+    assert by_line[44].severity == "warning"  # SEG004 alone
+    assert [e.line for e in glaive.select("PRM001")] == [20, 57]
+    assert [e.line for e in glaive.select(query="glaive-0019")] == [20]
+
+
+def test_special_tokens_get_their_role_and_the_output_its_segments(glaive: Inspector) -> None:
+    view = glaive.view(44)  # a tool call entered before </think> (SEG004)
+    roles = dict(view.special_tokens.select("piece", "role").iter_rows())
+    assert roles["<|tool_calls_section_begin|>"] == "tool:section_begin"
+    assert roles["<|im_end|>"] == "end_of_turn"
+    tokens = view.output.tokens
+    marked = tokens.filter(pl.col("rules").is_not_null())
+    assert marked.filter(pl.col("rules").str.contains("SEG004")).select("index", "piece", "segment").rows() == [
+        (86, "<|tool_calls_section_begin|>", "tool_calls")
+    ]
+    assert tokens["segment"][0] == "reasoning"
+
+    answered = glaive.view(17).output.tokens  # RTR002: the ids themselves are well formed
+    response_at = answered.filter(pl.col("role") == "response")["index"][0]
+    segments = answered["segment"].to_list()
+    assert segments[response_at] == "reasoning" and segments[response_at + 1] == "answer"
+
+
+def test_prompt_suffix_finding_shows_expected_beside_actual(glaive: Inspector) -> None:
+    view = glaive.view(20)
+    (comparison,) = [c for c in view.comparisons if c.rule == "PRM001"]
+    expected, actual = comparison.rows
+    assert expected[0] == "expected" and "<|im_middle|><think>'" in expected[1]
+    assert actual[0] == "actual" and actual[1].startswith("'<|im_end|><|im_assistant|>assistant<|im_middle|><think></think>'")
+    last = view.prompt.tokens.tail(1).row(0, named=True)
+    assert (last["piece"], last["role"]) == ("</think>", "response") and "PRM001" in last["rules"].split(",")
+    assert view.prompt.start + view.prompt.height == view.prompt.total
+
+
+def test_round_trip_findings_show_decoded_text_and_both_id_lists(glaive: Inspector) -> None:
+    plain_text_markers = {c.rule: c for c in glaive.view(41).comparisons}["RTR001"]
+    rows = dict(plain_text_markers.rows)
+    assert "<|tool_calls_" in rows["decoded"]
+    assert "27:'<'" in rows["saved ids"] and "163595:'<|tool_calls_section_begin|>'" in rows["re-encoded"]
+    edited = dict({c.rule: c for c in glaive.view(17).comparisons}["RTR002"].rows)
+    assert "Sure! 36 times" in edited["text field"] and "Sure!" not in edited["decoded ids"]
+
+
+def test_unreadable_lines_and_out_of_vocabulary_ids_are_shown_not_raised(glaive: Inspector) -> None:
+    cut = glaive.view(45)
+    assert cut.problem.startswith("not a JSON record") and cut.output.height == 0 and cut.raw_excerpt
+    text_ids = glaive.view(27)
+    assert text_ids.problem == "output_ids is not a list of token ids" and text_ids.prompt.height > 0
+    foreign = glaive.view(55).output.tokens.filter(pl.col("index") == 94).row(0, named=True)
+    assert (foreign["id"], foreign["role"], foreign["piece"]) == (100000, "out_of_vocabulary", "")
+    assert "INT003" in foreign["rules"]
+    # Every line of the detail renders, whatever the record holds.
+    for line in (27, 45, 55, 7):
+        assert all(text.plain is not None for text in DetailLines(glaive.view(line)))
+
+
+def test_line_index_reads_single_lines_by_number_without_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"a":1}\n\n{"b":2}\n{"c":3}')
+    index = LineIndex(path, chunk_bytes=3)  # chunks smaller than a line still find every newline
+    assert index.lines == 4
+    assert [index.read(n) for n in (1, 2, 3, 4)] == [b'{"a":1}', b"", b'{"b":2}', b'{"c":3}']
+    with pytest.raises(IndexError):
+        index.read(5)
+
+
+def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path: Path) -> None:
+    inspector = inspector_for(str(write_long_partition(tmp_path / "long")))
+    assert [e.line for e in inspector.entries] == [2] and "SEG002" in inspector.entries[0].rules
+    started = time.perf_counter()
+    view = inspector.view(2)
+    lines = DetailLines(view)
+    built = time.perf_counter() - started
+    assert view.output.height == view.output.total > LONG_REASONING
+    assert view.output.tokens["segment"][20_000] == "reasoning" and view.output.tokens["segment"][20_001] == "answer"
+    assert len(lines) > LONG_REASONING
+    assert built < 3.0, f"building the view took {built:.2f}s"
+    started = time.perf_counter()
+    bottom = [lines.line(y).plain for y in range(len(lines) - 40, len(lines))]
+    assert time.perf_counter() - started < 0.2
+    assert "<|im_end|>" in "".join(bottom)
+    marked = [lines.line(y).plain for y in lines.first_finding_lines()]
+    assert any("SEG002" in row and "</think>" in row for row in marked)
