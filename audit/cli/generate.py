@@ -1,0 +1,206 @@
+"""`audit generate`: prompts to SGLang `/generate` as raw ids, with progress, resume and a canary."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from audit.cli.app import Thinking, TrustOption, app, errors, fail
+from audit.errors import AuditError
+
+EXIT_INTERRUPTED = 130
+# Without a terminal, a plain progress line this often (seconds).
+PLAIN_PROGRESS_EVERY = 10.0
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
+
+
+def _counters(stats) -> str:
+    return (
+        f"in flight {stats.in_flight} · {stats.tokens_per_second:,.0f} tok/s · ETA {_duration(stats.eta_seconds)} · "
+        f"retries {stats.retries} · errors {stats.errors} · canary {stats.canary}"
+    )
+
+
+def _make_events(console: Console, live: bool):
+    """Progress for people: a rich bar on a terminal, a plain line every few seconds otherwise."""
+    from audit.generate import GenerationEvents, RunStats
+    from audit.render import first_findings, report_table
+
+    class Events(GenerationEvents):
+        def __init__(self) -> None:
+            self.progress_bar: Progress | None = None
+            self.task = None
+            self.last_plain = 0.0
+
+        def start(self, stats: RunStats) -> None:
+            if live:
+                self.progress_bar = Progress(
+                    TextColumn("[bold]generate"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("{task.fields[counters]}"),
+                    console=console,
+                    refresh_per_second=4,
+                )
+                self.task = self.progress_bar.add_task("generate", total=stats.total, completed=stats.done, counters="")
+                self.progress_bar.start()
+
+        def stop(self) -> None:
+            if self.progress_bar is not None:
+                self.progress_bar.stop()
+
+        def warning(self, message: str) -> None:
+            console.print(f"[bold red]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+        def progress(self, stats: RunStats) -> None:
+            if self.progress_bar is not None:
+                self.progress_bar.update(self.task, completed=stats.done + stats.errors, counters=_counters(stats))
+            elif time.monotonic() - self.last_plain >= PLAIN_PROGRESS_EVERY:
+                self.last_plain = time.monotonic()
+                console.print(f"generate: {stats.done}/{stats.total} · {_counters(stats)}", highlight=False)
+
+        def canary(self, report) -> None:
+            if report.verdict == "fail":
+                console.print(report_table(report))
+                if (findings := first_findings(report)) is not None:
+                    console.print(findings)
+            else:
+                console.print(
+                    f"[green]canary passed[/]: the first {report.records} samples pass the rule set "
+                    f"({report.verdict}); sending the rest",
+                    highlight=False,
+                )
+
+    return Events()
+
+
+@app.command()
+def generate(
+    prompts: Annotated[Path, typer.Argument(help="Prompts: JSONL with id, messages and optional tools.")],
+    server: Annotated[
+        list[str], typer.Option("--server", help="SGLang server URL; repeat to share the load over several.")
+    ],
+    tokenizer: Annotated[Path, typer.Option("--tokenizer", help="Local tokenizer directory of the served model.")],
+    profile: Annotated[str, typer.Option("--profile", help="Profile name (see `audit profiles`) or .toml file.")],
+    out: Annotated[Path, typer.Option("--out", help="Output JSONL (e.g. prepared/B1_glaive/raw_responses.jsonl).")],
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight for short prompts.")] = 64,
+    long_concurrency: Annotated[
+        int, typer.Option("--long-concurrency", help="Requests in flight for long prompts (a separate limit).")
+    ] = 8,
+    long_threshold: Annotated[
+        int, typer.Option("--long-threshold", help="Prompts with more ids than this count as long.")
+    ] = 8192,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="sampling_params.max_new_tokens.")] = 16384,
+    temperature: Annotated[
+        float | None, typer.Option("--temperature", help="Unset: not sent, the model's default applies.")
+    ] = None,
+    top_p: Annotated[float | None, typer.Option("--top-p", help="Unset: not sent, the model's default applies.")] = None,
+    thinking: Annotated[Thinking, typer.Option("--thinking", help="Render prompts with thinking on or off.")] = Thinking.on,
+    limit: Annotated[int | None, typer.Option("--limit", help="Use only the first N prompts of the file.")] = None,
+    canary: Annotated[
+        int, typer.Option("--canary", help="Audit the first N samples before sending the rest; 0 disables.")
+    ] = 16,
+    rules: Annotated[Path | None, typer.Option("--rules", help="Rule set for the canary (default rules/default.toml).")] = None,
+    trust_remote_code: TrustOption = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 3600.0,
+    max_attempts: Annotated[
+        int, typer.Option("--max-attempts", help="Attempts per prompt on transient failures (5xx, timeouts).")
+    ] = 10,
+    retry_backoff: Annotated[
+        float, typer.Option("--retry-backoff", help="Delay before the first retry in seconds; doubles, capped at 30 s.")
+    ] = 0.5,
+) -> None:
+    """Generate raw_responses.jsonl through SGLang /generate; exit 0 (all done), 1 (canary failed or
+    prompts failed), 2 (usage error) or 130 (interrupted; run again to resume)."""
+    from audit.generate import GenerateOptions, Generator, plan_generation
+
+    options = GenerateOptions(
+        prompts=prompts,
+        out=out,
+        servers=tuple(s.rstrip("/") for s in server),
+        tokenizer=tokenizer,
+        profile=profile,
+        trust_remote_code=trust_remote_code,
+        thinking=thinking is Thinking.on,
+        concurrency=concurrency,
+        long_concurrency=long_concurrency,
+        long_threshold=long_threshold,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        limit=limit,
+        canary=canary,
+        rules=rules,
+        timeout=timeout,
+        max_attempts=max_attempts,
+        retry_backoff=retry_backoff,
+    )
+    try:
+        plan = plan_generation(options)
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+
+    console = errors  # progress and summaries on stderr; stdout stays free
+    if plan.resumed.truncated_bytes:
+        console.print(f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}")
+    if plan.resumed.keys:
+        console.print(f"resume: {len(plan.resumed.keys)} samples already in {out}; skipping them", highlight=False)
+    events = _make_events(console, live=sys.stderr.isatty())
+    generator = Generator(plan, events)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, generator.request_stop)
+        events.start(generator.stats)
+        try:
+            return await generator.run()
+        finally:
+            events.stop()
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(signum)
+
+    try:
+        result = asyncio.run(run())
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+
+    stats = result.stats
+    console.print(
+        f"wrote {stats.written} samples to {out} ({stats.done}/{stats.total} done"
+        + (f", {stats.resumed} from earlier runs" if stats.resumed else "")
+        + f") · {stats.output_tokens:,} output tokens in {_duration(stats.elapsed)} "
+        f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · {stats.errors} errors",
+        highlight=False,
+    )
+    if stats.errors:
+        console.print(f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them")
+    if result.stopped == "interrupted":
+        console.print(f"interrupted: nothing half-written; run the same command again to resume {out}")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if result.stopped == "canary":
+        reason = result.canary_message or "the first samples fail the rule set (table above)"
+        console.print(
+            f"[bold red]canary failed[/]: {reason}. Stopped after {stats.written} samples; what was written "
+            f"stays in {out}. Fix the pipeline, then remove it and run again.",
+            highlight=False,
+        )
+        raise typer.Exit(1)
+    raise typer.Exit(1 if stats.errors else 0)

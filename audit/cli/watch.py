@@ -1,0 +1,124 @@
+"""`audit watch`: a live view of a growing raw_responses.jsonl; q or Ctrl-C quits."""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from audit.cli.app import (
+    DataRootOption,
+    ProfileOption,
+    RulesOption,
+    ThinkingOption,
+    TokenizerOption,
+    TrustOption,
+    app,
+    check_options,
+    console,
+    fail,
+)
+from audit.errors import AuditError
+
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
+
+
+def snapshot_table(snapshot) -> Table:
+    """Lines so far, lines per minute, and each rule's pass rate so far."""
+    stalled = f" · no growth for {snapshot.seconds_since_growth:.0f}s" if snapshot.seconds_since_growth >= 60 else ""
+    pending = f" · partial line {snapshot.pending_bytes} bytes" if snapshot.pending_bytes else ""
+    table = Table(
+        title=f"audit watch {snapshot.path}  ·  {snapshot.records} lines  ·  "
+        f"{snapshot.lines_per_minute:,.1f} lines/min{pending}{stalled}",
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        caption="q or Ctrl-C quits",
+        caption_justify="left",
+    )
+    for column, justify in (("code", "left"), ("rule", "left"), ("severity", "left"), ("failing", "right"),
+                            ("pass rate", "right"), ("so far", "left")):
+        table.add_column(column, justify=justify, no_wrap=True)
+    for rule in snapshot.rules:
+        table.add_row(
+            rule.code,
+            rule.name,
+            rule.severity,
+            str(rule.failing),
+            f"{rule.pass_rate:.1%}",
+            Text(rule.verdict, style=VERDICT_STYLE[rule.verdict]),
+            style="dim" if rule.failing == 0 else None,
+        )
+    return table
+
+
+@contextmanager
+def _keys():
+    """Read single key presses without waiting for Enter, when stdin is a terminal."""
+    if not sys.stdin.isatty():
+
+        def wait(timeout: float) -> str:
+            time.sleep(timeout)
+            return ""
+
+        yield wait
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    tty.setcbreak(fd)
+
+    def read(timeout: float) -> str:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        return os.read(fd, 32).decode(errors="ignore") if ready else ""
+
+    try:
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@app.command()
+def watch(
+    target: Annotated[str, typer.Argument(help="Partition name, partition directory or .jsonl file being written.")],
+    data_root: DataRootOption = None,
+    profile: ProfileOption = None,
+    tokenizer: TokenizerOption = None,
+    trust_remote_code: TrustOption = False,
+    thinking: ThinkingOption = None,
+    rules: RulesOption = None,
+    interval: Annotated[float, typer.Option("--interval", help="Seconds between looks at the file.")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="Audit what is there now, print it and exit.")] = False,
+) -> None:
+    """Watch a growing raw_responses.jsonl: lines, lines per minute and each rule's pass rate so far."""
+    from audit.check import prepare
+    from audit.targets import data_root as resolve_root
+    from audit.watch import LiveAudit, watch_target
+
+    root, _ = resolve_root(data_root)
+    try:
+        session = prepare(watch_target(target, root), check_options(profile, tokenizer, trust_remote_code, thinking, rules))
+        live_audit = LiveAudit(session)
+        snapshot = live_audit.poll()
+    except AuditError as exc:
+        raise fail(str(exc)) from None
+    if once:
+        console.print(snapshot_table(snapshot))
+        raise typer.Exit(0)
+    try:
+        with _keys() as read_key, Live(snapshot_table(snapshot), console=console, auto_refresh=False) as live:
+            while "q" not in read_key(interval).lower():
+                live.update(snapshot_table(live_audit.poll()), refresh=True)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,295 @@
+"""A stand-in SGLang server for tests: the native `/generate` protocol on loopback, stdlib only.
+
+It speaks what `audit generate` relies on, as SGLang 0.5.x documents it (see
+shared/docs/domain.md): `POST /generate` with exactly one of `text` / `input_ids` (a list of
+ints, or a list of lists for a batch), `sampling_params` (a dict, or a list per item) whose
+keys are checked strictly (an unknown key is HTTP 400), and answers `{"text", "output_ids",
+"meta_info"}` (a list for a batch) with `finish_reason` shaped `{"type": "stop", "matched": ID}`
+or `{"type": "length", "length": N}`. `GET /health`, `/model_info` (or only the older
+`/get_model_info`).
+
+The "model" is deterministic: for a prompt it answers
+`encode("reasoning ...") + </think> + encode("answer ...") + <|im_end|>`, with words drawn
+from a hash of the prompt ids, so a test can recompute exactly what was sent.
+
+It misbehaves on demand: every k-th `/generate` request answered with 503, slow answers,
+dropped connections, prompts over a context length rejected with 400, and a mode that strips
+`</think>` from `output_ids` (what a reasoning parser does to data).
+
+    with SGLangStandin(KIMI_TOKENIZER, fail_every=4) as server:
+        server.url   # http://127.0.0.1:PORT
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+SAMPLING_KEYS = frozenset(
+    {
+        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
+        "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+        "repetition_penalty", "frequency_penalty", "presence_penalty", "min_new_tokens", "n",
+        "sampling_seed",
+    }
+)
+REQUEST_KEYS = frozenset(
+    {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob", "return_prompt_token_ids"}
+)
+DEFAULT_MAX_NEW_TOKENS = 128
+WORDS = (
+    "alpha beta gamma delta careful answer user wants number convert check the value of "
+    "this that result first then finally compute sum list tool call reason about it"
+).split()
+
+
+class BadRequest(Exception):
+    """Answered with HTTP 400 and SGLang's error body."""
+
+
+class SGLangStandin:
+    """A threaded HTTP server on 127.0.0.1 speaking SGLang's native protocol."""
+
+    def __init__(
+        self,
+        tokenizer_dir: Path,
+        *,
+        think_end: str = "</think>",
+        end_of_turn: str = "<|im_end|>",
+        fail_every: int = 0,
+        fail_status: int = 503,
+        drop_every: int = 0,
+        delay: float = 0.0,
+        strip_think: bool = False,
+        context_length: int | None = None,
+        legacy_info: bool = False,
+        model_path: str | None = None,
+        reasoning_words: int = 12,
+    ):
+        self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        self.think_end = self.tokenizer.token_to_id(think_end)
+        self.end_of_turn = self.tokenizer.token_to_id(end_of_turn)
+        self.fail_every = fail_every
+        self.fail_status = fail_status
+        self.drop_every = drop_every
+        self.delay = delay
+        self.strip_think = strip_think
+        self.context_length = context_length
+        self.legacy_info = legacy_info
+        self.model_path = model_path or str(tokenizer_dir)
+        self.reasoning_words = reasoning_words
+        self.lock = threading.Lock()
+        self.generate_requests = 0  # every /generate request, answered or not
+        self.received: list[dict[str, Any]] = []  # request bodies that were answered with 200
+        self.sent: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> output ids answered
+        self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> SGLangStandin:
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> SGLangStandin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the "model" --------------------------------------------------------------------
+    def model_output(self, input_ids: list[int]) -> list[int]:
+        """The ids this server's model emits for a prompt (before `max_new_tokens` or faults)."""
+        digest = hashlib.sha256(json.dumps(input_ids).encode()).digest()
+        reasoning = " ".join(WORDS[b % len(WORDS)] for b in digest[: self.reasoning_words])
+        answer = " ".join(WORDS[b % len(WORDS)] for b in digest[-6:])
+        return (
+            self.tokenizer.encode(f"Let me think: {reasoning}.", add_special_tokens=False).ids
+            + [self.think_end]
+            + self.tokenizer.encode(f"The answer: {answer}.", add_special_tokens=False).ids
+            + [self.end_of_turn]
+        )
+
+    def answer(self, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+        """One item of a /generate answer, as SGLang shapes it."""
+        if self.context_length is not None and len(input_ids) > self.context_length:
+            raise BadRequest(
+                f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                f"({self.context_length} tokens)."
+            )
+        started = time.perf_counter()
+        output = self.model_output(input_ids)
+        if self.strip_think:
+            output = [i for i in output if i != self.think_end]
+        limit = int(params.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS))
+        stops = set(params.get("stop_token_ids") or []) | {self.end_of_turn}
+        cut = next((n + 1 for n, i in enumerate(output) if i in stops), len(output))
+        output = output[:cut]
+        if len(output) > limit:
+            output = output[:limit]
+            finish: dict[str, Any] = {"type": "length", "length": limit}
+        else:
+            finish = {"type": "stop", "matched": output[-1]}
+        shown = output
+        if not params.get("no_stop_trim", False) and finish["type"] == "stop":
+            shown = output[:-1]  # SGLang trims the matched stop from `text`, never from the ids
+        text = self.tokenizer.decode(shown, skip_special_tokens=params.get("skip_special_tokens", True))
+        with self.lock:
+            self.sent[tuple(input_ids)] = output
+        return {
+            "text": text,
+            "output_ids": output,
+            "meta_info": {
+                "id": uuid.uuid4().hex,
+                "finish_reason": finish,
+                "prompt_tokens": len(input_ids),
+                "weight_version": "default",
+                "completion_tokens": len(output),
+                "cached_tokens": 0,
+                "e2e_latency": round(time.perf_counter() - started, 6),
+            },
+        }
+
+    def generate(self, body: Any) -> Any:
+        """Validate a /generate body as SGLang does and answer it (single or batch form)."""
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        unknown = set(body) - REQUEST_KEYS
+        if unknown:
+            raise BadRequest(f"unexpected keyword argument(s): {sorted(unknown)}")
+        if ("text" in body) == ("input_ids" in body):
+            raise BadRequest("Either text or input_ids should be provided.")
+        if "text" in body:
+            texts = body["text"]
+            batch = isinstance(texts, list)
+            prompts = [self.tokenizer.encode(t).ids for t in (texts if batch else [texts])]
+        else:
+            ids = body["input_ids"]
+            if not isinstance(ids, list) or not ids:
+                raise BadRequest("input_ids must be a non-empty list")
+            batch = isinstance(ids[0], list)
+            prompts = ids if batch else [ids]
+            for prompt in prompts:
+                if not isinstance(prompt, list) or not all(
+                    isinstance(i, int) and not isinstance(i, bool) for i in prompt
+                ):
+                    raise BadRequest("input_ids must hold integers")
+        params = body.get("sampling_params") or {}
+        per_item = params if isinstance(params, list) else [params] * len(prompts)
+        if len(per_item) != len(prompts):
+            raise BadRequest("sampling_params list must match the batch size")
+        for item in per_item:
+            if not isinstance(item, dict):
+                raise BadRequest("sampling_params must be an object")
+            unknown = set(item) - SAMPLING_KEYS
+            if unknown:
+                raise BadRequest(f"SamplingParams got unexpected keyword argument(s): {sorted(unknown)}")
+        answers = [self.answer(p, s) for p, s in zip(prompts, per_item, strict=True)]
+        with self.lock:
+            self.received.append(body)
+        return answers if batch else answers[0]
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that cancels its request hangs up before the answer is written: normal here.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+            pass
+
+        def _send(self, status: int, payload: Any = None) -> None:
+            data = b"" if payload is None else json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200)
+            elif self.path == "/get_model_info" or (self.path == "/model_info" and not server.legacy_info):
+                self._send(200, server.model_info())
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length)
+            if self.path != "/generate":
+                self._send(404, {"detail": "Not Found"})
+                return
+            with server.lock:
+                server.generate_requests += 1
+                number = server.generate_requests
+            if server.delay:
+                time.sleep(server.delay)
+            if server.drop_every and number % server.drop_every == 0:
+                self.close_connection = True  # hang up without an answer, like a crashed worker
+                return
+            if server.fail_every and number % server.fail_every == 0:
+                self._send(server.fail_status, {"error": {"message": "Service Unavailable"}})
+                return
+            try:
+                self._send(200, server.generate(json.loads(raw)))
+            except (BadRequest, json.JSONDecodeError) as exc:
+                self._send(400, {"error": {"message": str(exc)}})
+
+    return Handler
+
+
+if __name__ == "__main__":  # a server to try `audit generate` against by hand
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tokenizer")
+    parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--strip-think", action="store_true")
+    parser.add_argument("--delay", type=float, default=0.0)
+    arguments = parser.parse_args()
+    standin = SGLangStandin(
+        Path(arguments.tokenizer),
+        fail_every=arguments.fail_every,
+        strip_think=arguments.strip_think,
+        delay=arguments.delay,
+    ).start()
+    print(standin.url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        standin.stop()

@@ -1,0 +1,348 @@
+"""`audit generate` against a real HTTP server on loopback (tests/sglang_standin.py), no mocks."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from audit.check import CheckOptions, check_target, prepare
+from audit.cli import app
+from audit.generate import render_prompts, scan_prompts
+from audit.targets import resolve_target
+from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
+from tests.sglang_standin import SGLangStandin
+
+KIMI_END_OF_TURN = 163586
+N_PROMPTS = 40
+
+
+def make_prompts(path: Path, n: int = N_PROMPTS) -> Path:
+    """The B0 sample's prompts (system + user + tools), then plain chats, `n` in all."""
+    prompts = []
+    for line in (PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        prompts.append({"id": record["id"], "messages": record["messages"], "tools": record["tools"]})
+    for i in range(n - len(prompts)):
+        messages = [{"role": "user", "content": f"What is {i} times {i + 3}? Explain briefly."}]
+        if i % 3 == 0:
+            messages = [
+                {"role": "user", "content": "Hello there."},
+                {"role": "assistant", "content": "Hi! How can I help?"},
+                *messages,
+            ]
+        prompts.append({"id": i, "messages": messages})
+    prompts = prompts[:n]
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    return path
+
+
+@pytest.fixture
+def servers():
+    """Start stand-in servers on demand; all are stopped at the end of the test."""
+    started: list[SGLangStandin] = []
+
+    def start(**config) -> SGLangStandin:
+        server = SGLangStandin(KIMI_TOKENIZER, **config).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def generate_args(prompts: Path, out: Path, *urls: str, extra: tuple[str, ...] = ()) -> list[str]:
+    args = ["generate", str(prompts), "--tokenizer", str(KIMI_TOKENIZER), "--profile", "kimi-k2.5", "--out", str(out)]
+    for url in urls:
+        args += ["--server", url]
+    return [*args, "--retry-backoff", "0.01", *extra]
+
+
+def run_cli(args: list[str]):
+    return CliRunner().invoke(app, args)
+
+
+def read_samples(out: Path) -> list[dict]:
+    data = out.read_bytes()
+    assert not data or data.endswith(b"\n"), "the output ends in a partial line"
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def template_ids(kimi_tokenizer, prompt: dict, thinking: bool = True) -> list[int]:
+    """What the chat template renders, asked of transformers directly (tokenize=True)."""
+    rendered = kimi_tokenizer.hf.apply_chat_template(
+        prompt["messages"], tools=prompt.get("tools"), add_generation_prompt=True, tokenize=True, thinking=thinking
+    )
+    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+
+
+def test_every_prompt_once_through_503s_with_the_template_ids_and_the_server_ids(
+    servers, tmp_path, kimi_tokenizer
+):
+    server = servers(fail_every=4)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "B9" / "raw_responses.jsonl"
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--concurrency", "8")))
+
+    assert result.exit_code == 0, result.output
+    samples = read_samples(out)
+    sources = {str(p["id"]): p for p in map(json.loads, prompts.read_text().splitlines())}
+    assert sorted(str(s["id"]) for s in samples) == sorted(sources)
+    for sample in samples:
+        source = sources[str(sample["id"])]
+        assert sample["id"] == source["id"]  # the id keeps its JSON type
+        assert sample["messages"] == source["messages"]
+        assert sample["input_ids"] == template_ids(kimi_tokenizer, source)
+        assert sample["output_ids"] == server.sent[tuple(sample["input_ids"])]
+        assert sample["output_ids"][-1] == KIMI_END_OF_TURN
+        assert sample["meta_info"]["completion_tokens"] == len(sample["output_ids"])
+        assert sample["text"] == kimi_tokenizer.decode_batch([sample["output_ids"]])[0]
+    assert server.generate_requests >= N_PROMPTS + N_PROMPTS // 4  # the 503s were retried
+    for body in server.received:
+        assert set(body) == {"input_ids", "sampling_params"}
+        assert body["sampling_params"] == {
+            "max_new_tokens": 16384,
+            "stop_token_ids": [KIMI_END_OF_TURN],
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "no_stop_trim": True,
+        }
+    assert not (out.parent / "errors.jsonl").exists()
+
+    # generation.json tells `audit check` how to audit the partition, and it passes.
+    generation = json.loads((out.parent / "generation.json").read_text())
+    assert generation["profile"] == "kimi-k2.5" and generation["thinking"] is True
+    assert generation["tokenizer"]["sha256"] == kimi_tokenizer.fingerprint.sha256
+    assert not Path(generation["tokenizer"]["path"]).is_absolute()
+    assert generation["servers"][0]["url"] == server.url
+    report = check_target(prepare(resolve_target(str(out.parent), tmp_path), CheckOptions()))
+    assert report.verdict == "pass" and report.records == N_PROMPTS
+
+
+def test_sigint_stops_cleanly_and_a_second_run_finishes_each_prompt_once(servers, tmp_path):
+    server = servers(delay=0.03)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "run" / "raw_responses.jsonl"
+    args = generate_args(prompts, out, server.url, extra=("--concurrency", "2", "--canary", "0"))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "audit", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 5):
+        time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+
+    assert process.returncode == 130, stderr.decode()
+    assert b"Traceback" not in stderr
+    first = read_samples(out)
+    assert 5 <= len(first) < N_PROMPTS
+    assert len({str(s["id"]) for s in first}) == len(first)
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--concurrency", "8")))
+
+    assert result.exit_code == 0, result.output
+    samples = read_samples(out)
+    assert sorted(str(s["id"]) for s in samples) == sorted(scan_prompts(prompts))
+    assert samples[: len(first)] == first  # earlier samples are kept as they were
+    for sample in samples:
+        assert sample["output_ids"] == server.sent[tuple(sample["input_ids"])]
+
+
+def test_a_partial_last_line_left_by_a_crash_is_cut_and_its_prompt_generated_again(servers, tmp_path):
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "raw_responses.jsonl"
+    assert run_cli(generate_args(prompts, out, server.url, extra=("--limit", "3"))).exit_code == 0
+    whole = out.read_bytes()
+    lost = json.loads(whole.splitlines()[-1])["id"]
+    out.write_bytes(whole[: whole.rfind(b"\n", 0, len(whole) - 1) + 1] + whole.splitlines()[-1][:57])
+
+    result = run_cli(generate_args(prompts, out, server.url))
+
+    assert result.exit_code == 0, result.output
+    assert "partial last line" in result.output
+    samples = read_samples(out)
+    assert sorted(str(s["id"]) for s in samples) == sorted(scan_prompts(prompts))
+    assert lost in [s["id"] for s in samples[2:]]
+
+
+def test_canary_stops_a_run_whose_outputs_lack_the_response_token(servers, tmp_path):
+    server = servers(strip_think=True)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "raw_responses.jsonl"
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "10", "--concurrency", "16")))
+
+    assert result.exit_code == 1, result.output
+    assert "SEG001" in result.output and "canary failed" in result.output
+    assert len(read_samples(out)) == 10  # what was written stays; nothing more was sent
+    assert server.generate_requests == 10
+
+
+def test_canary_zero_sends_everything(servers, tmp_path):
+    server = servers(strip_think=True)
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=12)
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "0")))
+    assert result.exit_code == 0, result.output
+    assert len(read_samples(out)) == 12
+
+
+def test_rejected_requests_go_to_errors_jsonl_once_with_their_reason(servers, tmp_path, kimi_tokenizer):
+    server = servers(context_length=300)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "raw_responses.jsonl"
+    sources = [json.loads(line) for line in prompts.read_text().splitlines()]
+    too_long = {str(p["id"]) for p in sources if len(template_ids(kimi_tokenizer, p)) > 300}
+    assert 0 < len(too_long) < N_PROMPTS
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "0")))
+
+    assert result.exit_code == 1
+    assert "prompts failed" in result.output
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert {str(e["id"]) for e in errors} == too_long
+    assert all(e["status"] == 400 and "context length" in e["reason"] and e["attempts"] == 1 for e in errors)
+    assert server.generate_requests == N_PROMPTS  # a 4xx is not retried
+    assert {str(s["id"]) for s in read_samples(out)} == {str(p["id"]) for p in sources} - too_long
+
+
+def test_dropped_connections_are_retried_and_several_servers_share_the_load(servers, tmp_path):
+    first, second = servers(drop_every=3), servers(fail_every=5)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "raw_responses.jsonl"
+
+    result = run_cli(generate_args(prompts, out, first.url, second.url, extra=("--concurrency", "6")))
+
+    assert result.exit_code == 0, result.output
+    samples = read_samples(out)
+    assert len(samples) == N_PROMPTS == len({str(s["id"]) for s in samples})
+    assert len(first.received) > 5 and len(second.received) > 5
+
+
+def test_timeouts_are_retried(servers, tmp_path):
+    server = servers(delay=0.3)
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--timeout", "0.1", "--max-attempts", "2")))
+    assert result.exit_code == 1
+    errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == 2 and all("gave up after 2 attempts" in e["reason"] and "Timeout" in e["reason"] for e in errors)
+
+
+def test_sampling_options_are_sent_only_when_set(servers, tmp_path):
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=3)
+    extra = ("--temperature", "0.6", "--top-p", "0.95", "--max-new-tokens", "5", "--canary", "0")
+    result = run_cli(generate_args(prompts, tmp_path / "out.jsonl", server.url, extra=extra))
+    assert result.exit_code == 0, result.output
+    params = server.received[0]["sampling_params"]
+    assert params["temperature"] == 0.6 and params["top_p"] == 0.95 and params["max_new_tokens"] == 5
+    sample = read_samples(tmp_path / "out.jsonl")[0]
+    assert sample["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert len(sample["output_ids"]) == 5
+
+
+def test_thinking_off_renders_the_closed_think_prompt(servers, tmp_path, kimi_tokenizer):
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--thinking", "off", "--canary", "0")))
+    assert result.exit_code == 0, result.output
+    source = json.loads(prompts.read_text().splitlines()[0])
+    [sample] = [s for s in read_samples(out) if s["id"] == source["id"]]
+    assert sample["input_ids"] == template_ids(kimi_tokenizer, source, thinking=False)
+    assert sample["input_ids"][-2:] == [163606, 163607]  # <think></think>
+    assert json.loads((tmp_path / "generation.json").read_text())["thinking"] is False
+
+
+def test_resuming_with_other_settings_is_refused(servers, tmp_path):
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=4)
+    out = tmp_path / "raw_responses.jsonl"
+    assert run_cli(generate_args(prompts, out, server.url, extra=("--limit", "2"))).exit_code == 0
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--thinking", "off")))
+    assert result.exit_code == 2
+    assert "thinking" in result.output and "another --out" in result.output
+    assert len(read_samples(out)) == 2
+
+
+def test_a_server_reporting_another_tokenizer_is_warned_about(servers, tmp_path):
+    server = servers(legacy_info=True, model_path="/models/Qwen/Qwen3-8B")
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
+    result = run_cli(generate_args(prompts, tmp_path / "out.jsonl", server.url, extra=("--canary", "0")))
+    assert result.exit_code == 0, result.output
+    assert "warning" in result.output and "Qwen3-8B" in result.output
+    generation = json.loads((tmp_path / "generation.json").read_text())
+    assert generation["servers"][0]["model_path"] == "/models/Qwen/Qwen3-8B"  # read from /get_model_info
+
+
+def test_no_healthy_server_is_a_usage_error(tmp_path):
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
+    result = run_cli(generate_args(prompts, tmp_path / "out.jsonl", "http://127.0.0.1:9"))
+    assert result.exit_code == 2
+    assert "no server answered /health" in result.output
+
+
+@pytest.mark.parametrize(
+    ("lines", "message"),
+    [
+        (['{"id": "a", "messages": [{"role": "user", "content": "x"}]}', '{"id": "b", "messages": '], "2: not valid JSON"),
+        (['{"messages": [{"role": "user", "content": "x"}]}'], "1: needs an `id`"),
+        (['{"id": "a"}'], "1: needs `messages`"),
+        (['{"id": "a", "messages": [{"content": "x"}]}'], "messages[0] must be an object with a `role`"),
+        (['{"id": 7, "messages": [{"role": "user", "content": "x"}]}'] * 2, "2: id 7 repeats line 1"),
+        (["", "  "], "no prompts"),
+    ],
+)
+def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(servers, tmp_path, lines, message):
+    server = servers()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url))
+    assert result.exit_code == 2
+    assert message in result.output and "Traceback" not in result.output
+    assert server.generate_requests == 0 and not out.exists()
+
+
+@pytest.mark.parametrize(("tokenizer_dir", "profile_tokens"), [(KIMI_TOKENIZER, "<think>"), (DEEPSEEK_TOKENIZER, "<think>")])
+@pytest.mark.parametrize("thinking", [True, False])
+def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
+    from audit.generate import Prompt
+    from audit.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    messages = [{"role": "user", "content": "Convert 12 USD to EUR."}]
+    prompt = Prompt(line=1, id="x", messages=messages, tools=None)
+    [ids] = render_prompts(tokenizer, [prompt], thinking=thinking)
+    assert ids == tokenizer.render_prompt(messages, thinking=thinking)
+    ends_open = ids[-1] == tokenizer.token_id(profile_tokens)
+    assert ends_open is thinking
+
+
+def test_the_standin_speaks_the_native_protocol(servers):
+    server = servers()
+    with httpx.Client(base_url=server.url) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/model_info").json()["model_path"]
+        bad = client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 4}})
+        assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]
+        both = client.post("/generate", json={"input_ids": [1], "text": "x"})
+        assert both.status_code == 400
+        batch = client.post("/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 3}})
+        assert [len(item["output_ids"]) for item in batch.json()] == [3, 3]
+        assert batch.json()[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
+        single = client.post("/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 500}}).json()
+        assert single["meta_info"]["finish_reason"] == {"type": "stop", "matched": KIMI_END_OF_TURN}
+        assert single["output_ids"][-1] == KIMI_END_OF_TURN and "<|im_end|>" not in single["text"]
