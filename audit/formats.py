@@ -261,8 +261,11 @@ def _escape_property(text: str) -> str:
 
 def github_relative(path: str) -> str:
     """A file path as GitHub resolves annotation paths: relative to the checkout when possible."""
-    uri = artifact_uri(path)
-    return uri.removeprefix("file://")
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(resolved)
 
 
 def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
