@@ -149,3 +149,28 @@ def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path:
     assert "<|im_end|>" in "".join(bottom)
     marked = [lines.line(y).plain for y in lines.first_finding_lines()]
     assert any("SEG002" in row and "</think>" in row for row in marked)
+
+
+def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers(tmp_path: Path) -> None:
+    from audit.tokenizer import load_tokenizer
+    from tests import tiktoken_remote_code
+
+    directory = tiktoken_remote_code.build(tmp_path / "kimi-tiktoken")
+    tokenizer = load_tokenizer(directory, trust_remote_code=True)
+    prompt = tokenizer.render_prompt([{"role": "user", "content": "What is 2+2?"}])
+    stripped = tokenizer.encode_text("Two and two make four. It is 4.<|im_end|>")  # </think> lost
+    partition = tmp_path / "P1"
+    partition.mkdir()
+    record = {"id": "r-1", "input_ids": prompt, "output_ids": stripped,
+              "meta_info": {"finish_reason": {"type": "stop", "matched": 163586}}}
+    (partition / "raw_responses.jsonl").write_text(json.dumps(record) + "\n")
+    (partition / "generation.json").write_text(json.dumps(
+        {"profile": "kimi-k2.5", "tokenizer": {"path": str(directory)}, "trust_remote_code": True}
+    ))
+    inspector = inspector_for(str(partition))
+    view = inspector.view(1)
+    assert "SEG001" in inspector.entries[0].rules
+    roles = dict(view.prompt.tokens.filter(pl.col("role").is_not_null()).select("piece", "role").iter_rows())
+    assert (roles["<|im_assistant|>"], roles["<|im_middle|>"]) == ("special", "special")
+    assert (roles["<|im_end|>"], roles["<think>"]) == ("end_of_turn", "think")
+    assert view.output.tokens["segment"].unique().to_list() == ["reasoning"]  # never closed

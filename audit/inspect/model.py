@@ -467,6 +467,12 @@ def _special_ids(tokenizer: Tokenizer) -> list[int]:
     except (TypeError, ValueError):
         ids = []
     ids.extend(int(i) for i in getattr(tokenizer.hf, "all_special_ids", []) or [] if isinstance(i, int))
+    # A tiktoken tokenizer behind remote code (Kimi's) keeps its specials in the encoding itself.
+    encoding = getattr(tokenizer.hf, "model", None)
+    for text in getattr(encoding, "special_tokens_set", None) or ():
+        token_id = tokenizer.token_id(text)
+        if token_id is not None:
+            ids.append(token_id)
     return ids
 
 
