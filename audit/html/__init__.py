@@ -79,7 +79,7 @@ def render_html(report: Report, samples: Samples | None = None) -> str:
 def _header(report: Report) -> str:
     failed = [r.code for r in report.results if r.verdict == "fail"]
     warned = [r.code for r in report.results if r.verdict == "warn"]
-    detail = f"{report.failing_records} of {report.records} records have errors"
+    detail = f"{report.failing_records:,} of {report.records:,} records have errors"
     if failed:
         detail += f"; failed: {', '.join(failed)}"
     if warned:
@@ -214,15 +214,15 @@ def _samples(report: Report, samples: Samples | None) -> str:
         parts.append(
             f'<div class="rule-samples"><h3><code>{escape(result.code)}</code> {escape(result.name)} '
             f'<span class="sev {escape(result.severity)}">{escape(result.severity)}</span> '
-            f'<span class="count">{_records(result.failing)}, first {len(mine)} shown</span></h3>'
+            f'<span class="count">{_count(result.failing, "record")}, first {len(mine)} shown</span></h3>'
             + "".join(_sample(s) for s in mine)
             + "</div>"
         )
     return "".join(parts)
 
 
-def _records(n: int) -> str:
-    return f"{n:,} record" + ("" if n == 1 else "s")
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
 
 
 def _sample(sample: Sample) -> str:
@@ -241,7 +241,7 @@ def _sample(sample: Sample) -> str:
     first, last = sample.tokens[0].index, sample.tokens[-1].index
     spans = []
     if first > 0:
-        spans.append(f'<span class="gap">… {first:,} tokens before</span>')
+        spans.append(f'<span class="gap">… {_count(first, "token")} before</span>')
     for token in sample.tokens:  # a window of ~40 tokens, not the record
         css = token.kind + (" hit" if token.index == sample.position else "")
         text = token.text.translate(VISIBLE) or "∅"
@@ -251,7 +251,7 @@ def _sample(sample: Sample) -> str:
             f'<span class="tok {css}" title="{escape(str(sample.field))}[{token.index}] = {token.id}">{escape(text)}</span>'
         )
     if last < sample.length - 1:
-        spans.append(f'<span class="gap">… {sample.length - 1 - last:,} tokens after</span>')
+        spans.append(f'<span class="gap">… {_count(sample.length - 1 - last, "token")} after</span>')
     return f'<div class="sample">{head}<div class="tokens">{"".join(spans)}</div></div>'
 
 
@@ -264,7 +264,7 @@ def _findings(report: Report) -> str:
     for f in shown.iter_rows(named=True):
         where = "" if f["position"] is None else f"{f['field']}[{f['position']}]"
         rows.append(
-            f"<tr><td class=\"num\">{f['line']}</td><td>{escape(str(f['id']))}</td>"
+            f"<tr><td class=\"num\">{f['line']}</td><td>{escape(f['id'] or '')}</td>"
             f"<td><code>{escape(f['rule'])}</code></td><td>{escape(where)}</td>"
             f"<td>{escape(f['message'] or '')}</td></tr>"
         )
@@ -300,7 +300,7 @@ thead th { background: var(--bg); font-weight: 600; }
 table.facts th { width: 150px; color: var(--dim); font-weight: 500; }
 table.facts td { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12.5px; word-break: break-all; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
-tr.quiet td { color: #9aa2ac; }
+tr.quiet td, tr.quiet .sev { color: #9aa2ac; font-weight: 400; }
 table.findings td { font-size: 12.5px; word-break: break-word; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 14px; }

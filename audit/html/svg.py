@@ -40,8 +40,8 @@ def bar_chart(
         parts.append(
             f'<text class="label" x="{left - 6:.1f}" y="{y + row * 0.68:.1f}" text-anchor="end">{escape(label)}</text>'
             f'<rect class="bar {escape(css)}" x="{left}" y="{y + 3}" width="{max(w, 1 if value else 0):.1f}" height="{row - 6}">'
-            f"<title>{escape(label)}: {_fmt(value)} {escape(value_label)}</title></rect>"
-            f'<text class="value" x="{left + w + 4:.1f}" y="{y + row * 0.68:.1f}">{_fmt(value)}</text>'
+            f"<title>{escape(label)}: {_exact(value)} {escape(value_label)}</title></rect>"
+            f'<text class="value" x="{left + w + 4:.1f}" y="{y + row * 0.68:.1f}">{_exact(value)}</text>'
         )
     parts.append(f'<text class="axis-label" x="{left + span / 2:.1f}" y="{height - 4}" text-anchor="middle">{escape(value_label)}</text>')
     parts.append("</svg>")
@@ -79,7 +79,7 @@ def histogram(
         h = span_y * n / peak
         parts.append(
             f'<rect class="bar" x="{x0 + 0.5:.1f}" y="{top + span_y - h:.1f}" width="{max(x1 - x0 - 1, 1):.1f}" height="{h:.1f}">'
-            f"<title>{_fmt(edges[i])}–{_fmt(edges[i + 1])}: {n} {escape(y_label)}</title></rect>"
+            f"<title>{_exact(edges[i])}–{_exact(edges[i + 1])}: {n:,} {escape(y_label)}</title></rect>"
         )
     for tick in _ticks(low, high):
         x = left + (tick - low) * scale
@@ -164,9 +164,17 @@ def _ticks(low: float, high: float, target: int = 5) -> list[float]:
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
 
 
+def _exact(value: float) -> str:
+    """A count as printed beside its bar: every digit, thousands separated."""
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.2f}"
+
+
 def _fmt(value: float) -> str:
-    if abs(value) >= 10_000:
+    """A tick label: short (5k, 20k) where that loses nothing."""
+    if abs(value) >= 1000 and value % 1000 == 0:
         return f"{value / 1000:.0f}k"
+    if abs(value) >= 10_000:
+        return f"{value / 1000:.1f}k"
     if float(value).is_integer():
         return f"{int(value)}"
     return f"{value:.2f}".rstrip("0").rstrip(".")
