@@ -435,25 +435,41 @@ def _path_name(path: str) -> str:
     return Path(path.rstrip("/")).name.lower()
 
 
-async def probe_server(client: httpx.AsyncClient, url: str, tokenizer: Tokenizer) -> ServerProbe:
+# Probe requests get a few tries: a server under load (or still loading) may answer 503 once.
+_PROBE_ATTEMPTS = 4
+
+
+async def _probe_get(client: httpx.AsyncClient, url: str, backoff: float) -> httpx.Response | str:
+    """GET with a few quick retries on 5xx and connection errors; the response, or why none came."""
+    problem = ""
+    for attempt in range(_PROBE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            response = await client.get(url, timeout=30.0)
+        except httpx.HTTPError as exc:
+            problem = f"{url}: {_describe(exc)}"
+            continue
+        if response.status_code < 500:
+            return response
+        problem = f"{url} answered HTTP {response.status_code}"
+    return problem
+
+
+async def probe_server(
+    client: httpx.AsyncClient, url: str, tokenizer: Tokenizer, *, backoff: float = 0.5
+) -> ServerProbe:
     """`GET /health`, then `/model_info` (older servers: `/get_model_info`); compare tokenizers."""
     probe = ServerProbe(url=url, healthy=False)
-    try:
-        health = await client.get(f"{url}/health", timeout=30.0)
-    except httpx.HTTPError as exc:
-        probe.problem = f"{url}/health: {_describe(exc)}"
-        return probe
-    if health.status_code != 200:
-        probe.problem = f"{url}/health answered HTTP {health.status_code}"
+    health = await _probe_get(client, f"{url}/health", backoff)
+    if isinstance(health, str) or health.status_code != 200:
+        probe.problem = health if isinstance(health, str) else f"{url}/health answered HTTP {health.status_code}"
         return probe
     probe.healthy = True
     info: Any = None
     for endpoint in ("/model_info", "/get_model_info"):
-        try:
-            answer = await client.get(f"{url}{endpoint}", timeout=30.0)
-        except httpx.HTTPError:
-            break
-        if answer.status_code == 200:
+        answer = await _probe_get(client, f"{url}{endpoint}", backoff)
+        if isinstance(answer, httpx.Response) and answer.status_code == 200:
             try:
                 info = answer.json()
             except ValueError:
@@ -630,7 +646,12 @@ class Generator:
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.options.concurrency + self.options.long_concurrency)
         timeout = httpx.Timeout(self.options.timeout, connect=30.0)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            probes = await asyncio.gather(*(probe_server(client, s.url, self.plan.tokenizer) for s in self.pool.servers))
+            probes = await asyncio.gather(
+                *(
+                    probe_server(client, s.url, self.plan.tokenizer, backoff=self.options.retry_backoff)
+                    for s in self.pool.servers
+                )
+            )
             self._result.probes = list(probes)
             for probe in probes:
                 for message in probe.warnings:

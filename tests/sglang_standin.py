@@ -67,6 +67,7 @@ class SGLangStandin:
         end_of_turn: str = "<|im_end|>",
         fail_every: int = 0,
         fail_status: int = 503,
+        fail_all_paths: bool = False,
         drop_every: int = 0,
         delay: float = 0.0,
         strip_think: bool = False,
@@ -80,6 +81,8 @@ class SGLangStandin:
         self.end_of_turn = self.tokenizer.token_to_id(end_of_turn)
         self.fail_every = fail_every
         self.fail_status = fail_status
+        self.fail_all_paths = fail_all_paths  # count /health and /model_info too for fail_every
+        self.requests = 0  # every request on any path
         self.drop_every = drop_every
         self.delay = delay
         self.strip_think = strip_think
@@ -239,7 +242,19 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _fail_all_paths(self) -> bool:
+            """With `fail_all_paths`, every k-th request on any path is answered with the failure."""
+            with server.lock:
+                server.requests += 1
+                number = server.requests
+            if server.fail_all_paths and server.fail_every and number % server.fail_every == 0:
+                self._send(server.fail_status, {"error": {"message": "Service Unavailable"}})
+                return True
+            return False
+
         def do_GET(self) -> None:
+            if self._fail_all_paths():
+                return
             if self.path == "/health":
                 self._send(200)
             elif self.path == "/get_model_info" or (self.path == "/model_info" and not server.legacy_info):
@@ -256,12 +271,14 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
             with server.lock:
                 server.generate_requests += 1
                 number = server.generate_requests
+            if self._fail_all_paths():
+                return
             if server.delay:
                 time.sleep(server.delay)
             if server.drop_every and number % server.drop_every == 0:
                 self.close_connection = True  # hang up without an answer, like a crashed worker
                 return
-            if server.fail_every and number % server.fail_every == 0:
+            if server.fail_every and not server.fail_all_paths and number % server.fail_every == 0:
                 self._send(server.fail_status, {"error": {"message": "Service Unavailable"}})
                 return
             try:

@@ -230,6 +230,17 @@ def test_dropped_connections_are_retried_and_several_servers_share_the_load(serv
     assert len(first.received) > 5 and len(second.received) > 5
 
 
+def test_a_server_failing_every_other_request_on_any_path_still_serves_each_prompt_once(servers, tmp_path):
+    server = servers(fail_every=2, fail_all_paths=True)
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=12)
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "4")))
+    assert result.exit_code == 0, result.output
+    assert sorted(str(s["id"]) for s in read_samples(out)) == sorted(scan_prompts(prompts))
+    # /health and /model_info were retried through their 503s too.
+    assert json.loads((tmp_path / "generation.json").read_text())["servers"][0]["model_path"]
+
+
 def test_timeouts_are_retried(servers, tmp_path):
     server = servers(delay=0.3)
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)

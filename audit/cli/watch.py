@@ -37,17 +37,18 @@ def snapshot_table(snapshot) -> Table:
     stalled = f" · no growth for {snapshot.seconds_since_growth:.0f}s" if snapshot.seconds_since_growth >= 60 else ""
     pending = f" · partial line {snapshot.pending_bytes} bytes" if snapshot.pending_bytes else ""
     table = Table(
-        title=f"audit watch {snapshot.path}  ·  {snapshot.records} lines  ·  "
-        f"{snapshot.lines_per_minute:,.1f} lines/min{pending}{stalled}",
+        title=f"audit watch  ·  {snapshot.records} lines  ·  {snapshot.lines_per_minute:,.1f} lines/min"
+        f"{pending}{stalled}",
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
-        caption="q or Ctrl-C quits",
+        caption=f"{snapshot.path}  ·  q or Ctrl-C quits",
         caption_justify="left",
     )
     for column, justify in (("code", "left"), ("rule", "left"), ("severity", "left"), ("failing", "right"),
                             ("pass rate", "right"), ("so far", "left")):
-        table.add_column(column, justify=justify, no_wrap=True)
+        table.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis", min_width=len(column),
+                          max_width=28 if column == "rule" else None)
     for rule in snapshot.rules:
         table.add_row(
             rule.code,
