@@ -227,7 +227,7 @@ class ChannelOrder(RecordRule):
         to_tool = pl.col("recipient").is_not_null()
         problem = (
             pl.when(~pl.col("channel").is_in(known))
-            .then(pl.format("unknown channel {!r}; expected one of " + ", ".join(known), pl.col("channel")))
+            .then(pl.format("unknown channel '{}'; expected one of " + ", ".join(known), pl.col("channel")))
             .when((pl.col("channel") == spec.answer) & ~seen_reasoning)
             .then(pl.lit(f"{spec.answer} message with no {spec.reasoning} message before it"))
             .when((pl.col("channel") == spec.answer) & ~last)
