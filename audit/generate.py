@@ -112,12 +112,18 @@ def _parse_prompt(path: Path, line: int, raw: bytes) -> Prompt:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(f"{where}: not valid JSON ({exc}); each line must be one JSON object") from None
+        raise InputError(
+            f"{where}: not valid JSON ({exc}); each line must be one JSON object"
+        ) from None
     if not isinstance(value, dict):
-        raise InputError(f"{where}: expected a JSON object with id and messages, got a {type(value).__name__}")
+        raise InputError(
+            f"{where}: expected a JSON object with id and messages, got a {type(value).__name__}"
+        )
     prompt_id = value.get("id")
     if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or prompt_id == "":
-        raise InputError(f"{where}: needs an `id` (a non-empty string or an integer), got {prompt_id!r}")
+        raise InputError(
+            f"{where}: needs an `id` (a non-empty string or an integer), got {prompt_id!r}"
+        )
     messages = value.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InputError(f"{where}: needs `messages`, a non-empty list of chat messages")
@@ -126,7 +132,9 @@ def _parse_prompt(path: Path, line: int, raw: bytes) -> Prompt:
             raise InputError(f"{where}: messages[{n}] must be an object with a `role` string")
     tools = value.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise InputError(f"{where}: `tools` must be a list of tool definitions, got {type(tools).__name__}")
+        raise InputError(
+            f"{where}: `tools` must be a list of tool definitions, got {type(tools).__name__}"
+        )
     return Prompt(line=line, id=prompt_id, messages=messages, tools=tools or None)
 
 
@@ -139,12 +147,10 @@ def _prompt_lines(path: Path) -> Iterator[tuple[int, bytes]]:
 
 def iter_prompts(path: Path, limit: int | None = None) -> Iterator[Prompt]:
     """The prompts of a JSONL file in order, validated, at most `limit` of them."""
-    count = 0
-    for number, raw in _prompt_lines(path):
+    for count, (number, raw) in enumerate(_prompt_lines(path)):
         if limit is not None and count >= limit:
             return
         yield _parse_prompt(path, number, raw)
-        count += 1
 
 
 def scan_prompts(path: Path, limit: int | None = None) -> list[str]:
@@ -153,7 +159,9 @@ def scan_prompts(path: Path, limit: int | None = None) -> list[str]:
     Raises an InputError naming the line of the first bad line or repeated id.
     """
     if not path.is_file():
-        raise InputError(f"{path}: no such prompts file (JSONL with id, messages and optional tools)")
+        raise InputError(
+            f"{path}: no such prompts file (JSONL with id, messages and optional tools)"
+        )
     first_seen: dict[str, int] = {}
     for prompt in iter_prompts(path, limit):
         if prompt.key in first_seen:
@@ -319,7 +327,9 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
     manifest = _manifest(options, tokenizer, profile, params)
     if resumed.keys:
         _check_resumable(options.out.parent / GENERATION_FILE, manifest)
-    return GenerationPlan(options, tokenizer, profile, rule_set, prompt_keys, resumed, params, manifest)
+    return GenerationPlan(
+        options, tokenizer, profile, rule_set, prompt_keys, resumed, params, manifest
+    )
 
 
 def _manifest(
@@ -335,7 +345,9 @@ def _manifest(
     fingerprint = tokenizer.fingerprint.to_dict()
     fingerprint["path"] = tokenizer_path
     return {
-        "profile": profile.name if str(options.profile) == profile.name else str(Path(options.profile).resolve()),
+        "profile": profile.name
+        if str(options.profile) == profile.name
+        else str(Path(options.profile).resolve()),
         "tokenizer": fingerprint,
         "trust_remote_code": options.trust_remote_code,
         "thinking": options.thinking,
@@ -362,9 +374,15 @@ def _check_resumable(path: Path, manifest: dict[str, Any]) -> None:
         for key in _RESUME_KEYS
         if key in previous and previous[key] != manifest[key]
     ]
-    old_hash = previous.get("tokenizer", {}).get("sha256") if isinstance(previous.get("tokenizer"), dict) else None
+    old_hash = (
+        previous.get("tokenizer", {}).get("sha256")
+        if isinstance(previous.get("tokenizer"), dict)
+        else None
+    )
     if old_hash and old_hash != manifest["tokenizer"]["sha256"]:
-        differences.append(f"tokenizer sha256 {old_hash[:12]}… -> {manifest['tokenizer']['sha256'][:12]}…")
+        differences.append(
+            f"tokenizer sha256 {old_hash[:12]}… -> {manifest['tokenizer']['sha256'][:12]}…"
+        )
     if differences:
         raise ConfigError(
             f"{path} records other settings than this run ({'; '.join(differences)}): resuming would "
@@ -381,7 +399,10 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
         except (json.JSONDecodeError, UnicodeDecodeError):
             previous = {}
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    data = {**manifest, "started_at": previous.get("started_at", now) if isinstance(previous, dict) else now}
+    data = {
+        **manifest,
+        "started_at": previous.get("started_at", now) if isinstance(previous, dict) else now,
+    }
     data["updated_at"] = now
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -391,7 +412,9 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-def render_prompts(tokenizer: Tokenizer, prompts: list[Prompt], *, thinking: bool) -> list[list[int]]:
+def render_prompts(
+    tokenizer: Tokenizer, prompts: list[Prompt], *, thinking: bool
+) -> list[list[int]]:
     """The chat template's rendering of each prompt as ids, with the generation prompt.
 
     Same as `Tokenizer.render_prompt` (render to text, then encode with special-token strings
@@ -428,7 +451,11 @@ class ServerProbe:
     warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "model_path": self.model_path, "tokenizer_path": self.tokenizer_path}
+        return {
+            "url": self.url,
+            "model_path": self.model_path,
+            "tokenizer_path": self.tokenizer_path,
+        }
 
 
 def _path_name(path: str) -> str:
@@ -463,7 +490,11 @@ async def probe_server(
     probe = ServerProbe(url=url, healthy=False)
     health = await _probe_get(client, f"{url}/health", backoff)
     if isinstance(health, str) or health.status_code != 200:
-        probe.problem = health if isinstance(health, str) else f"{url}/health answered HTTP {health.status_code}"
+        probe.problem = (
+            health
+            if isinstance(health, str)
+            else f"{url}/health answered HTTP {health.status_code}"
+        )
         return probe
     probe.healthy = True
     info: Any = None
@@ -476,8 +507,12 @@ async def probe_server(
                 info = None
             break
     if isinstance(info, dict):
-        probe.model_path = info.get("model_path") if isinstance(info.get("model_path"), str) else None
-        probe.tokenizer_path = info.get("tokenizer_path") if isinstance(info.get("tokenizer_path"), str) else None
+        probe.model_path = (
+            info.get("model_path") if isinstance(info.get("model_path"), str) else None
+        )
+        probe.tokenizer_path = (
+            info.get("tokenizer_path") if isinstance(info.get("tokenizer_path"), str) else None
+        )
     served = probe.tokenizer_path or probe.model_path
     local = tokenizer.directory.resolve().name.lower()
     if served and _path_name(served) != local:
@@ -486,7 +521,9 @@ async def probe_server(
             "if these differ, every sample's ids are wrong; pass --tokenizer with the server's tokenizer"
         )
     elif not served:
-        probe.warnings.append(f"{url} does not report its tokenizer: make sure it matches {tokenizer.directory}")
+        probe.warnings.append(
+            f"{url} does not report its tokenizer: make sure it matches {tokenizer.directory}"
+        )
     return probe
 
 
@@ -615,7 +652,9 @@ class Generator:
         self.plan = plan
         self.options = plan.options
         self.events = events or GenerationEvents()
-        self.stats = RunStats(total=len(plan.prompt_keys), resumed=len(set(plan.prompt_keys) & plan.resumed.keys))
+        self.stats = RunStats(
+            total=len(plan.prompt_keys), resumed=len(set(plan.prompt_keys) & plan.resumed.keys)
+        )
         self.pool = ServerPool(plan.options.servers)
         self._halt: asyncio.Event | None = None
         self._stopped: str | None = None
@@ -643,12 +682,17 @@ class Generator:
         self._halt = asyncio.Event()
         if self._stopped:
             self._halt.set()
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=self.options.concurrency + self.options.long_concurrency)
+        limits = httpx.Limits(
+            max_connections=None,
+            max_keepalive_connections=self.options.concurrency + self.options.long_concurrency,
+        )
         timeout = httpx.Timeout(self.options.timeout, connect=30.0)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             probes = await asyncio.gather(
                 *(
-                    probe_server(client, s.url, self.plan.tokenizer, backoff=self.options.retry_backoff)
+                    probe_server(
+                        client, s.url, self.plan.tokenizer, backoff=self.options.retry_backoff
+                    )
                     for s in self.pool.servers
                 )
             )
@@ -657,9 +701,13 @@ class Generator:
                 for message in probe.warnings:
                     self.events.warning(message)
                 if not probe.healthy:
-                    self.events.warning(f"server not healthy at start, used anyway: {probe.problem}")
+                    self.events.warning(
+                        f"server not healthy at start, used anyway: {probe.problem}"
+                    )
             if not any(p.healthy for p in probes):
-                raise ServerError("no server answered /health: " + "; ".join(p.problem or p.url for p in probes))
+                raise ServerError(
+                    "no server answered /health: " + "; ".join(p.problem or p.url for p in probes)
+                )
             manifest = dict(self.plan.manifest, servers=[p.to_dict() for p in probes])
             write_manifest(self.plan.manifest_path, manifest)
 
@@ -685,8 +733,14 @@ class Generator:
         assert self._halt is not None
         short: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=self.options.concurrency * 2)
         long: asyncio.Queue[_Job | None] = asyncio.Queue(maxsize=self.options.long_concurrency * 2)
-        workers = [asyncio.create_task(self._worker(client, short)) for _ in range(self.options.concurrency)]
-        workers += [asyncio.create_task(self._worker(client, long)) for _ in range(self.options.long_concurrency)]
+        workers = [
+            asyncio.create_task(self._worker(client, short))
+            for _ in range(self.options.concurrency)
+        ]
+        workers += [
+            asyncio.create_task(self._worker(client, long))
+            for _ in range(self.options.long_concurrency)
+        ]
         feeder = asyncio.create_task(self._feed(short, long))
         tasks = [feeder, *workers]
         everything = asyncio.gather(*tasks)
@@ -716,7 +770,9 @@ class Generator:
 
         async def flush() -> None:
             nonlocal fed
-            rendered = await asyncio.to_thread(render_prompts, self.plan.tokenizer, batch, thinking=self.options.thinking)
+            rendered = await asyncio.to_thread(
+                render_prompts, self.plan.tokenizer, batch, thinking=self.options.thinking
+            )
             for prompt, ids in zip(batch, rendered, strict=True):
                 if fed == self._canary_size and not self._canary_gate.is_set():
                     await self._canary_gate.wait()  # the rest waits for the canary's verdict
@@ -745,7 +801,9 @@ class Generator:
 
     async def _complete(self, client: httpx.AsyncClient, job: _Job) -> None:
         """Send one prompt until it is answered, rejected, or out of attempts; record the outcome."""
-        payload = orjson.dumps({"input_ids": job.input_ids, "sampling_params": self.plan.sampling_params})
+        payload = orjson.dumps(
+            {"input_ids": job.input_ids, "sampling_params": self.plan.sampling_params}
+        )
         last: _Transient | None = None
         server_url = ""
         for attempt in range(1, self.options.max_attempts + 1):
@@ -774,13 +832,18 @@ class Generator:
                 await asyncio.sleep(failed_for)
         assert last is not None
         self._record_error(
-            job, server_url, f"gave up after {self.options.max_attempts} attempts: {last}", last.status,
+            job,
+            server_url,
+            f"gave up after {self.options.max_attempts} attempts: {last}",
+            last.status,
             self.options.max_attempts,
         )
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         """Capped exponential backoff with jitter, at least what the server asked for."""
-        ceiling = min(self.options.retry_backoff_cap, self.options.retry_backoff * 2 ** (attempt - 1))
+        ceiling = min(
+            self.options.retry_backoff_cap, self.options.retry_backoff * 2 ** (attempt - 1)
+        )
         delay = random.uniform(ceiling / 2, ceiling)
         if retry_after is not None:
             delay = max(delay, min(retry_after, self.options.retry_backoff_cap))
@@ -826,7 +889,9 @@ class Generator:
         self._canary_progress()
         self.events.progress(self.stats)
 
-    def _record_error(self, job: _Job, server: str, reason: str, status: int | None, attempts: int) -> None:
+    def _record_error(
+        self, job: _Job, server: str, reason: str, status: int | None, attempts: int
+    ) -> None:
         if self._errors_handle is None:
             self._errors_handle = self.plan.errors_path.open("ab")
         entry = {
@@ -858,12 +923,21 @@ class Generator:
         if not self._canary_lines:
             self.stats.canary = "failed"
             self._result.canary_message = (
-                f"every one of the first {self._canary_size} requests failed: see {self.plan.errors_path}"
+                f"every one of the first {self._canary_size} requests failed: "
+                f"see {self.plan.errors_path}"
             )
             self._halt_with("canary")
             return
         first_line = self.plan.resumed.lines + 1
-        report = await asyncio.to_thread(self._canary_report, list(self._canary_lines), first_line)
+        try:
+            report = await asyncio.to_thread(
+                self._canary_report, list(self._canary_lines), first_line
+            )
+        except Exception as exc:  # a canary that cannot judge must not let the run go on unjudged
+            self.stats.canary = "failed"
+            self._result.canary_message = f"the canary audit itself failed: {_describe(exc)}"
+            self._halt_with("canary")
+            return
         self._result.canary_report = report
         self.events.canary(report)
         if report.verdict == "fail":
@@ -886,7 +960,12 @@ class Generator:
 
 
 def audit_lines(
-    lines: list[bytes], context: AuditContext, rule_set: RuleSet, *, target: str, first_line: int = 1
+    lines: list[bytes],
+    context: AuditContext,
+    rule_set: RuleSet,
+    *,
+    target: str,
+    first_line: int = 1,
 ) -> Report:
     """Audit some JSONL lines (e.g. a run's first samples) and report lines from `first_line` on."""
     with tempfile.TemporaryDirectory(prefix="audit-canary-") as directory:
@@ -905,7 +984,10 @@ def audit_lines(
         tokenizer=context.tokenizer.fingerprint.to_dict(),
     )
     report.input["first_line"] = first_line
-    report.results = [dataclasses.replace(r, example_lines=[n + shift for n in r.example_lines]) for r in report.results]
+    report.results = [
+        dataclasses.replace(r, example_lines=[n + shift for n in r.example_lines])
+        for r in report.results
+    ]
     return report
 
 
@@ -917,7 +999,9 @@ def _response_problem(body: Any) -> str | None:
     if not isinstance(body, dict):
         return f"the body is a JSON {type(body).__name__}, not a /generate result"
     ids = body.get("output_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids
+    ):
         return "the body has no output_ids list of ints"
     if "meta_info" in body and not isinstance(body["meta_info"], dict):
         return "meta_info is not an object"

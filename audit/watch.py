@@ -66,11 +66,17 @@ def watch_target(spec: str, root: Path) -> Target:
             generation: dict = {}
             if (directory / GENERATION_FILE).is_file():
                 try:
-                    generation = json.loads((directory / GENERATION_FILE).read_text(encoding="utf-8"))
+                    generation = json.loads(
+                        (directory / GENERATION_FILE).read_text(encoding="utf-8")
+                    )
                 except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise InputError(f"{directory / GENERATION_FILE}: not valid JSON; fix or remove it") from None
+                    raise InputError(
+                        f"{directory / GENERATION_FILE}: not valid JSON; fix or remove it"
+                    ) from None
             name = directory.name if candidate.name == DATA_FILE else candidate.stem
-            return Target(partition=name, data_file=candidate, generation=generation, directory=directory)
+            return Target(
+                partition=name, data_file=candidate, generation=generation, directory=directory
+            )
     return resolve_target(spec, root)
 
 
@@ -140,7 +146,9 @@ class LiveAudit:
             everyone = pl.concat(self._identities)
             self._identities = [everyone]
             for configured in self._file_rules:
-                self._failing[configured.code] = configured.rule.check_file(everyone)["line"].n_unique()
+                self._failing[configured.code] = configured.rule.check_file(everyone)[
+                    "line"
+                ].n_unique()
 
     def snapshot(self, now: float | None = None) -> WatchSnapshot:
         """The counts as of the last poll."""

@@ -36,14 +36,35 @@ from tokenizers import Tokenizer
 
 SAMPLING_KEYS = frozenset(
     {
-        "max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-        "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-        "repetition_penalty", "frequency_penalty", "presence_penalty", "min_new_tokens", "n",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "repetition_penalty",
+        "frequency_penalty",
+        "presence_penalty",
+        "min_new_tokens",
+        "n",
         "sampling_seed",
     }
 )
 REQUEST_KEYS = frozenset(
-    {"text", "input_ids", "sampling_params", "rid", "stream", "return_logprob", "return_prompt_token_ids"}
+    {
+        "text",
+        "input_ids",
+        "sampling_params",
+        "rid",
+        "stream",
+        "return_logprob",
+        "return_prompt_token_ids",
+    }
 )
 DEFAULT_MAX_NEW_TOKENS = 128
 WORDS = (
@@ -104,7 +125,9 @@ class SGLangStandin:
         return f"http://{host}:{port}"
 
     def start(self) -> SGLangStandin:
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
         self._thread.start()
         return self
 
@@ -154,7 +177,9 @@ class SGLangStandin:
         shown = output
         if not params.get("no_stop_trim", False) and finish["type"] == "stop":
             shown = output[:-1]  # SGLang trims the matched stop from `text`, never from the ids
-        text = self.tokenizer.decode(shown, skip_special_tokens=params.get("skip_special_tokens", True))
+        text = self.tokenizer.decode(
+            shown, skip_special_tokens=params.get("skip_special_tokens", True)
+        )
         with self.lock:
             self.sent[tuple(input_ids)] = output
         return {
@@ -204,7 +229,9 @@ class SGLangStandin:
                 raise BadRequest("sampling_params must be an object")
             unknown = set(item) - SAMPLING_KEYS
             if unknown:
-                raise BadRequest(f"SamplingParams got unexpected keyword argument(s): {sorted(unknown)}")
+                raise BadRequest(
+                    f"SamplingParams got unexpected keyword argument(s): {sorted(unknown)}"
+                )
         answers = [self.answer(p, s) for p, s in zip(prompts, per_item, strict=True)]
         with self.lock:
             self.received.append(body)
@@ -257,7 +284,9 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
                 return
             if self.path == "/health":
                 self._send(200)
-            elif self.path == "/get_model_info" or (self.path == "/model_info" and not server.legacy_info):
+            elif self.path == "/get_model_info" or (
+                self.path == "/model_info" and not server.legacy_info
+            ):
                 self._send(200, server.model_info())
             else:
                 self._send(404, {"detail": "Not Found"})

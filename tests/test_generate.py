@@ -29,7 +29,9 @@ def make_prompts(path: Path, n: int = N_PROMPTS) -> Path:
     prompts = []
     for line in (PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines():
         record = json.loads(line)
-        prompts.append({"id": record["id"], "messages": record["messages"], "tools": record["tools"]})
+        prompts.append(
+            {"id": record["id"], "messages": record["messages"], "tools": record["tools"]}
+        )
     for i in range(n - len(prompts)):
         messages = [{"role": "user", "content": f"What is {i} times {i + 3}? Explain briefly."}]
         if i % 3 == 0:
@@ -60,7 +62,16 @@ def servers():
 
 
 def generate_args(prompts: Path, out: Path, *urls: str, extra: tuple[str, ...] = ()) -> list[str]:
-    args = ["generate", str(prompts), "--tokenizer", str(KIMI_TOKENIZER), "--profile", "kimi-k2.5", "--out", str(out)]
+    args = [
+        "generate",
+        str(prompts),
+        "--tokenizer",
+        str(KIMI_TOKENIZER),
+        "--profile",
+        "kimi-k2.5",
+        "--out",
+        str(out),
+    ]
     for url in urls:
         args += ["--server", url]
     return [*args, "--retry-backoff", "0.01", *extra]
@@ -79,7 +90,11 @@ def read_samples(out: Path) -> list[dict]:
 def template_ids(kimi_tokenizer, prompt: dict, thinking: bool = True) -> list[int]:
     """What the chat template renders, asked of transformers directly (tokenize=True)."""
     rendered = kimi_tokenizer.hf.apply_chat_template(
-        prompt["messages"], tools=prompt.get("tools"), add_generation_prompt=True, tokenize=True, thinking=thinking
+        prompt["messages"],
+        tools=prompt.get("tools"),
+        add_generation_prompt=True,
+        tokenize=True,
+        thinking=thinking,
     )
     return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
 
@@ -134,7 +149,10 @@ def test_sigint_stops_cleanly_and_a_second_run_finishes_each_prompt_once(servers
     out = tmp_path / "run" / "raw_responses.jsonl"
     args = generate_args(prompts, out, server.url, extra=("--concurrency", "2", "--canary", "0"))
     process = subprocess.Popen(
-        [sys.executable, "-m", "audit", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "audit", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (not out.exists() or out.read_bytes().count(b"\n") < 5):
@@ -158,14 +176,18 @@ def test_sigint_stops_cleanly_and_a_second_run_finishes_each_prompt_once(servers
         assert sample["output_ids"] == server.sent[tuple(sample["input_ids"])]
 
 
-def test_a_partial_last_line_left_by_a_crash_is_cut_and_its_prompt_generated_again(servers, tmp_path):
+def test_a_partial_last_line_left_by_a_crash_is_cut_and_its_prompt_generated_again(
+    servers, tmp_path
+):
     server = servers()
     prompts = make_prompts(tmp_path / "prompts.jsonl")
     out = tmp_path / "raw_responses.jsonl"
     assert run_cli(generate_args(prompts, out, server.url, extra=("--limit", "3"))).exit_code == 0
     whole = out.read_bytes()
     lost = json.loads(whole.splitlines()[-1])["id"]
-    out.write_bytes(whole[: whole.rfind(b"\n", 0, len(whole) - 1) + 1] + whole.splitlines()[-1][:57])
+    out.write_bytes(
+        whole[: whole.rfind(b"\n", 0, len(whole) - 1) + 1] + whole.splitlines()[-1][:57]
+    )
 
     result = run_cli(generate_args(prompts, out, server.url))
 
@@ -181,7 +203,9 @@ def test_canary_stops_a_run_whose_outputs_lack_the_response_token(servers, tmp_p
     prompts = make_prompts(tmp_path / "prompts.jsonl")
     out = tmp_path / "raw_responses.jsonl"
 
-    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "10", "--concurrency", "16")))
+    result = run_cli(
+        generate_args(prompts, out, server.url, extra=("--canary", "10", "--concurrency", "16"))
+    )
 
     assert result.exit_code == 1, result.output
     assert "SEG001" in result.output and "canary failed" in result.output
@@ -198,7 +222,9 @@ def test_canary_zero_sends_everything(servers, tmp_path):
     assert len(read_samples(out)) == 12
 
 
-def test_rejected_requests_go_to_errors_jsonl_once_with_their_reason(servers, tmp_path, kimi_tokenizer):
+def test_rejected_requests_go_to_errors_jsonl_once_with_their_reason(
+    servers, tmp_path, kimi_tokenizer
+):
     server = servers(context_length=300)
     prompts = make_prompts(tmp_path / "prompts.jsonl")
     out = tmp_path / "raw_responses.jsonl"
@@ -212,7 +238,10 @@ def test_rejected_requests_go_to_errors_jsonl_once_with_their_reason(servers, tm
     assert "prompts failed" in result.output
     errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
     assert {str(e["id"]) for e in errors} == too_long
-    assert all(e["status"] == 400 and "context length" in e["reason"] and e["attempts"] == 1 for e in errors)
+    assert all(
+        e["status"] == 400 and "context length" in e["reason"] and e["attempts"] == 1
+        for e in errors
+    )
     assert server.generate_requests == N_PROMPTS  # a 4xx is not retried
     assert {str(s["id"]) for s in read_samples(out)} == {str(p["id"]) for p in sources} - too_long
 
@@ -222,7 +251,9 @@ def test_dropped_connections_are_retried_and_several_servers_share_the_load(serv
     prompts = make_prompts(tmp_path / "prompts.jsonl")
     out = tmp_path / "raw_responses.jsonl"
 
-    result = run_cli(generate_args(prompts, out, first.url, second.url, extra=("--concurrency", "6")))
+    result = run_cli(
+        generate_args(prompts, out, first.url, second.url, extra=("--concurrency", "6"))
+    )
 
     assert result.exit_code == 0, result.output
     samples = read_samples(out)
@@ -230,7 +261,9 @@ def test_dropped_connections_are_retried_and_several_servers_share_the_load(serv
     assert len(first.received) > 5 and len(second.received) > 5
 
 
-def test_a_server_failing_every_other_request_on_any_path_still_serves_each_prompt_once(servers, tmp_path):
+def test_a_server_failing_every_other_request_on_any_path_still_serves_each_prompt_once(
+    servers, tmp_path
+):
     server = servers(fail_every=2, fail_all_paths=True)
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=12)
     out = tmp_path / "raw_responses.jsonl"
@@ -245,10 +278,14 @@ def test_timeouts_are_retried(servers, tmp_path):
     server = servers(delay=0.3)
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
     out = tmp_path / "raw_responses.jsonl"
-    result = run_cli(generate_args(prompts, out, server.url, extra=("--timeout", "0.1", "--max-attempts", "2")))
+    result = run_cli(
+        generate_args(prompts, out, server.url, extra=("--timeout", "0.1", "--max-attempts", "2"))
+    )
     assert result.exit_code == 1
     errors = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
-    assert len(errors) == 2 and all("gave up after 2 attempts" in e["reason"] and "Timeout" in e["reason"] for e in errors)
+    assert len(errors) == 2 and all(
+        "gave up after 2 attempts" in e["reason"] and "Timeout" in e["reason"] for e in errors
+    )
 
 
 def test_sampling_options_are_sent_only_when_set(servers, tmp_path):
@@ -258,7 +295,9 @@ def test_sampling_options_are_sent_only_when_set(servers, tmp_path):
     result = run_cli(generate_args(prompts, tmp_path / "out.jsonl", server.url, extra=extra))
     assert result.exit_code == 0, result.output
     params = server.received[0]["sampling_params"]
-    assert params["temperature"] == 0.6 and params["top_p"] == 0.95 and params["max_new_tokens"] == 5
+    assert (
+        params["temperature"] == 0.6 and params["top_p"] == 0.95 and params["max_new_tokens"] == 5
+    )
     sample = read_samples(tmp_path / "out.jsonl")[0]
     assert sample["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
     assert len(sample["output_ids"]) == 5
@@ -268,7 +307,9 @@ def test_thinking_off_renders_the_closed_think_prompt(servers, tmp_path, kimi_to
     server = servers()
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
     out = tmp_path / "raw_responses.jsonl"
-    result = run_cli(generate_args(prompts, out, server.url, extra=("--thinking", "off", "--canary", "0")))
+    result = run_cli(
+        generate_args(prompts, out, server.url, extra=("--thinking", "off", "--canary", "0"))
+    )
     assert result.exit_code == 0, result.output
     source = json.loads(prompts.read_text().splitlines()[0])
     [sample] = [s for s in read_samples(out) if s["id"] == source["id"]]
@@ -291,11 +332,15 @@ def test_resuming_with_other_settings_is_refused(servers, tmp_path):
 def test_a_server_reporting_another_tokenizer_is_warned_about(servers, tmp_path):
     server = servers(legacy_info=True, model_path="/models/Qwen/Qwen3-8B")
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=2)
-    result = run_cli(generate_args(prompts, tmp_path / "out.jsonl", server.url, extra=("--canary", "0")))
+    result = run_cli(
+        generate_args(prompts, tmp_path / "out.jsonl", server.url, extra=("--canary", "0"))
+    )
     assert result.exit_code == 0, result.output
     assert "warning" in result.output and "Qwen3-8B" in result.output
     generation = json.loads((tmp_path / "generation.json").read_text())
-    assert generation["servers"][0]["model_path"] == "/models/Qwen/Qwen3-8B"  # read from /get_model_info
+    assert (
+        generation["servers"][0]["model_path"] == "/models/Qwen/Qwen3-8B"
+    )  # read from /get_model_info
 
 
 def test_no_healthy_server_is_a_usage_error(tmp_path):
@@ -308,15 +353,29 @@ def test_no_healthy_server_is_a_usage_error(tmp_path):
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
-        (['{"id": "a", "messages": [{"role": "user", "content": "x"}]}', '{"id": "b", "messages": '], "2: not valid JSON"),
+        (
+            [
+                '{"id": "a", "messages": [{"role": "user", "content": "x"}]}',
+                '{"id": "b", "messages": ',
+            ],
+            "2: not valid JSON",
+        ),
         (['{"messages": [{"role": "user", "content": "x"}]}'], "1: needs an `id`"),
         (['{"id": "a"}'], "1: needs `messages`"),
-        (['{"id": "a", "messages": [{"content": "x"}]}'], "messages[0] must be an object with a `role`"),
-        (['{"id": 7, "messages": [{"role": "user", "content": "x"}]}'] * 2, "2: id 7 repeats line 1"),
+        (
+            ['{"id": "a", "messages": [{"content": "x"}]}'],
+            "messages[0] must be an object with a `role`",
+        ),
+        (
+            ['{"id": 7, "messages": [{"role": "user", "content": "x"}]}'] * 2,
+            "2: id 7 repeats line 1",
+        ),
         (["", "  "], "no prompts"),
     ],
 )
-def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(servers, tmp_path, lines, message):
+def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(
+    servers, tmp_path, lines, message
+):
     server = servers()
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(lines) + "\n")
@@ -327,7 +386,10 @@ def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(servers, t
     assert server.generate_requests == 0 and not out.exists()
 
 
-@pytest.mark.parametrize(("tokenizer_dir", "profile_tokens"), [(KIMI_TOKENIZER, "<think>"), (DEEPSEEK_TOKENIZER, "<think>")])
+@pytest.mark.parametrize(
+    ("tokenizer_dir", "profile_tokens"),
+    [(KIMI_TOKENIZER, "<think>"), (DEEPSEEK_TOKENIZER, "<think>")],
+)
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
     from audit.generate import Prompt
@@ -347,13 +409,64 @@ def test_the_standin_speaks_the_native_protocol(servers):
     with httpx.Client(base_url=server.url) as client:
         assert client.get("/health").status_code == 200
         assert client.get("/model_info").json()["model_path"]
-        bad = client.post("/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 4}})
+        bad = client.post(
+            "/generate", json={"input_ids": [1, 2], "sampling_params": {"max_tokens": 4}}
+        )
         assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]["message"]
         both = client.post("/generate", json={"input_ids": [1], "text": "x"})
         assert both.status_code == 400
-        batch = client.post("/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 3}})
+        batch = client.post(
+            "/generate", json={"input_ids": [[5, 6], [7]], "sampling_params": {"max_new_tokens": 3}}
+        )
         assert [len(item["output_ids"]) for item in batch.json()] == [3, 3]
         assert batch.json()[0]["meta_info"]["finish_reason"] == {"type": "length", "length": 3}
-        single = client.post("/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 500}}).json()
+        single = client.post(
+            "/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 500}}
+        ).json()
         assert single["meta_info"]["finish_reason"] == {"type": "stop", "matched": KIMI_END_OF_TURN}
         assert single["output_ids"][-1] == KIMI_END_OF_TURN and "<|im_end|>" not in single["text"]
+
+
+def test_a_canary_whose_requests_are_all_rejected_stops_the_run(servers, tmp_path):
+    server = servers(context_length=10)
+    prompts = make_prompts(tmp_path / "prompts.jsonl")
+    out = tmp_path / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "4")))
+    assert result.exit_code == 1
+    assert "every one of the first 4 requests failed" in result.output
+    assert server.generate_requests == 4
+    assert len((tmp_path / "errors.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_core_runs_without_the_cli_and_reports_through_events(servers, tmp_path):
+    import asyncio
+
+    from audit.generate import GenerateOptions, GenerationEvents, Generator, plan_generation
+
+    class Recorder(GenerationEvents):
+        def __init__(self) -> None:
+            self.snapshots: list[tuple[int, int]] = []
+            self.reports: list = []
+
+        def progress(self, stats) -> None:
+            self.snapshots.append((stats.written, stats.in_flight))
+
+        def canary(self, report) -> None:
+            self.reports.append(report)
+
+    server = servers()
+    options = GenerateOptions(
+        prompts=make_prompts(tmp_path / "prompts.jsonl", n=8),
+        out=tmp_path / "raw_responses.jsonl",
+        servers=(server.url,),
+        tokenizer=KIMI_TOKENIZER,
+        profile="kimi-k2.5",
+        canary=3,
+        concurrency=2,
+    )
+    events = Recorder()
+    result = asyncio.run(Generator(plan_generation(options), events).run())
+    assert result.stopped is None and result.stats.written == 8
+    assert [r.verdict for r in events.reports] == ["pass"] and events.reports[0].records == 3
+    assert events.snapshots[-1] == (8, 0)
+    assert max(in_flight for _, in_flight in events.snapshots) <= 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import pty
@@ -28,7 +29,10 @@ def partition(tmp_path: Path, data: bytes = b"") -> Path:
     directory = tmp_path / "B1_live"
     directory.mkdir(exist_ok=True)
     (directory / "raw_responses.jsonl").write_bytes(data)
-    generation = {"profile": "kimi-k2.5", "tokenizer": {"path": os.path.relpath(KIMI_TOKENIZER, directory)}}
+    generation = {
+        "profile": "kimi-k2.5",
+        "tokenizer": {"path": os.path.relpath(KIMI_TOKENIZER, directory)},
+    }
     (directory / "generation.json").write_text(json.dumps(generation))
     return directory
 
@@ -42,20 +46,28 @@ def test_growing_file_audited_in_pieces_matches_audit_check_on_the_whole(tmp_pat
     # Append in uneven pieces that mostly end inside a line, as a writer's flushes may.
     cuts = list(range(0, len(data), 40009)) + [len(data)]
     with (directory / "raw_responses.jsonl").open("ab") as out:
-        for start, end in zip(cuts, cuts[1:], strict=False):
+        for start, end in itertools.pairwise(cuts):
             out.write(data[start:end])
             out.flush()
             snapshot = live.poll()
             complete = data[:end].count(b"\n")
-            assert snapshot.records == sum(1 for line in data[:end].split(b"\n")[:complete] if line.strip())
+            assert snapshot.records == sum(
+                1 for line in data[:end].split(b"\n")[:complete] if line.strip()
+            )
             assert snapshot.pending_bytes == end - (data[:end].rfind(b"\n") + 1)
 
     report = check_target(prepare(resolve_target(str(directory), tmp_path), OPTIONS))
     assert snapshot.records == report.records
-    assert {r.code: r.failing for r in snapshot.rules} == {r.code: r.failing for r in report.results}
-    assert {r.code: r.verdict for r in snapshot.rules} == {r.code: r.verdict for r in report.results}
+    assert {r.code: r.failing for r in snapshot.rules} == {
+        r.code: r.failing for r in report.results
+    }
+    assert {r.code: r.verdict for r in snapshot.rules} == {
+        r.code: r.verdict for r in report.results
+    }
     duplicate = next(r for r in snapshot.rules if r.code == "INT004")
-    assert duplicate.failing > 0 and duplicate.pass_rate == pytest.approx(1 - duplicate.failing / report.records)
+    assert duplicate.failing > 0 and duplicate.pass_rate == pytest.approx(
+        1 - duplicate.failing / report.records
+    )
 
 
 def test_lines_per_minute_and_a_replaced_file(tmp_path):
@@ -97,7 +109,11 @@ def test_q_quits_the_live_view(tmp_path):
     leader, follower = pty.openpty()
     process = subprocess.Popen(
         [sys.executable, "-m", "audit", "watch", str(directory), "--interval", "0.1"],
-        cwd=ROOT, stdin=follower, stdout=follower, stderr=follower, env={**os.environ, "COLUMNS": "120"},
+        cwd=ROOT,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        env={**os.environ, "COLUMNS": "120"},
     )
     os.close(follower)
     seen = b""

@@ -59,7 +59,9 @@ def _make_events(console: Console, live: bool):
                     console=console,
                     refresh_per_second=4,
                 )
-                self.task = self.progress_bar.add_task("generate", total=stats.total, completed=stats.done, counters="")
+                self.task = self.progress_bar.add_task(
+                    "generate", total=stats.total, completed=stats.done, counters=""
+                )
                 self.progress_bar.start()
 
         def stop(self) -> None:
@@ -71,10 +73,14 @@ def _make_events(console: Console, live: bool):
 
         def progress(self, stats: RunStats) -> None:
             if self.progress_bar is not None:
-                self.progress_bar.update(self.task, completed=stats.done + stats.errors, counters=_counters(stats))
+                self.progress_bar.update(
+                    self.task, completed=stats.done + stats.errors, counters=_counters(stats)
+                )
             elif time.monotonic() - self.last_plain >= PLAIN_PROGRESS_EVERY:
                 self.last_plain = time.monotonic()
-                console.print(f"generate: {stats.done}/{stats.total} · {_counters(stats)}", highlight=False)
+                console.print(
+                    f"generate: {stats.done}/{stats.total} · {_counters(stats)}", highlight=False
+                )
 
         def canary(self, report) -> None:
             if report.verdict == "fail":
@@ -93,38 +99,77 @@ def _make_events(console: Console, live: bool):
 
 @app.command()
 def generate(
-    prompts: Annotated[Path, typer.Argument(help="Prompts: JSONL with id, messages and optional tools.")],
-    server: Annotated[
-        list[str], typer.Option("--server", help="SGLang server URL; repeat to share the load over several.")
+    prompts: Annotated[
+        Path, typer.Argument(help="Prompts: JSONL with id, messages and optional tools.")
     ],
-    tokenizer: Annotated[Path, typer.Option("--tokenizer", help="Local tokenizer directory of the served model.")],
-    profile: Annotated[str, typer.Option("--profile", help="Profile name (see `audit profiles`) or .toml file.")],
-    out: Annotated[Path, typer.Option("--out", help="Output JSONL (e.g. prepared/B1_glaive/raw_responses.jsonl).")],
-    concurrency: Annotated[int, typer.Option("--concurrency", help="Requests in flight for short prompts.")] = 64,
+    server: Annotated[
+        list[str],
+        typer.Option("--server", help="SGLang server URL; repeat to share the load over several."),
+    ],
+    tokenizer: Annotated[
+        Path, typer.Option("--tokenizer", help="Local tokenizer directory of the served model.")
+    ],
+    profile: Annotated[
+        str, typer.Option("--profile", help="Profile name (see `audit profiles`) or .toml file.")
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Output JSONL (e.g. prepared/B1_glaive/raw_responses.jsonl)."),
+    ],
+    concurrency: Annotated[
+        int, typer.Option("--concurrency", help="Requests in flight for short prompts.")
+    ] = 64,
     long_concurrency: Annotated[
-        int, typer.Option("--long-concurrency", help="Requests in flight for long prompts (a separate limit).")
+        int,
+        typer.Option(
+            "--long-concurrency", help="Requests in flight for long prompts (a separate limit)."
+        ),
     ] = 8,
     long_threshold: Annotated[
         int, typer.Option("--long-threshold", help="Prompts with more ids than this count as long.")
     ] = 8192,
-    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", help="sampling_params.max_new_tokens.")] = 16384,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", help="sampling_params.max_new_tokens.")
+    ] = 16384,
     temperature: Annotated[
-        float | None, typer.Option("--temperature", help="Unset: not sent, the model's default applies.")
+        float | None,
+        typer.Option("--temperature", help="Unset: not sent, the model's default applies."),
     ] = None,
-    top_p: Annotated[float | None, typer.Option("--top-p", help="Unset: not sent, the model's default applies.")] = None,
-    thinking: Annotated[Thinking, typer.Option("--thinking", help="Render prompts with thinking on or off.")] = Thinking.on,
-    limit: Annotated[int | None, typer.Option("--limit", help="Use only the first N prompts of the file.")] = None,
+    top_p: Annotated[
+        float | None, typer.Option("--top-p", help="Unset: not sent, the model's default applies.")
+    ] = None,
+    thinking: Annotated[
+        Thinking, typer.Option("--thinking", help="Render prompts with thinking on or off.")
+    ] = Thinking.on,
+    limit: Annotated[
+        int | None, typer.Option("--limit", help="Use only the first N prompts of the file.")
+    ] = None,
     canary: Annotated[
-        int, typer.Option("--canary", help="Audit the first N samples before sending the rest; 0 disables.")
+        int,
+        typer.Option(
+            "--canary", help="Audit the first N samples before sending the rest; 0 disables."
+        ),
     ] = 16,
-    rules: Annotated[Path | None, typer.Option("--rules", help="Rule set for the canary (default rules/default.toml).")] = None,
+    rules: Annotated[
+        Path | None,
+        typer.Option("--rules", help="Rule set for the canary (default rules/default.toml)."),
+    ] = None,
     trust_remote_code: TrustOption = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds one request may take.")] = 3600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", help="Seconds one request may take.")
+    ] = 3600.0,
     max_attempts: Annotated[
-        int, typer.Option("--max-attempts", help="Attempts per prompt on transient failures (5xx, timeouts).")
+        int,
+        typer.Option(
+            "--max-attempts", help="Attempts per prompt on transient failures (5xx, timeouts)."
+        ),
     ] = 10,
     retry_backoff: Annotated[
-        float, typer.Option("--retry-backoff", help="Delay before the first retry in seconds; doubles, capped at 30 s.")
+        float,
+        typer.Option(
+            "--retry-backoff",
+            help="Delay before the first retry in seconds; doubles, capped at 30 s.",
+        ),
     ] = 0.5,
 ) -> None:
     """Generate raw_responses.jsonl through SGLang /generate; exit 0 (all done), 1 (canary failed or
@@ -159,9 +204,14 @@ def generate(
 
     console = errors  # progress and summaries on stderr; stdout stays free
     if plan.resumed.truncated_bytes:
-        console.print(f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}")
+        console.print(
+            f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}"
+        )
     if plan.resumed.keys:
-        console.print(f"resume: {len(plan.resumed.keys)} samples already in {out}; skipping them", highlight=False)
+        console.print(
+            f"resume: {len(plan.resumed.keys)} samples already in {out}; skipping them",
+            highlight=False,
+        )
     events = _make_events(console, live=sys.stderr.isatty())
     generator = Generator(plan, events)
 
@@ -191,9 +241,13 @@ def generate(
         highlight=False,
     )
     if stats.errors:
-        console.print(f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them")
+        console.print(
+            f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them"
+        )
     if result.stopped == "interrupted":
-        console.print(f"interrupted: nothing half-written; run the same command again to resume {out}")
+        console.print(
+            f"interrupted: nothing half-written; run the same command again to resume {out}"
+        )
         raise typer.Exit(EXIT_INTERRUPTED)
     if result.stopped == "canary":
         reason = result.canary_message or "the first samples fail the rule set (table above)"

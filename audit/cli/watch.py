@@ -34,7 +34,11 @@ VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 def snapshot_table(snapshot) -> Table:
     """Lines so far, lines per minute, and each rule's pass rate so far."""
-    stalled = f" · no growth for {snapshot.seconds_since_growth:.0f}s" if snapshot.seconds_since_growth >= 60 else ""
+    stalled = (
+        f" · no growth for {snapshot.seconds_since_growth:.0f}s"
+        if snapshot.seconds_since_growth >= 60
+        else ""
+    )
     pending = f" · partial line {snapshot.pending_bytes} bytes" if snapshot.pending_bytes else ""
     table = Table(
         title=f"audit watch  ·  {snapshot.records} lines  ·  {snapshot.lines_per_minute:,.1f} lines/min"
@@ -45,10 +49,22 @@ def snapshot_table(snapshot) -> Table:
         caption=f"{snapshot.path}  ·  q or Ctrl-C quits",
         caption_justify="left",
     )
-    for column, justify in (("code", "left"), ("rule", "left"), ("severity", "left"), ("failing", "right"),
-                            ("pass rate", "right"), ("so far", "left")):
-        table.add_column(column, justify=justify, no_wrap=True, overflow="ellipsis", min_width=len(column),
-                          max_width=28 if column == "rule" else None)
+    for column, justify in (
+        ("code", "left"),
+        ("rule", "left"),
+        ("severity", "left"),
+        ("failing", "right"),
+        ("pass rate", "right"),
+        ("so far", "left"),
+    ):
+        table.add_column(
+            column,
+            justify=justify,
+            no_wrap=True,
+            overflow="ellipsis",
+            min_width=len(column),
+            max_width=28 if column == "rule" else None,
+        )
     for rule in snapshot.rules:
         table.add_row(
             rule.code,
@@ -92,15 +108,22 @@ def _keys():
 
 @app.command()
 def watch(
-    target: Annotated[str, typer.Argument(help="Partition name, partition directory or .jsonl file being written.")],
+    target: Annotated[
+        str,
+        typer.Argument(help="Partition name, partition directory or .jsonl file being written."),
+    ],
     data_root: DataRootOption = None,
     profile: ProfileOption = None,
     tokenizer: TokenizerOption = None,
     trust_remote_code: TrustOption = False,
     thinking: ThinkingOption = None,
     rules: RulesOption = None,
-    interval: Annotated[float, typer.Option("--interval", help="Seconds between looks at the file.")] = 2.0,
-    once: Annotated[bool, typer.Option("--once", help="Audit what is there now, print it and exit.")] = False,
+    interval: Annotated[
+        float, typer.Option("--interval", help="Seconds between looks at the file.")
+    ] = 2.0,
+    once: Annotated[
+        bool, typer.Option("--once", help="Audit what is there now, print it and exit.")
+    ] = False,
 ) -> None:
     """Watch a growing raw_responses.jsonl: lines, lines per minute and each rule's pass rate so far."""
     from audit.check import prepare
@@ -109,7 +132,10 @@ def watch(
 
     root, _ = resolve_root(data_root)
     try:
-        session = prepare(watch_target(target, root), check_options(profile, tokenizer, trust_remote_code, thinking, rules))
+        session = prepare(
+            watch_target(target, root),
+            check_options(profile, tokenizer, trust_remote_code, thinking, rules),
+        )
         live_audit = LiveAudit(session)
         snapshot = live_audit.poll()
     except AuditError as exc:
@@ -118,7 +144,10 @@ def watch(
         console.print(snapshot_table(snapshot))
         raise typer.Exit(0)
     try:
-        with _keys() as read_key, Live(snapshot_table(snapshot), console=console, auto_refresh=False) as live:
+        with (
+            _keys() as read_key,
+            Live(snapshot_table(snapshot), console=console, auto_refresh=False) as live,
+        ):
             while "q" not in read_key(interval).lower():
                 live.update(snapshot_table(live_audit.poll()), refresh=True)
     except KeyboardInterrupt:
