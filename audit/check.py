@@ -14,9 +14,10 @@ from pathlib import Path
 
 from audit.batch import AuditContext
 from audit.checks.template import load_prompts
-from audit.engine import ProgressCallback, audit_file
+from audit.engine import ProgressCallback
 from audit.errors import ConfigError, InputError
 from audit.profiles import ResolvedProfile, load_profile
+from audit.parallel import run_audit
 from audit.records import DEFAULT_BLOCK_BYTES
 from audit.report import Report, build_report
 from audit.ruleset import RuleSet, load_rule_set
@@ -34,6 +35,9 @@ class CheckOptions:
     thinking: bool | None = None
     rules: Path | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
+    jobs: int = 1  # worker processes over shards of each file (audit.parallel)
+    cache: bool = True  # reuse the result of an identical earlier audit (audit.cache)
+    cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
     prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
 
 
@@ -121,13 +125,7 @@ def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
 
 def check_target(session: Session, progress: ProgressCallback | None = None) -> Report:
     """Audit the session's target and judge it against the rule set."""
-    audited = audit_file(
-        session.target.data_file,
-        session.context,
-        session.rule_set,
-        block_bytes=session.options.block_bytes,
-        progress=progress,
-    )
+    audited = run_audit(session, progress)
     if audited.records == 0:
         raise InputError(f"{session.target.data_file}: no records, only blank lines; nothing to audit")
     return build_report(

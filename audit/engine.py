@@ -57,6 +57,18 @@ class FileAudit:
     stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
 
 
+@dataclass
+class ShardAudit:
+    """What one pass over a byte range of a file found: everything but the file-level rules."""
+
+    lines: int  # the last physical line number seen (0 when the range is empty)
+    records: int
+    output_tokens: int
+    findings: pl.DataFrame  # FINDINGS_SCHEMA, unsorted
+    identities: pl.DataFrame  # `line`, `id` of every readable record, for file-level rules
+    stats: pl.DataFrame  # STATS_SCHEMA
+
+
 def audit_file(
     path: Path,
     context: AuditContext,
@@ -68,14 +80,36 @@ def audit_file(
     """Run every rule of `rule_set` over `path` and return the findings."""
     started = time.perf_counter()
     digest = InputDigest()
+    shard = audit_shard(path, context, rule_set, digest=digest, block_bytes=block_bytes, progress=progress)
+    return finish_file(path, digest.sha256, digest.bytes, [shard], rule_set, started)
+
+
+def audit_shard(
+    path: Path,
+    context: AuditContext,
+    rule_set: RuleSet,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    first_line: int = 1,
+    digest: InputDigest | None = None,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: ProgressCallback | None = None,
+) -> ShardAudit:
+    """Run the record-level rules over the lines in bytes [start, end) of `path`.
+
+    `first_line` is the physical line number at `start`, so findings carry file line numbers
+    whichever process audits the shard.
+    """
+    if digest is None:
+        digest = InputDigest()
     record_rules = [c for c in rule_set.rules if not c.rule.file_level]
-    file_rules = [c for c in rule_set.rules if c.rule.file_level]
     parts: list[pl.DataFrame] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
     lines = records = output_tokens = 0
 
-    for block in iter_line_blocks(path, digest, block_bytes):
+    for block in iter_line_blocks(path, digest, block_bytes, start=start, end=end, first_line=first_line):
         parsed = parse_block(block)
         lines = block.first_line + len(block.lines) - 1
         records += parsed.records.height + len(parsed.unreadable)
@@ -88,11 +122,31 @@ def audit_file(
         identities.append(parsed.records.select("line", "id"))
         stats.append(record_stats(batch))
         output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
+        del batch, parsed  # free the block before the next one is read: memory stays flat
         if progress is not None:
             progress(records, output_tokens, digest.bytes)
 
+    return ShardAudit(
+        lines=lines,
+        records=records,
+        output_tokens=output_tokens,
+        findings=pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *parts], how="vertical"),
+        identities=pl.concat([pl.DataFrame(schema=IDENTITY_SCHEMA), *identities], how="vertical"),
+        stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
+    )
+
+
+IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String()}
+
+
+def finish_file(
+    path: Path, sha256: str, size: int, shards: list[ShardAudit], rule_set: RuleSet, started: float
+) -> FileAudit:
+    """Join the shards of a file (in file order), run the file-level rules, sort the findings."""
+    parts = [shard.findings for shard in shards]
+    file_rules = [c for c in rule_set.rules if c.rule.file_level]
     if file_rules:
-        everyone = pl.concat(identities) if identities else pl.DataFrame(schema={"line": pl.UInt32, "id": pl.String})
+        everyone = pl.concat([s.identities for s in shards], how="vertical")
         for configured in file_rules:
             found = configured.rule.check_file(everyone)
             parts.append(
@@ -112,14 +166,14 @@ def audit_file(
     )
     return FileAudit(
         path=path,
-        sha256=digest.sha256,
-        bytes=digest.bytes,
-        lines=lines,
-        records=records,
-        output_tokens=output_tokens,
+        sha256=sha256,
+        bytes=size,
+        lines=max((s.lines for s in shards), default=0),
+        records=sum(s.records for s in shards),
+        output_tokens=sum(s.output_tokens for s in shards),
         findings=findings,
         seconds=time.perf_counter() - started,
-        stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
+        stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *(s.stats for s in shards)], how="vertical"),
     )
 
 

@@ -121,13 +121,27 @@ class InputDigest:
 
 
 def iter_line_blocks(
-    path: Path, digest: InputDigest | None = None, block_bytes: int = DEFAULT_BLOCK_BYTES
+    path: Path,
+    digest: InputDigest | None = None,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    first_line: int = 1,
 ) -> Iterator[LineBlock]:
-    """Stream `path` as blocks of whole lines; memory is bounded by `block_bytes`."""
-    next_line = 1
+    """Stream `path` as blocks of whole lines; memory is bounded by `block_bytes`.
+
+    `start`/`end` restrict the read to a byte range that begins at a line start (a shard of
+    the file, see `audit.parallel`); `first_line` is the physical line number at `start`.
+    """
+    next_line = first_line
     carry = b""
+    remaining = None if end is None else end - start
     with path.open("rb") as handle:
-        while chunk := handle.read(block_bytes):
+        handle.seek(start)
+        while chunk := handle.read(block_bytes if remaining is None else min(block_bytes, remaining)):
+            if remaining is not None:
+                remaining -= len(chunk)
             if digest is not None:
                 digest.update(chunk)
             data = carry + chunk if carry else chunk

@@ -19,6 +19,12 @@ DEEPSEEK_TOKENIZER = FIXTURES / "tokenizers" / "deepseek-v3.1-mini"
 PREPARED = FIXTURES / "prepared"
 
 
+@pytest.fixture(autouse=True)
+def _isolated_audit_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each test gets its own result cache: no test sees a result another test stored.
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path_factory.mktemp("audit-cache")))
+
+
 @pytest.fixture(scope="session")
 def kimi_tokenizer() -> Tokenizer:
     return load_tokenizer(KIMI_TOKENIZER)

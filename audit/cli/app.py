@@ -75,6 +75,14 @@ PromptsOption = Annotated[
     typer.Option("--prompts", help="JSONL of {id, messages, tools}: re-render each prompt with the chat template (TPL001)."),
 ]
 FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest verdict that fails the gate.")]
+JobsOption = Annotated[
+    int,
+    typer.Option("--jobs", "-j", min=1, help="Worker processes over shards of each file (results identical to one)."),
+]
+NoCacheOption = Annotated[
+    bool,
+    typer.Option("--no-cache", help="Audit again even when an identical earlier audit is cached (.audit-cache/)."),
+]
 ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when the gate fails.")]
 
 
@@ -85,11 +93,15 @@ def check_options(
     thinking: Thinking | None,
     rules: Path | None,
     prompts: Path | None = None,
+    jobs: int = 1,
+    cache: bool = True,
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.check import CheckOptions
 
     return CheckOptions(
+        jobs=jobs,
+        cache=cache,
         profile=profile,
         tokenizer=tokenizer,
         trust_remote_code=trust_remote_code,

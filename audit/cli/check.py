@@ -20,6 +20,8 @@ from rich.table import Table
 from audit.cli.app import (
     DataRootOption,
     ExitZeroOption,
+    JobsOption,
+    NoCacheOption,
     FailOn,
     FailOnOption,
     ProfileOption,
@@ -34,6 +36,7 @@ from audit.cli.app import (
     errors,
     fail,
 )
+from audit.cli.progress import audit_progress
 from audit.errors import AuditError, InputError
 from audit.formats import OutputFormat, render, step_summary, summary_rows
 from audit.report import Report
@@ -151,6 +154,8 @@ def check(
     html: HtmlOption = None,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
+    jobs: JobsOption = 1,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
 
@@ -170,7 +175,9 @@ def check(
     root, note = resolve_root(data_root)
     if note and output_format is OutputFormat.rich:
         errors.print(f"[dim]{note}[/]")
-    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, prompts)
+    options = check_options(
+        profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache
+    )
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:
@@ -180,7 +187,8 @@ def check(
         sessions = [prepare(resolve_target(spec, root), options) for spec in targets]
         reports: list[Report] = []
         for session in sessions:
-            result = check_target(session)
+            with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
+                result = check_target(session, progress)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             path = report or reports_dir / f"{result.target}-{stamp}.json"
             result.write_json(path)

@@ -1,0 +1,194 @@
+"""Incremental re-audit: an unchanged partition, audited the same way, is not audited again.
+
+A result is stored under a key made of everything that decides it:
+
+* the file's content (sha256; a stamp of size, mtime and inode saves re-hashing a file that
+  was not touched since it was last hashed),
+* the rule set (every selected rule with its severity, thresholds and parameters),
+* the resolved profile and anything else in the audit context (e.g. `--prompts`),
+* the tokenizer's fingerprint (a hash of its files) and the decode/encode backend,
+* the tool: its version and a hash of its own source code, so an edited rule never reads a
+  result its old code produced.
+
+Any change gives another key, so stale results are never read; they are simply not found.
+The store is a directory (default `.audit-cache/` in the working directory, or
+`$AUDIT_CACHE_DIR`): one folder per result holding the findings and per-record stats as
+Parquet and the counts as JSON. Deleting it is always safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+
+from audit import __version__
+from audit.engine import FINDINGS_SCHEMA, STATS_SCHEMA, FileAudit
+from audit.fastcodec import fast_paths_enabled
+
+if TYPE_CHECKING:
+    from audit.batch import AuditContext
+    from audit.ruleset import RuleSet
+
+CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
+DEFAULT_CACHE_DIR = Path(".audit-cache")
+# Bumped when the stored layout changes.
+_LAYOUT = 1
+
+
+def default_cache_dir() -> Path:
+    """`$AUDIT_CACHE_DIR`, else `.audit-cache/` in the working directory."""
+    return Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR)
+
+
+@lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """The tool's version and a hash of its own Python source (rules, engine, reader...)."""
+    digest = hashlib.sha256(f"audit {__version__} layout {_LAYOUT}".encode())
+    package = Path(__file__).resolve().parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _describe_rules(rule_set: RuleSet) -> list[Any]:
+    return [
+        [
+            c.code,
+            c.severity.value,
+            str(c.warn_above),
+            str(c.fail_above),
+            sorted((k, repr(v)) for k, v in c.rule.options.items()),
+        ]
+        for c in rule_set.rules
+    ]
+
+
+def _describe_context(context: AuditContext) -> dict[str, str]:
+    described: dict[str, str] = {}
+    for item in dataclasses.fields(context):
+        value = getattr(context, item.name)
+        if item.name == "contract":
+            continue  # derived from the tokenizer
+        if item.name == "tokenizer":
+            described[item.name] = json.dumps(value.fingerprint.to_dict(), sort_keys=True)
+        elif item.name == "prompts" and value is not None:
+            described[item.name] = hashlib.sha256(
+                json.dumps(value, sort_keys=True, default=str).encode()
+            ).hexdigest()
+        else:
+            described[item.name] = repr(value)
+    return described
+
+
+class AuditCache:
+    """Results of earlier audits, by key; see the module docstring for what the key covers."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    @classmethod
+    def for_options(cls, options: Any) -> AuditCache | None:
+        """The cache a run uses, or None when `--no-cache` turned it off."""
+        if not getattr(options, "cache", True):
+            return None
+        root = getattr(options, "cache_dir", None)
+        return cls(Path(root) if root is not None else default_cache_dir())
+
+    # -- content hash, with a cheap stamp first ------------------------------------------------
+    def content_sha256(self, path: Path) -> str:
+        """sha256 of the file; re-hashed only when its size, mtime or inode changed."""
+        stat = path.stat()
+        stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+        stamp_file = self.root / "stamps" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
+        try:
+            known = json.loads(stamp_file.read_text())
+            if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
+                return known["sha256"]
+        except (OSError, ValueError):
+            pass
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while chunk := handle.read(16 << 20):
+                digest.update(chunk)
+        sha256 = digest.hexdigest()
+        self._write_atomically(stamp_file, json.dumps({**stamp, "sha256": sha256}).encode())
+        return sha256
+
+    def key(self, path: Path, context: AuditContext, rule_set: RuleSet) -> str:
+        """The key of auditing `path` with this context and rule set."""
+        parts = {
+            "content": self.content_sha256(path),
+            "rules": _describe_rules(rule_set),
+            "context": _describe_context(context),
+            "backend": "fast" if fast_paths_enabled() else "plain",
+            "code": code_fingerprint(),
+        }
+        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+    # -- results ------------------------------------------------------------------------------
+    def load(self, key: str, path: Path) -> FileAudit | None:
+        """The stored result for `key`, or None (never raises: a broken entry is a miss)."""
+        entry = self.root / "results" / key
+        try:
+            meta = json.loads((entry / "meta.json").read_text())
+            findings = pl.read_parquet(entry / "findings.parquet")
+            stats = pl.read_parquet(entry / "stats.parquet")
+        except Exception:  # missing, partial or unreadable: audit again
+            return None
+        if findings.schema != pl.Schema(FINDINGS_SCHEMA) or stats.schema != pl.Schema(STATS_SCHEMA):
+            return None
+        return FileAudit(
+            path=path,
+            sha256=meta["sha256"],
+            bytes=meta["bytes"],
+            lines=meta["lines"],
+            records=meta["records"],
+            output_tokens=meta["output_tokens"],
+            findings=findings,
+            seconds=meta["seconds"],
+            stats=stats,
+        )
+
+    def store(self, key: str, audited: FileAudit) -> None:
+        """Keep `audited` under `key`; a cache that cannot be written is skipped, not fatal."""
+        results = self.root / "results"
+        try:
+            results.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=results))
+            audited.findings.write_parquet(staging / "findings.parquet")
+            audited.stats.write_parquet(staging / "stats.parquet")
+            meta = {
+                "sha256": audited.sha256,
+                "bytes": audited.bytes,
+                "lines": audited.lines,
+                "records": audited.records,
+                "output_tokens": audited.output_tokens,
+                "seconds": audited.seconds,
+                "source": str(audited.path),
+            }
+            (staging / "meta.json").write_text(json.dumps(meta))
+            target = results / key
+            if target.exists():
+                shutil.rmtree(target, ignore_errors=True)
+            staging.rename(target)
+        except OSError:
+            shutil.rmtree(locals().get("staging", results / ".none"), ignore_errors=True)
+
+    def _write_atomically(self, path: Path, data: bytes) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+        except OSError:
+            pass
