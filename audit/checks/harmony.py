@@ -170,16 +170,22 @@ class ChannelGrammar(RecordRule):
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.channel_markers.values()))
 
-    def message(self, batch: Batch) -> pl.Expr:
+    def check(self, batch: Batch) -> pl.DataFrame:
+        found = super().check(batch)
+        if found.is_empty():
+            return found
         names = {letter: batch.profile.profile.channels.markers[role] for role, letter in LETTERS.items()}
-        shown = channel_letters(batch).str.slice(1)
-        for letter, text in names.items():
-            shown = shown.str.replace_all(letter, f"{text} ", literal=True)
-        return pl.format(
-            "harmony markers out of order: {}; expected <|channel|> [<|constrain|>] <|message|> "
-            "<|end|>, ... ending <|return|> or <|call|>",
-            pl.when(shown.str.len_chars() > 0).then(shown.str.strip_chars()).otherwise(pl.lit("none")),
-        )
+        letters = batch.records.select(pl.all().gather(found["row"])).select(channel_letters(batch)).to_series()
+        messages = [
+            "harmony markers out of order: "
+            + (" ".join(names[letter] for letter in sequence[1:]) or "none")
+            + "; expected <|channel|> [<|constrain|>] <|message|> <|end|> ..., ending <|return|> or <|call|>"
+            for sequence in letters.to_list()
+        ]
+        return found.with_columns(pl.Series("message", messages, dtype=pl.String))
+
+    def message(self, batch: Batch) -> pl.Expr:
+        return pl.lit("")  # replaced in check(), which names the markers
 
 
 class ChannelOrder(RecordRule):
