@@ -170,7 +170,9 @@ def parse_block(block: LineBlock) -> ParsedBlock:
     frames: list[pl.DataFrame] = []
     unreadable: list[UnreadableLine] = []
     _parse_bisecting(numbered, frames, unreadable, block)
-    records = pl.concat(frames, how="vertical") if frames else empty_records()
+    # One chunk per column: polars 2.1 panics ("i < self.len()") formatting string columns
+    # taken from a multi-chunk struct after a filter; rechunking here costs well under 1 ms.
+    records = pl.concat(frames, how="vertical").rechunk() if frames else empty_records()
     return ParsedBlock(records=records, unreadable=unreadable, blank_lines=blank)
 
 
