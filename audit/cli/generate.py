@@ -79,7 +79,9 @@ def _make_events(console: Console, live: bool):
             elif time.monotonic() - self.last_plain >= PLAIN_PROGRESS_EVERY:
                 self.last_plain = time.monotonic()
                 console.print(
-                    f"generate: {stats.done}/{stats.total} · {_counters(stats)}", highlight=False
+                    f"generate: {stats.done}/{stats.total} · {_counters(stats)}",
+                    highlight=False,
+                    soft_wrap=True,
                 )
 
         def canary(self, report) -> None:
@@ -92,6 +94,7 @@ def _make_events(console: Console, live: bool):
                     f"[green]canary passed[/]: the first {report.records} samples pass the rule set "
                     f"({report.verdict}); sending the rest",
                     highlight=False,
+                    soft_wrap=True,
                 )
 
     return Events()
@@ -205,12 +208,14 @@ def generate(
     console = errors  # progress and summaries on stderr; stdout stays free
     if plan.resumed.truncated_bytes:
         console.print(
-            f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}"
+            f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}",
+            soft_wrap=True,
         )
     if plan.resumed.keys:
         console.print(
             f"resume: {len(plan.resumed.keys)} samples already in {out}; skipping them",
             highlight=False,
+            soft_wrap=True,
         )
     events = _make_events(console, live=sys.stderr.isatty())
     generator = Generator(plan, events)
@@ -239,14 +244,17 @@ def generate(
         + f") · {stats.output_tokens:,} output tokens in {_duration(stats.elapsed)} "
         f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · {stats.errors} errors",
         highlight=False,
+        soft_wrap=True,
     )
     if stats.errors:
         console.print(
-            f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them"
+            f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them",
+            soft_wrap=True,
         )
     if result.stopped == "interrupted":
         console.print(
-            f"interrupted: nothing half-written; run the same command again to resume {out}"
+            f"interrupted: nothing half-written; run the same command again to resume {out}",
+            soft_wrap=True,
         )
         raise typer.Exit(EXIT_INTERRUPTED)
     if result.stopped == "canary":
@@ -255,6 +263,7 @@ def generate(
             f"[bold red]canary failed[/]: {reason}. Stopped after {stats.written} samples; what was written "
             f"stays in {out}. Fix the pipeline, then remove it and run again.",
             highlight=False,
+            soft_wrap=True,
         )
         raise typer.Exit(1)
     raise typer.Exit(1 if stats.errors else 0)
