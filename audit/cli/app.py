@@ -135,7 +135,7 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # the last guard: a user must never see a traceback
+    except BaseException as exc:  # the last guard (polars panics derive from BaseException)
         errors.print(
             f"audit: internal error: {type(exc).__name__}: {exc} (please report it with the command you ran)",
             highlight=False,
