@@ -10,6 +10,8 @@ This is the whole core flow behind `audit check`, usable without the CLI:
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import orjson
 from pathlib import Path
 
 from audit.batch import AuditContext
@@ -103,24 +105,43 @@ def prepare(target: Target, options: CheckOptions) -> Session:
 
 
 def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
-    """A tokenizer other than the one the data records is a configuration error, not findings."""
-    recorded = target.generation.get("tokenizer")
-    if not isinstance(recorded, dict):
-        return
-    expected_hash = recorded.get("sha256")
-    expected_size = recorded.get("vocab_size")
+    """A tokenizer other than the one the data records is a configuration error, not findings.
+
+    The fingerprint may be recorded in the partition's generation.json (`tokenizer`) or in the
+    data itself: a `tokenizer` object on the first record, as some generators write it.
+    """
     actual = tokenizer.fingerprint
-    if expected_hash and expected_hash != actual.sha256:
-        raise ConfigError(
-            f"tokenizer mismatch: {target.data_file.parent}/generation.json records tokenizer "
-            f"sha256 {expected_hash[:12]}…, but {actual.path} hashes to {actual.sha256[:12]}…; "
-            "audit with the tokenizer the data was generated with"
-        )
-    if expected_size and int(expected_size) != actual.vocab_size:
-        raise ConfigError(
-            f"tokenizer mismatch: generation.json records a vocabulary of {expected_size} ids, "
-            f"but {actual.path} has {actual.vocab_size}"
-        )
+    for where, recorded in _recorded_fingerprints(target):
+        expected_hash = recorded.get("sha256")
+        expected_size = recorded.get("vocab_size")
+        if expected_hash and expected_hash != actual.sha256:
+            raise ConfigError(
+                f"tokenizer mismatch: {where} records tokenizer "
+                f"sha256 {str(expected_hash)[:12]}…, but {actual.path} hashes to {actual.sha256[:12]}…; "
+                "audit with the tokenizer the data was generated with"
+            )
+        if isinstance(expected_size, int) and expected_size and expected_size != actual.vocab_size:
+            raise ConfigError(
+                f"tokenizer mismatch: {where} records a vocabulary of {expected_size} ids, "
+                f"but {actual.path} has {actual.vocab_size}; audit with the tokenizer the data was "
+                "generated with"
+            )
+
+
+def _recorded_fingerprints(target: Target) -> list[tuple[str, dict]]:
+    """(where, fingerprint) pairs the partition records: generation.json, then the first record."""
+    found = []
+    recorded = target.generation.get("tokenizer")
+    if isinstance(recorded, dict):
+        found.append((f"{target.data_file.parent}/generation.json", recorded))
+    try:
+        with target.data_file.open("rb") as handle:
+            first = orjson.loads(handle.readline())
+    except (OSError, orjson.JSONDecodeError):
+        return found  # an unreadable first line is the reader's finding, not a fingerprint
+    if isinstance(first, dict) and isinstance(first.get("tokenizer"), dict):
+        found.append((f"line 1 of {target.data_file}", first["tokenizer"]))
+    return found
 
 
 def check_target(session: Session, progress: ProgressCallback | None = None) -> Report:
