@@ -185,6 +185,10 @@ def _child(argv: list[str], env: dict | None = None) -> tuple[float, int, subpro
     return seconds, usage.ru_maxrss, result
 
 
+def _log(name: str, row: dict) -> None:
+    print(f"  measured {name}: {row['seconds']:.2f} s, peak RSS {row['rss_kib'] / 1024:.0f} MB", flush=True)
+
+
 def in_process(kind: str, data: Path, tok: Path) -> dict:
     seconds, rss, result = _child([PYTHON, __file__, "--measure", kind, str(data), str(tok)])
     if result.returncode != 0:
@@ -236,16 +240,23 @@ def main() -> None:
 
     data_file = full / "raw_responses.jsonl"
     rows: dict[str, dict] = {}
-    rows["parse floor (orjson)"] = in_process("parse", data_file, tok)
-    records, ids = rows["parse floor (orjson)"]["records"], rows["parse floor (orjson)"]["ids"]
-    rows["naive audit (json + list scans)"] = in_process("naive", data_file, tok)
+    plan = [
+        ("parse floor (orjson)", lambda: in_process("parse", data_file, tok)),
+        ("naive audit (json + list scans)", lambda: in_process("naive", data_file, tok)),
+    ]
     if not args.skip_round_trip:
-        rows["round trip (tokenizers)"] = in_process("roundtrip", data_file, tok)
-    rows["audit check, all rules"] = audit_check(full)
-    rows["audit check, without RTR001"] = audit_check(full, "--rules", str(rules))
+        plan.append(("round trip (tokenizers)", lambda: in_process("roundtrip", data_file, tok)))
+    plan += [
+        ("audit check, all rules", lambda: audit_check(full)),
+        ("audit check, without RTR001", lambda: audit_check(full, "--rules", str(rules))),
+    ]
     if args.jobs:
-        rows[f"audit check --jobs {args.jobs}"] = audit_check(full, "--jobs", str(args.jobs))
-    rows[f"audit check, {args.records // 4} records"] = audit_check(quarter)
+        plan.append((f"audit check --jobs {args.jobs}", lambda: audit_check(full, "--jobs", str(args.jobs))))
+    plan.append((f"audit check, {args.records // 4} records", lambda: audit_check(quarter)))
+    for name, run in plan:
+        rows[name] = run()
+        _log(name, rows[name])
+    records, ids = rows["parse floor (orjson)"]["records"], rows["parse floor (orjson)"]["ids"]
 
     print(f"\n{records:,} records, {ids:,} token ids (prompt + output)\n")
     print(f"{'what':40s} {'seconds':>8s} {'records/s':>10s} {'M ids/s':>8s} {'peak RSS':>9s}")

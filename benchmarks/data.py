@@ -118,10 +118,8 @@ def head(partition_dir: Path, records: int) -> Path:
             if n >= records:
                 break
             sink.write(line)
-    generation = json.loads((partition_dir / "generation.json").read_text())
-    tok = generation["tokenizer"]["path"]
-    generation["tokenizer"]["path"] = str(Path("..") / Path(tok)) if not Path(tok).is_absolute() else tok
-    (out / "generation.json").write_text(json.dumps(generation, indent=2))
+    # A sibling directory: generation.json's relative tokenizer path holds as it is.
+    shutil.copy(partition_dir / "generation.json", out / "generation.json")
     return out
 
 
