@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console
 
 import audit.parallel as parallel
 from audit.batch import AuditContext
-from audit.cache import AuditCache
+from audit.cache import AuditCache, _describe_context
 from audit.check import CheckOptions, check_target, prepare
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine import audit_file
@@ -198,6 +199,8 @@ def test_cache_key_covers_rule_thresholds(tmp_path: Path, kimi_context) -> None:
     strict.write_text('select = ["ALL"]\n[rules.TRM001]\nfail_above = 3\n')
     assert cache.key(data, kimi_context, load_rule_set()) != cache.key(data, kimi_context, load_rule_set(strict))
     assert cache.key(data, kimi_context, load_rule_set()) == cache.key(data, kimi_context, load_rule_set())
+    # The key must not depend on where objects sit in memory: another process must find it.
+    assert "0x" not in json.dumps(_describe_context(kimi_context))
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
