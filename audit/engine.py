@@ -104,13 +104,14 @@ def audit_shard(
     if digest is None:
         digest = InputDigest()
     record_rules = [c for c in rule_set.rules if not c.rule.file_level]
+    keep_source = any(c.rule.reads_source for c in record_rules)
     parts: list[pl.DataFrame] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
     lines = records = output_tokens = 0
 
     for block in iter_line_blocks(path, digest, block_bytes, start=start, end=end, first_line=first_line):
-        parsed = parse_block(block)
+        parsed = parse_block(block, keep_source=keep_source)
         lines = block.first_line + len(block.lines) - 1
         records += parsed.records.height + len(parsed.unreadable)
         parts.append(_unreadable_findings(parsed.unreadable, rule_set))

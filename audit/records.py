@@ -9,7 +9,8 @@ One JSON object per line (SGLang `/generate` output saved raw):
                   message}, prompt_tokens, completion_tokens, ...
     text          optional, the server's decoded text
     messages, tools optional, the source prompt: kept as the line's raw text in `source`
-                  (only for lines that have them), for the template-fidelity rule
+                  (only for lines that have them, and only when a rule reads it: the
+                  template-fidelity rule)
     anything else: kept on disk, ignored here
 
 The file is read in byte blocks, each block parsed by polars with an explicit schema. A
@@ -65,8 +66,8 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
-    # The raw JSON line, kept only when it carries `messages` (read by the template rule alone,
-    # so the common path never parses the prompt's messages).
+    # The raw JSON line, kept only when it carries `messages` and a rule reads it (the template
+    # rule alone), so the common path never copies or parses the prompt's messages.
     "source": pl.String(),
 }
 
@@ -157,8 +158,11 @@ def iter_line_blocks(
         yield LineBlock(next_line, [carry], last_unterminated=True)
 
 
-def parse_block(block: LineBlock) -> ParsedBlock:
-    """Parse a block's lines into a record frame; blank lines are skipped, bad lines reported."""
+def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
+    """Parse a block's lines into a record frame; blank lines are skipped, bad lines reported.
+
+    `keep_source=False` leaves the `source` column null (no rule in the run reads it).
+    """
     numbered: list[tuple[int, bytes]] = []
     blank = 0
     for offset, raw in enumerate(block.lines):
@@ -169,7 +173,7 @@ def parse_block(block: LineBlock) -> ParsedBlock:
             blank += 1
     frames: list[pl.DataFrame] = []
     unreadable: list[UnreadableLine] = []
-    _parse_bisecting(numbered, frames, unreadable, block)
+    _parse_bisecting(numbered, frames, unreadable, block, keep_source)
     # One chunk per column: polars 2.1 panics ("i < self.len()") formatting string columns
     # taken from a multi-chunk struct after a filter; rechunking here costs well under 1 ms.
     records = pl.concat(frames, how="vertical").rechunk() if frames else empty_records()
@@ -185,6 +189,7 @@ def _parse_bisecting(
     frames: list[pl.DataFrame],
     unreadable: list[UnreadableLine],
     block: LineBlock,
+    keep_source: bool,
 ) -> None:
     if not numbered:
         return
@@ -199,15 +204,18 @@ def _parse_bisecting(
             unreadable.append(_diagnose(line, text, exc, last_line_unterminated=last))
             return
         middle = len(numbered) // 2
-        _parse_bisecting(numbered[:middle], frames, unreadable, block)
-        _parse_bisecting(numbered[middle:], frames, unreadable, block)
+        _parse_bisecting(numbered[:middle], frames, unreadable, block, keep_source)
+        _parse_bisecting(numbered[middle:], frames, unreadable, block, keep_source)
         return
     lines = pl.Series("line", [line for line, _ in numbered], dtype=pl.UInt32())
-    source = pl.Series(
-        "source",
-        [text.decode() if _MESSAGES_KEY in text else None for _, text in numbered],
-        dtype=pl.String(),
-    )
+    if keep_source:
+        source: pl.Series | pl.Expr = pl.Series(
+            "source",
+            [text.decode() if _MESSAGES_KEY in text else None for _, text in numbered],
+            dtype=pl.String(),
+        )
+    else:
+        source = pl.lit(None, dtype=pl.String()).alias("source")
     frames.append(_normalise(raw, lines).with_columns(source))
 
 

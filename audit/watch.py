@@ -88,6 +88,7 @@ class LiveAudit:
         self.path = session.target.data_file
         self._record_rules = [c for c in session.rule_set.rules if not c.rule.file_level]
         self._file_rules = [c for c in session.rule_set.rules if c.rule.file_level]
+        self._keep_source = any(c.rule.reads_source for c in self._record_rules)
         self._reset()
 
     def _reset(self) -> None:
@@ -128,7 +129,7 @@ class LiveAudit:
         return self.snapshot(now)
 
     def _audit_lines(self, lines: list[bytes]) -> None:
-        parsed = parse_block(LineBlock(self._lines + 1, lines))
+        parsed = parse_block(LineBlock(self._lines + 1, lines), keep_source=self._keep_source)
         self._lines += len(lines)
         self.records += parsed.records.height + len(parsed.unreadable)
         for item in parsed.unreadable:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from audit.engine import audit_file
+from audit.records import LineBlock, parse_block
 from tests.conftest import PREPARED, write_jsonl
 
 SAMPLE = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()
@@ -87,3 +88,14 @@ def test_block_size_does_not_change_the_findings(block_bytes, kimi_context, defa
     streamed = audit_file(path, kimi_context, default_rules, block_bytes=block_bytes)
     assert streamed.findings.equals(reference.findings)
     assert streamed.sha256 == reference.sha256 and streamed.records == reference.records
+
+
+def test_source_line_is_kept_only_when_asked() -> None:
+    record = json.loads(SAMPLE[0])
+    assert "messages" in record  # the template rule reads the line through `source`
+    block = LineBlock(1, [SAMPLE[0], SAMPLE[1]])
+    kept = parse_block(block)
+    assert json.loads(kept.records["source"][0])["messages"] == record["messages"]
+    dropped = parse_block(block, keep_source=False)
+    assert dropped.records["source"].null_count() == 2
+    assert dropped.records.drop("source").equals(kept.records.drop("source"))

@@ -46,6 +46,8 @@ class Rule:
     position_field: ClassVar[str] = "output_ids"
     # True for rules that judge the file as a whole (`check_file`), not one record.
     file_level: ClassVar[bool] = False
+    # True for rules that read a record's raw line (`source`); the reader keeps it only then.
+    reads_source: ClassVar[bool] = False
     # Parameters a rule set may override under [rules.CODE], with their defaults.
     parameters: ClassVar[dict[str, Any]] = {}
 

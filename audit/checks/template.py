@@ -82,6 +82,7 @@ class TemplateMismatch(RecordRule):
     code = "TPL001"
     name = "template-mismatch"
     position_field = "input_ids"
+    reads_source = True
 
     def __init__(self, **parameters: Any):
         super().__init__(**parameters)
