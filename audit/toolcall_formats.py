@@ -171,8 +171,3 @@ FORMATS: dict[str, ToolCallFormat] = {
         description="( <tool_call> NAME ( <arg_key> k </arg_key> <arg_value> v </arg_value> )* </tool_call> )*",
     ),
 }
-
-
-def tool_call_format(name: str) -> ToolCallFormat:
-    """The format called `name`; KeyError lists none, the caller says what is known."""
-    return FORMATS[name]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, ClassVar
 
@@ -58,10 +59,16 @@ class Rule:
         """Findings for this batch: columns `row`, `position` (token index or null), `message`."""
         raise NotImplementedError
 
+    def check_file(self, identities: pl.DataFrame) -> pl.DataFrame:
+        """For `file_level` rules: findings over the whole file's `line`, `id` columns
+        (columns `line`, `position`, `message`)."""
+        raise NotImplementedError
+
     # -- documentation --------------------------------------------------------------------
     @classmethod
     def summary(cls) -> str:
-        return inspect.getdoc(cls).splitlines()[0]
+        """The docstring's first line: what the rule flags, in one sentence."""
+        return (inspect.getdoc(cls) or "").splitlines()[0]
 
     @classmethod
     def docs(cls) -> dict[str, str]:
@@ -107,10 +114,13 @@ class RecordRule(Rule):
 
 
 def empty_findings() -> pl.DataFrame:
+    """A rule's answer when it flags nothing."""
     return pl.DataFrame(schema=FINDING_COLUMNS)
 
 
-def findings_frame(rows: list[int], positions: list[int | None], messages: list[str]) -> pl.DataFrame:
+def findings_frame(
+    rows: Sequence[int], positions: Sequence[int | None], messages: Sequence[str]
+) -> pl.DataFrame:
     """Findings built from Python lists (for rules whose last step is per flagged record)."""
     return pl.DataFrame({"row": rows, "position": positions, "message": messages}, schema=FINDING_COLUMNS)
 
@@ -125,12 +135,12 @@ def nth_index_of(column: str, token_id: int, n: int) -> pl.Expr:
     return pl.col(column).list.eval(pl.arg_where(pl.element() == token_id)).list.get(n, null_on_oob=True)
 
 
-def id_set(token_ids: list[int] | tuple[int, ...]) -> pl.Expr:
+def id_set(token_ids: Sequence[int]) -> pl.Expr:
     """A set of ids to test membership against with `is_in`."""
     return pl.lit(pl.Series(list(token_ids), dtype=pl.Int64)).implode()
 
 
-def first_index_in(column: str, token_ids: list[int]) -> pl.Expr:
+def first_index_in(column: str, token_ids: Sequence[int]) -> pl.Expr:
     """Index of the first element that is any of `token_ids`, null when none is."""
     wanted = id_set(token_ids)
     return pl.col(column).list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()

@@ -7,7 +7,7 @@ from typing import ClassVar
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import FINDING_COLUMNS, RecordRule, Rule
+from audit.checks.base import RecordRule, Rule, empty_findings
 from audit.contract import in_vocabulary
 
 
@@ -36,7 +36,7 @@ class UnreadableLine(Rule):
 
     def check(self, batch: Batch) -> pl.DataFrame:
         # Reported by the reader before records exist; see audit.records.parse_block.
-        return pl.DataFrame(schema=FINDING_COLUMNS)
+        return empty_findings()
 
 
 class ContractRule(RecordRule):
@@ -214,4 +214,4 @@ class DuplicateSampleId(Rule):
         )
 
     def check(self, batch: Batch) -> pl.DataFrame:
-        return pl.DataFrame(schema=FINDING_COLUMNS)
+        return empty_findings()
