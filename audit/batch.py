@@ -34,20 +34,21 @@ class AuditContext:
 class Batch:
     """A frame of records (see `audit.records.RECORD_COLUMNS`) plus work shared between rules.
 
-    Shared work is computed once, on first use, for all rules: the contract failures and the
-    decoded output text (one batched tokenizer call).
+    Shared work is computed once, on first use, for all rules: here the contract failures and
+    the decoded output text (one batched tokenizer call); a family's rules add their own
+    through `shared` (the parsed tool calls, the harmony messages).
     """
 
     def __init__(self, records: pl.DataFrame, context: AuditContext):
         self.records = records
         self.context = context
-        self._memo: dict[str, Any] = {}
+        self._memo: dict[Callable[[Batch], Any], Any] = {}
 
-    def shared(self, key: str, compute: Callable[[Batch], Any]) -> Any:
-        """Work several rules need (e.g. the parsed tool calls), computed once per batch."""
-        if key not in self._memo:
-            self._memo[key] = compute(self)
-        return self._memo[key]
+    def shared(self, compute: Callable[[Batch], Any]) -> Any:
+        """`compute(self)`, which several rules need (e.g. the parsed tool calls), once per batch."""
+        if compute not in self._memo:
+            self._memo[compute] = compute(self)
+        return self._memo[compute]
 
     @property
     def profile(self) -> ResolvedProfile:

@@ -56,9 +56,15 @@ def channel_letters(batch: Batch) -> pl.Expr:
     )
 
 
-def _grammar_ok(batch: Batch) -> pl.Expr:
+def _grammar_ok(batch: Batch) -> pl.Series:
+    """Per record: do its harmony markers follow the message grammar? (one pass per batch)"""
+    return batch.shared(_match_grammar)
+
+
+def _match_grammar(batch: Batch) -> pl.Series:
     letters = channel_letters(batch)
-    return pl.when(truncated()).then(letters.str.contains(_CUT)).otherwise(letters.str.contains(_FINISHED))
+    matches = pl.when(truncated()).then(letters.str.contains(_CUT)).otherwise(letters.str.contains(_FINISHED))
+    return batch.records.select(matches.alias("grammar_ok")).to_series()
 
 
 def harmony_messages(batch: Batch) -> pl.DataFrame:
@@ -69,7 +75,7 @@ def harmony_messages(batch: Batch) -> pl.DataFrame:
     (the channel name), `recipient` (from `to=`, in the header or after the role), `constrained`
     (a `<|constrain|>` in the header), `content_tokens`.
     """
-    return batch.shared("harmony_messages", _parse_messages)
+    return batch.shared(_parse_messages)
 
 
 def _parse_messages(batch: Batch) -> pl.DataFrame:
@@ -81,7 +87,7 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
 
     frame = (
         batch.records.with_row_index("row")
-        .filter(_grammar_ok(batch) & (pl.col("output_ids").list.len() > 0))
+        .filter(pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.len() > 0))
         .select(
             "row",
             "output_ids",
@@ -165,7 +171,7 @@ class ChannelGrammar(RecordRule):
         return _has_channels(batch)
 
     def violation(self, batch: Batch) -> pl.Expr:
-        return (pl.col("output_ids").list.len() > 0) & ~_grammar_ok(batch)
+        return (pl.col("output_ids").list.len() > 0) & ~pl.lit(_grammar_ok(batch))
 
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.channel_markers.values()))

@@ -44,9 +44,15 @@ def _empty_call_head(batch: Batch) -> pl.Expr:
     )
 
 
-def _grammar_ok(batch: Batch) -> pl.Expr:
+def _grammar_ok(batch: Batch) -> pl.Series:
+    """Per record: do its tool-call markers follow the family's grammar? (one pass per batch)"""
+    return batch.shared(_match_grammar)
+
+
+def _match_grammar(batch: Batch) -> pl.Series:
     grammar = batch.profile.tool_calls.format.grammar
-    return marker_letters(batch).str.contains(f"^(?:{grammar})$") & ~_empty_call_head(batch)
+    matches = marker_letters(batch).str.contains(f"^(?:{grammar})$") & ~_empty_call_head(batch)
+    return batch.records.select(matches.alias("grammar_ok")).to_series()
 
 
 def parsed_calls(batch: Batch) -> pl.DataFrame:
@@ -55,7 +61,7 @@ def parsed_calls(batch: Batch) -> pl.DataFrame:
     Columns: `row`, `head_at` / `body_at` (token index where the call's head and body start),
     `name`, `call_id`, `arguments`, `arguments_error` (null when the arguments parse).
     """
-    return batch.shared("tool_calls", _parse_calls)
+    return batch.shared(_parse_calls)
 
 
 def _parse_calls(batch: Batch) -> pl.DataFrame:
@@ -71,7 +77,7 @@ def _parse_calls(batch: Batch) -> pl.DataFrame:
         positions["a"] = at("argument_begin")
     calls = (
         batch.records.with_row_index("row")
-        .filter(_grammar_ok(batch) & (pl.col("output_ids").list.count_matches(markers["call_begin"]) > 0))
+        .filter(pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.count_matches(markers["call_begin"]) > 0))
         .select("row", "output_ids", **positions)
         .explode(list(positions))
     )
@@ -141,7 +147,7 @@ class ToolMarkerGrammar(RecordRule):
         return _has_tool_calls(batch)
 
     def violation(self, batch: Batch) -> pl.Expr:
-        return ~_grammar_ok(batch)
+        return ~pl.lit(_grammar_ok(batch))
 
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.tool_markers.values()))
