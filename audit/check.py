@@ -76,6 +76,7 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
     rule_set = load_rule_set(options.rules)
     generation = target.generation
+    _check_generation_types(target)
 
     tokenizer_dir = options.tokenizer or target.generation_path("tokenizer")
     if tokenizer_dir is None:
@@ -84,6 +85,11 @@ def prepare(target: Target, options: CheckOptions) -> Session:
             "tokenizer directory), or record it in the partition's generation.json"
         )
     trust = options.trust_remote_code or bool(generation.get("trust_remote_code", False))
+    if options.tokenizer is None and not tokenizer_dir.exists():
+        raise ConfigError(
+            f"{target.directory}/generation.json records tokenizer {tokenizer_dir}, which does not exist: "
+            "pass --tokenizer DIR, or fix the path in generation.json"
+        )
     tokenizer = _tokenizer(tokenizer_dir, trust)
     _check_fingerprint(target, tokenizer)
 
@@ -102,6 +108,22 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         rule_set=rule_set,
         options=options,
     )
+
+
+def _check_generation_types(target: Target) -> None:
+    """Wrong-typed generation.json values are configuration errors, never silently coerced.
+
+    (`bool("false")` is True: a quoted "false" would turn trust_remote_code on.)
+    """
+    expected = {"profile": str, "thinking": bool, "trust_remote_code": bool, "tokenizer": (str, dict)}
+    for key, kind in expected.items():
+        value = target.generation.get(key)
+        if value is not None and not isinstance(value, kind):
+            names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
+            shown = {"bool": "true or false", "str": "a string", "str or dict": "a path or {\"path\": ...}"}[names]
+            raise ConfigError(
+                f"{target.directory}/generation.json: {key} must be {shown}, got {value!r}; fix or remove it"
+            )
 
 
 def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:

@@ -108,6 +108,11 @@ class Profile:
         if not suffix_texts:
             raise ConfigError(f"{where}: has no generation_prompt.{mode}; this family has no such mode")
         suffixes = tuple(tuple(tokenizer.encode_text(text)) for text in suffix_texts)
+        if not all(suffixes):
+            raise ConfigError(
+                f"{where}: generation_prompt.{mode} has an empty suffix; give the text the chat "
+                "template appends to open the assistant turn"
+            )
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
@@ -238,13 +243,23 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         expect(value, int, f"{where}: pinned_ids.{text}")
     if "end_of_turn" not in tokens:
         raise ConfigError(f"{where}: [tokens] needs `end_of_turn`")
+    end_of_turn = string_list(tokens["end_of_turn"], f"{where}: tokens.end_of_turn")
+    if not end_of_turn:
+        raise ConfigError(f"{where}: tokens.end_of_turn is empty; name the token that ends a turn")
+    for key in ("think_start", "think_end"):
+        # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
+        if key in tokens and not (isinstance(tokens[key], str) and tokens[key]):
+            raise ConfigError(f"{where}: tokens.{key}: expected a token string, got {tokens[key]!r}")
+    window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
+    if window < 0:
+        raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
     return Profile(
         name=expect(data.get("name", source.stem), str, f"{where}: name"),
         description=expect(data.get("description", ""), str, f"{where}: description"),
         source=source,
         think_start=tokens.get("think_start"),
         think_end=tokens.get("think_end"),
-        end_of_turn=string_list(tokens["end_of_turn"], f"{where}: tokens.end_of_turn"),
+        end_of_turn=end_of_turn,
         eos=string_list(tokens.get("eos", []), f"{where}: tokens.eos"),
         prompt_suffixes={
             mode: string_list(value, f"{where}: generation_prompt.{mode}")
@@ -252,9 +267,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         },
         pinned_ids=dict(pinned),
         tool_calls=_parse_tool_calls(data.get("tool_calls"), where),
-        think_open_window=expect(
-            tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window"
-        ),
+        think_open_window=window,
         channels=_parse_channels(data.get("channels"), where),
     )
 

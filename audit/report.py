@@ -19,6 +19,7 @@ import polars as pl
 from audit import __version__
 from audit.distributions import summarize
 from audit.engine import FINDINGS_SCHEMA, FileAudit
+from audit.errors import InputError
 from audit.ruleset import RuleSet
 
 SCHEMA_VERSION = 1
@@ -124,12 +125,18 @@ class Report:
 
     def write_json(self, path: Path) -> Path:
         """Write the JSON report atomically (temporary file, then rename)."""
+        if path.is_dir():
+            raise InputError(f"report path {path} is a directory; name a file, e.g. {path / 'report.json'}")
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            json.dump(self.to_json(), out, ensure_ascii=False, indent=1)
-            out.write("\n")
-        os.replace(temporary, path)
+        try:
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(self.to_json(), out, ensure_ascii=False, indent=1)
+                out.write("\n")
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)  # no stray .tmp beside the report
+            raise
         return path
 
     @classmethod

@@ -56,7 +56,11 @@ class Threshold:
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return cls(count=value)
         if isinstance(value, str) and (match := _RATE.match(value)):
-            return cls(rate=float(match.group(1)) / 100)
+            rate = float(match.group(1)) / 100
+            if rate > 1:
+                # No rate of records can exceed 100%: the threshold would silently never trip.
+                raise ConfigError(f"{where}: a rate is at most 100%, got {value!r}")
+            return cls(rate=rate)
         raise ConfigError(f"{where}: expected a count (0, 5) or a rate (\"0.5%\"), got {value!r}")
 
 
@@ -116,6 +120,8 @@ def _matches(code: str, selectors: list[str]) -> bool:
 def load_rule_set(path: Path | None = None) -> RuleSet:
     """Load a rule set file (the built-in default when `path` is None)."""
     path = path or DEFAULT_RULE_SET
+    if path.is_dir():
+        raise ConfigError(f"rule set {path}: is a directory; pass the rule set .toml file itself")
     if not path.is_file():
         raise ConfigError(f"rule set {path}: no such file")
     data = load_toml(path)
@@ -135,6 +141,9 @@ def load_rule_set(path: Path | None = None) -> RuleSet:
         if not _matches(code, select) or _matches(code, ignore):
             continue
         configured.append(_configure(rule_class, overrides.get(code, {}), f"{where}: [rules.{code}]"))
+    if not configured:
+        # A gate that runs no rule passes everything: that is never what a rule set meant.
+        raise ConfigError(f"{where}: select/ignore leave no rule to run; select at least one (\"ALL\" runs all)")
     return RuleSet(
         source=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), rules=tuple(configured)
     )

@@ -67,6 +67,8 @@ def resolve_target(spec: str, root: Path) -> Target:
         raise InputError(f"{spec}: no such partition directory")
     if not _PARTITION_NAME.match(spec):
         raise InputError(f"{spec!r} is not a partition name (letters, digits, _ . -)")
+    if root.exists() and not root.is_dir():
+        raise InputError(f"data root {root} is a file, not a directory: pass --data-root DIR (the directory of partitions)")
     if not root.is_dir():
         raise InputError(
             f"data root {root}/ does not exist: pass --data-root DIR, set AUDIT_DATA_ROOT, "
@@ -96,6 +98,10 @@ def _directory_target(directory: Path, name: str) -> Target:
 
 
 def _file_target(path: Path) -> Target:
+    if path.is_dir():
+        if (path / DATA_FILE).is_file():
+            return _directory_target(path, path.name)  # a partition directory that happens to end in .jsonl
+        raise InputError(f"{path}: is a directory, not a .jsonl file, and holds no {DATA_FILE}")
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     _require_content(path)

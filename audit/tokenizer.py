@@ -246,6 +246,16 @@ def _provide_moved_names() -> None:
 def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
     """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why."""
     path = Path(directory).expanduser()
+    if path.is_file():
+        raise ConfigError(
+            f"tokenizer {path} is a file: pass --tokenizer DIR, the directory that holds "
+            "tokenizer.json and tokenizer_config.json"
+        )
+    if path.is_dir() and not any((path / name).is_file() for name in _FINGERPRINT_FILES):
+        raise ConfigError(
+            f"tokenizer directory {path} holds no tokenizer files (tokenizer.json, "
+            "tokenizer_config.json, ...): pass the directory a Hugging Face model's tokenizer was saved to"
+        )
     if not path.is_dir():
         raise ConfigError(
             f"tokenizer directory {path} does not exist: pass --tokenizer DIR, a local Hugging "
@@ -266,5 +276,6 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
         if not trust_remote_code and (path / "tiktoken.model").exists():
             hint = " (this looks like a tiktoken tokenizer such as Kimi's: add --trust-remote-code)"
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = hint or "; check that its tokenizer.json and tokenizer_config.json are intact"
         raise ConfigError(f"cannot load the tokenizer in {path}: {first_line}{hint}") from exc
     return Tokenizer(hf, path)

@@ -18,6 +18,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from audit import __version__
 
@@ -38,7 +39,8 @@ errors = Console(stderr=True)
 
 def fail(message: str) -> typer.Exit:
     """Print one error line on stderr and return the exit to raise (code 2)."""
-    errors.print(f"[bold red]audit: error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    # The message is plain text: a "[tokens]" or "[rules.TRM001]" in it is a TOML table, not markup.
+    errors.print(f"[bold red]audit: error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
 
 

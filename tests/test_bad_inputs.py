@@ -1,0 +1,162 @@
+"""Hostile inputs: each gets one error line that says what to do (exit 2), never a traceback.
+
+Every case here was found by feeding the CLI something a careless or hurried user would give it;
+before its fix each one crashed ("internal error"), passed silently, or printed a message that
+pointed the wrong way.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
+
+runner = CliRunner()
+DATA = PREPARED / "B0_clean" / "raw_responses.jsonl"
+KIMI_PROFILE = ROOT / "rules" / "profiles" / "kimi-k2.5.toml"
+
+
+def run(*args: str):
+    from audit.cli import app
+
+    return runner.invoke(app, list(args))
+
+
+def assert_one_line_error(result, says: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert "Traceback" not in result.output and "internal error" not in result.output
+    assert says in result.output, result.output
+
+
+def check_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "check", str(DATA), "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER),
+        "--reports-dir", str(tmp_path / "reports"), *extra,
+    ]
+
+
+def test_a_toml_table_in_an_error_message_is_printed_not_swallowed_as_markup(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[rules.TRM001]\nfail_above = "5"\n')
+    result = run(*check_args(tmp_path, "--rules", str(rules)))
+    assert_one_line_error(result, "[rules.TRM001].fail_above")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"\xff\xfe select", "not UTF-8 text"),
+        (b'[rules.TRM001]\nfail_above = "150%"\n', "a rate is at most 100%"),
+        (b"select = []\n", "leave no rule to run"),
+        (b'select = ["TRM"]\nignore = ["TRM"]\n', "leave no rule to run"),
+    ],
+    ids=["binary", "rate-over-100", "select-nothing", "ignore-everything"],
+)
+def test_bad_rule_sets(tmp_path, content, says):
+    rules = tmp_path / "rules.toml"
+    rules.write_bytes(content)
+    assert_one_line_error(run(*check_args(tmp_path, "--rules", str(rules))), says)
+
+
+def test_rule_set_that_is_a_directory(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.mkdir()
+    assert_one_line_error(run(*check_args(tmp_path, "--rules", str(rules))), "is a directory")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ('think_start = "<think>"', 'think_start = ["<think>"]', "tokens.think_start: expected a token string"),
+        ('think_start = "<think>"', 'think_start = ""', "tokens.think_start: expected a token string"),
+        ('end_of_turn = ["<|im_end|>"]', "end_of_turn = []", "tokens.end_of_turn is empty"),
+        ('eos = ["[EOS]"]', 'eos = ["[EOS]"]\nthink_open_window = -5', "think_open_window: expected 0 or more"),
+        (
+            'thinking = ["<|im_assistant|>assistant<|im_middle|><think>"]',
+            'thinking = [""]',
+            "generation_prompt.thinking has an empty suffix",
+        ),
+    ],
+    ids=["think-start-list", "think-start-empty", "no-end-of-turn", "negative-window", "empty-suffix"],
+)
+def test_bad_profiles(tmp_path, old, new, says):
+    text = KIMI_PROFILE.read_text()
+    assert old in text
+    profile = tmp_path / "bad.toml"
+    profile.write_text(text.replace(old, new))
+    args = check_args(tmp_path)
+    args[args.index("kimi-k2.5")] = str(profile)
+    assert_one_line_error(run(*args), says)
+
+
+def test_profile_that_is_a_directory(tmp_path):
+    (tmp_path / "p.toml").mkdir()
+    args = check_args(tmp_path)
+    args[args.index("kimi-k2.5")] = str(tmp_path / "p.toml")
+    assert_one_line_error(run(*args), "is a directory")
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda d: d.mkdir(), "holds no tokenizer files"),
+        (lambda d: d.write_text("{}"), "is a file"),
+    ],
+    ids=["empty-directory", "a-file"],
+)
+def test_bad_tokenizer_paths(tmp_path, make, says):
+    tokenizer = tmp_path / "tok"
+    make(tokenizer)
+    args = check_args(tmp_path)
+    args[args.index(str(KIMI_TOKENIZER))] = str(tokenizer)
+    assert_one_line_error(run(*args), says)
+    assert_one_line_error(run("profiles", "--tokenizer", str(tokenizer)), says)
+
+
+def test_a_directory_named_like_a_data_file(tmp_path):
+    fake = tmp_path / "x.jsonl"
+    fake.mkdir()
+    assert_one_line_error(run(*check_args(tmp_path)[:1], str(fake), *check_args(tmp_path)[2:]), "is a directory")
+    # A partition directory whose name ends in .jsonl is still a partition.
+    shutil.copy(DATA, fake / "raw_responses.jsonl")
+    result = run(*check_args(tmp_path)[:1], str(fake), *check_args(tmp_path)[2:])
+    assert result.exit_code == 0, result.output
+
+
+def test_data_root_that_is_a_file():
+    assert_one_line_error(run("check", "B0_clean", "--data-root", str(DATA)), "is a file, not a directory")
+
+
+def test_report_path_that_is_a_directory_leaves_no_temporary_file(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    assert_one_line_error(run(*check_args(tmp_path, "--report", str(out))), "is a directory")
+    assert list(tmp_path.glob(".*.tmp")) == []
+
+
+@pytest.mark.parametrize(
+    ("generation", "says"),
+    [
+        ({"thinking": "no"}, "thinking must be true or false"),
+        ({"trust_remote_code": "false"}, "trust_remote_code must be true or false"),
+        ({"profile": 5}, "profile must be a string"),
+        ({"tokenizer": 5}, "tokenizer must be a path"),
+        ({"tokenizer": {"path": "../no-such-tokenizer"}}, "records tokenizer"),
+    ],
+    ids=["thinking-string", "trust-string", "profile-int", "tokenizer-int", "tokenizer-missing"],
+)
+def test_wrong_generation_json_is_a_configuration_error(tmp_path, generation, says):
+    partition = tmp_path / "part"
+    partition.mkdir()
+    shutil.copy(DATA, partition / "raw_responses.jsonl")
+    recorded = {"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}, **generation}
+    (partition / "generation.json").write_text(json.dumps(recorded))
+    result = run("check", str(partition), "--reports-dir", str(tmp_path / "reports"))
+    assert_one_line_error(result, says)
+    assert "generation.json" in result.output
