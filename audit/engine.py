@@ -15,7 +15,14 @@ from pathlib import Path
 import polars as pl
 
 from audit.batch import AuditContext, Batch
-from audit.records import DEFAULT_BLOCK_BYTES, InputDigest, iter_line_blocks, parse_block
+from audit.checks.base import first_index_of
+from audit.records import (
+    DEFAULT_BLOCK_BYTES,
+    InputDigest,
+    UnreadableLine,
+    iter_line_blocks,
+    parse_block,
+)
 from audit.ruleset import RuleSet
 
 FINDINGS_SCHEMA: dict[str, pl.DataType] = {
@@ -182,11 +189,8 @@ def record_stats(batch: Batch) -> pl.DataFrame:
     """Lengths, where the response token falls, finish reason and tool calls of each record."""
     profile = batch.profile
     output = pl.col("output_ids")
-    response_at = (
-        output.list.eval(pl.arg_where(pl.element() == profile.think_end).first()).list.first()
-        if profile.think_end is not None
-        else pl.lit(None)
-    )
+    think_end = profile.think_end
+    response_at = first_index_of("output_ids", think_end) if think_end is not None else pl.lit(None)
     call_begin = profile.tool_markers.get("call_begin")
     tool_calls = output.list.count_matches(call_begin) if call_begin is not None else pl.lit(0)
     return batch.records.select(
@@ -216,11 +220,10 @@ def _locate(found: pl.DataFrame, batch: Batch, code: str, severity: str, field: 
     )
 
 
-def _unreadable_findings(unreadable: list, rule_set: RuleSet) -> pl.DataFrame:
+def _unreadable_findings(unreadable: list[UnreadableLine], rule_set: RuleSet) -> pl.DataFrame:
     """Lines the reader could not turn into records, as INT001 (not JSON) or INT002 findings."""
     rows = []
     for item in unreadable:
-        code = "INT002" if item.contract else "INT001"
-        if code in rule_set:
-            rows.append((item.line, None, code, rule_set[code].severity.value, None, None, item.reason))
+        if item.rule in rule_set:
+            rows.append((item.line, None, item.rule, rule_set[item.rule].severity.value, None, None, item.reason))
     return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")

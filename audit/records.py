@@ -86,6 +86,11 @@ class UnreadableLine:
     reason: str
     contract: bool  # True: valid JSON that breaks the record contract; False: not JSON at all
 
+    @property
+    def rule(self) -> str:
+        """The rule that reports it: INT002 (record contract) or INT001 (not JSON)."""
+        return "INT002" if self.contract else "INT001"
+
 
 @dataclass
 class LineBlock:

@@ -133,9 +133,8 @@ class LiveAudit:
         self._lines += len(lines)
         self.records += parsed.records.height + len(parsed.unreadable)
         for item in parsed.unreadable:
-            code = "INT002" if item.contract else "INT001"
-            if code in self._failing:
-                self._failing[code] += 1
+            if item.rule in self._failing:
+                self._failing[item.rule] += 1
         if parsed.records.height:
             batch = Batch(parsed.records, self.session.context)
             for configured in self._record_rules:
