@@ -101,10 +101,9 @@ class SegmentTooShort(RecordRule):
         if batch.height == 0:
             return empty_findings()
         profile = batch.profile
-        finished = (pl.col("output_ids").list.len() > 0) & ~truncated()
-        output = pl.col("output_ids")
         if profile.reasoning == "none":
             return self._harmony(batch)
+        output = pl.col("output_ids")
         # Trailing stop tokens are the end of turn, not answer content.
         end = output.list.len() - _trailing_stops(id_set(profile.stop_ids))
         segments: dict[str, tuple[pl.Expr, pl.Expr]] = {}
@@ -118,14 +117,14 @@ class SegmentTooShort(RecordRule):
             segments["answer"] = (close.cast(pl.Int64) + 1, end)
         else:  # thinking off: everything before the end of turn is the answer
             segments["answer"] = (pl.lit(0, dtype=pl.Int64), end)
-        frame = batch.records.with_row_index("row").filter(finished).select(
+        frame = batch.records.with_row_index("row").filter(_finished()).select(
             "row",
             *[
                 output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name)
                 for name, (begin, stop_at) in segments.items()
             ],
         )
-        minimum = {"reasoning": self.options["min_reasoning_tokens"], "answer": self.options["min_answer_tokens"]}
+        minimum = self._minimum()
         rows: dict[int, str] = {}
         for name in segments:
             # A segment whose bounds are missing (no </think>) is left to the segmentation rules.
@@ -145,9 +144,7 @@ class SegmentTooShort(RecordRule):
         if spec is None:
             return empty_findings()
         messages = harmony_messages(batch)
-        finished_rows = batch.records.with_row_index("row").filter(
-            (pl.col("output_ids").list.len() > 0) & ~truncated()
-        )["row"]
+        finished_rows = batch.records.with_row_index("row").filter(_finished())["row"]
         messages = messages.filter(pl.col("row").is_in(finished_rows.implode()))
         if messages.is_empty():
             return empty_findings()
@@ -157,7 +154,7 @@ class SegmentTooShort(RecordRule):
                 (pl.col("channel") == spec.answer) | (pl.col("terminator") == "call")
             ).sum().alias("answer"),
         )
-        minimum = {"reasoning": self.options["min_reasoning_tokens"], "answer": self.options["min_answer_tokens"]}
+        minimum = self._minimum()
         rows, messages_out = [], []
         for row, reasoning, answer in per_row.iter_rows():
             for name, count in (("reasoning", reasoning), ("answer", answer)):
@@ -166,6 +163,15 @@ class SegmentTooShort(RecordRule):
                     messages_out.append(_describe(name, count, minimum[name]))
                     break
         return findings_frame(rows, [None] * len(rows), messages_out)
+
+    def _minimum(self) -> dict[str, int]:
+        """The fewest non-blank tokens each segment must hold."""
+        return {"reasoning": self.options["min_reasoning_tokens"], "answer": self.options["min_answer_tokens"]}
+
+
+def _finished() -> pl.Expr:
+    """The output was not cut (length, abort) and is not empty: a turn the model ended."""
+    return (pl.col("output_ids").list.len() > 0) & ~truncated()
 
 
 def _trailing_stops(stop: pl.Expr) -> pl.Expr:
@@ -182,11 +188,12 @@ def _trailing_stops(stop: pl.Expr) -> pl.Expr:
 
 def _content_counts(batch: Batch, segments: pl.Series) -> list[int]:
     """Per segment, how many of its tokens are not whitespace only (one small batched decode)."""
-    ids = sorted({i for segment in segments.to_list() for i in segment})
+    sequences = segments.to_list()  # only short segments come here (see _WHITESPACE_SLACK)
     known = batch.tokenizer.known_ids
-    pieces = batch.tokenizer.token_strings([i for i in ids if i in known])
-    blank = {i for i, piece in zip((i for i in ids if i in known), pieces, strict=True) if not piece.strip()}
-    return [sum(1 for i in segment if i not in blank) for segment in segments.to_list()]
+    ids = sorted({i for segment in sequences for i in segment if i in known})
+    pieces = batch.tokenizer.token_strings(ids)
+    blank = {i for i, piece in zip(ids, pieces, strict=True) if not piece.strip()}
+    return [sum(1 for i in segment if i not in blank) for segment in sequences]
 
 
 def _describe(name: str, count: int, minimum: int) -> str:

@@ -61,8 +61,8 @@ class PromptSuffix(RecordRule):
         expected = batch.profile.prompt_suffixes[0]
         tails = flagged.select(pl.col("input_ids").list.tail(len(expected) + 1)).to_series().to_list()
         lengths = flagged.select(pl.col("input_ids").list.len()).to_series().to_list()
-        pieces = batch.tokenizer.token_strings(sorted({t for tail in tails for t in tail}))
-        text_of = dict(zip(sorted({t for tail in tails for t in tail}), pieces, strict=True))
+        shown_ids = sorted({t for tail in tails for t in tail})
+        text_of = dict(zip(shown_ids, batch.tokenizer.token_strings(shown_ids), strict=True))
         expected_text = batch.profile.prompt_suffix_texts[0]
         positions, messages = [], []
         for tail, length in zip(tails, lengths, strict=True):
