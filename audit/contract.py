@@ -8,8 +8,8 @@ failure case maps straight onto a finding.
 
 from __future__ import annotations
 
-import polars as pl
 import pandera.polars as pa
+import polars as pl
 from pandera.errors import SchemaErrors
 
 from audit.tokenizer import Tokenizer

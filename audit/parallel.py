@@ -19,7 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from audit.engine import FileAudit, ProgressCallback, ShardAudit, audit_file, audit_shard, finish_file
+from audit.engine import (
+    FileAudit,
+    ProgressCallback,
+    ShardAudit,
+    audit_file,
+    audit_shard,
+    finish_file,
+)
 
 if TYPE_CHECKING:
     from audit.check import CheckOptions, Session

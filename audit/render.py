@@ -110,7 +110,7 @@ def explain(rule: type[Rule]) -> Panel:
             body = docs[section] if section == "Example" else _reflow(docs[section])
             parts.append(Text(body, style="green" if section == "Example" else ""))
     if rule.parameters:
-        parts.append(Text("\nParameters (set under [rules.%s])" % rule.code, style="bold cyan"))
+        parts.append(Text(f"\nParameters (set under [rules.{rule.code}])", style="bold cyan"))
         parts.append(Text("\n".join(f"{k} = {v!r}" for k, v in rule.parameters.items())))
     return Panel(
         Group(*parts),

@@ -14,13 +14,13 @@ from audit.checks.integrity import (
 )
 from audit.checks.prompt import PromptSuffix, ThinkNotOpened
 from audit.checks.roundtrip import RoundTrip, TextMismatch
-from audit.checks.template import TemplateMismatch
 from audit.checks.segmentation import (
     ResponseTokenMissing,
     ResponseTokenRepeated,
     ThinkTokenInOutput,
     ToolCallInReasoning,
 )
+from audit.checks.template import TemplateMismatch
 from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated
 from audit.checks.toolcalls import (
     ToolArgumentsInvalidJson,

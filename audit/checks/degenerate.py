@@ -7,7 +7,14 @@ from typing import Any, ClassVar
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_of, id_set, truncated
+from audit.checks.base import (
+    RecordRule,
+    empty_findings,
+    findings_frame,
+    first_index_of,
+    id_set,
+    truncated,
+)
 from audit.checks.harmony import harmony_messages
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:

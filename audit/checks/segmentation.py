@@ -5,7 +5,14 @@ from __future__ import annotations
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, Severity, first_index_in, first_index_of, nth_index_of, truncated
+from audit.checks.base import (
+    RecordRule,
+    Severity,
+    first_index_in,
+    first_index_of,
+    nth_index_of,
+    truncated,
+)
 
 
 def _thinking(batch: Batch) -> bool:
