@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from audit.errors import InputError
 from audit.formats import VERDICT_RANK, failing_verdicts
 from audit.report import SCHEMA_VERSION, Report, RuleResult
@@ -41,9 +43,31 @@ def load_report(path: Path) -> Report:
             f"(up to {SCHEMA_VERSION}); upgrade audit"
         )
     try:
-        return Report.from_json(data)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"{path}: not a complete audit report ({type(exc).__name__}: {exc})") from None
+        report = Report.from_json(data)
+    except (KeyError, TypeError, ValueError, pl.exceptions.PolarsError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InputError(f"{path}: not a complete audit report ({type(exc).__name__}: {first})") from None
+    _check_values(report, path)
+    return report
+
+
+def _check_values(report: Report, path: Path) -> None:
+    """Values every renderer relies on; a hand-edited report fails here, not in a renderer."""
+
+    def count(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    for key in ("target", "created_at"):
+        if not isinstance(getattr(report, key), str):
+            raise InputError(f"{path}: {key} must be a string; expected a report from `audit check`")
+    if not count(report.input.get("records") if isinstance(report.input, dict) else None):
+        raise InputError(f"{path}: input.records must be a count of records; expected a report from `audit check`")
+    for result in report.results:
+        if not (isinstance(result.code, str) and result.verdict in VERDICT_RANK and count(result.failing)):
+            raise InputError(
+                f"{path}: the result of rule {result.code!r} is malformed (verdict {result.verdict!r}, "
+                f"failing {result.failing!r}); expected a report from `audit check`"
+            )
 
 
 @dataclass(frozen=True)

@@ -160,3 +160,59 @@ def test_wrong_generation_json_is_a_configuration_error(tmp_path, generation, sa
     result = run("check", str(partition), "--reports-dir", str(tmp_path / "reports"))
     assert_one_line_error(result, says)
     assert "generation.json" in result.output
+
+
+def test_inspect_never_sends_control_bytes_from_the_data_to_the_terminal(tmp_path):
+    data = tmp_path / "esc.jsonl"
+    data.write_bytes(DATA.read_bytes().splitlines(keepends=True)[0] + b"\x1b]0;title\x07\x1b[31m not json\n")
+    result = run(
+        "inspect", str(data), "--print", "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER), "--line", "2"
+    )
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output
+    assert "\\x1b]0;title\\x07" in result.output
+
+
+@pytest.fixture(scope="module")
+def saved_report(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("saved") / "report.json"
+    result = run("check", "B0_clean", "--data-root", str(PREPARED), "--report", str(out))
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda d: d["results"][0].update(verdict="maybe"), "is malformed"),
+        (lambda d: d["results"][0].update(failing="x"), "is malformed"),
+        (lambda d: d.update(findings=[{"line": "x"}]), "not a complete audit report"),
+        (lambda d: d.update(target=None), "target must be a string"),
+        (lambda d: d["input"].update(records="30"), "input.records must be a count"),
+    ],
+    ids=["verdict", "failing", "finding-line", "target", "records"],
+)
+@pytest.mark.parametrize("command", ["report-rich", "report-github", "report-junit", "report-html", "diff"])
+def test_hand_edited_reports_are_input_errors_in_every_renderer(tmp_path, saved_report, edit, says, command):
+    data = json.loads(json.dumps(saved_report))
+    edit(data)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(saved_report))
+    if command == "diff":
+        args = ["diff", str(good), str(bad)]
+    elif command == "report-html":
+        args = ["report", str(bad), "--html", str(tmp_path / "page.html")]
+    else:
+        args = ["report", str(bad), "--format", command.removeprefix("report-")]
+    assert_one_line_error(run(*args), says)
+
+
+def test_html_path_that_is_a_directory_leaves_no_temporary_file(tmp_path, saved_report):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(saved_report))
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    assert_one_line_error(run("report", str(report), "--html", str(pages)), "is a directory")
+    assert list(tmp_path.glob(".*.tmp")) == []

@@ -15,6 +15,7 @@ import polars as pl
 from rich.text import Text
 
 from audit.inspect.model import (
+    CONTROL_ESCAPES,
     ROLE_END_OF_TURN,
     ROLE_EOS,
     ROLE_RESPONSE,
@@ -75,6 +76,7 @@ def shown_piece(piece: str) -> str:
         .replace("\r", "\\r")
         .replace("\t", "\\t")
         .replace(" ", "␣")
+        .translate(CONTROL_ESCAPES)
     )
 
 
