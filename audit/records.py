@@ -186,6 +186,7 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
 
 
 def empty_records() -> pl.DataFrame:
+    """A record frame with no rows (every column of `RECORD_COLUMNS`)."""
     return pl.DataFrame(schema=RECORD_COLUMNS)
 
 

@@ -52,6 +52,7 @@ def report_table(report: Report) -> Table:
 
 
 def verdict_line(report: Report) -> Text:
+    """The one-line verdict: pass, warn or fail, how many records have errors, which rules."""
     failed = [r.code for r in report.results if r.verdict == "fail"]
     warned = [r.code for r in report.results if r.verdict == "warn"]
     text = Text()
@@ -88,6 +89,7 @@ def first_findings(report: Report, limit: int = 8) -> Table | None:
 
 
 def rules_table() -> Table:
+    """Every registered rule: code, name, default severity and one-line summary."""
     table = Table(title="rules", title_justify="left", header_style="bold")
     for column in ("code", "name", "severity", "summary"):
         table.add_column(column, no_wrap=column != "summary")
@@ -102,6 +104,7 @@ def _reflow(text: str) -> str:
 
 
 def explain(rule: type[Rule]) -> Panel:
+    """A rule's documentation, section by section, with its parameters (`audit explain CODE`)."""
     docs = rule.docs()
     parts: list = [Text(rule.summary(), style="bold")]
     for section in DOC_SECTIONS:

@@ -147,6 +147,7 @@ def _axes(left: float, top: float, span_x: float, span_y: float, x_label: str, y
 
 
 def empty(title: str, message: str) -> str:
+    """A titled chart with only a note in it, for data with nothing to plot."""
     return (
         f"{_open(title, 60)}{_title(title)}"
         f'<text class="note" x="8" y="40">{escape(message)}</text></svg>'
