@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import os
 import random
 import tempfile
@@ -191,8 +192,11 @@ def recover_output(path: Path) -> Resumed:
     """Make `path` end on a whole line (cutting a crash's partial line) and list the ids in it."""
     if not path.exists():
         return Resumed(frozenset(), 0, 0)
+    if path.is_dir():
+        raise InputError(f"--out {path} is a directory; name the output file")
     size = path.stat().st_size
-    with path.open("rb+") as handle:
+    not_ours = "not a sample this generator wrote (no JSON object with an id); pass another --out, or move the file away"
+    with path.open("rb") as handle:
         # Find the end of the last whole line by reading backwards from the end.
         end = size
         while end > 0:
@@ -204,15 +208,19 @@ def recover_output(path: Path) -> Resumed:
                 end = start + cut + 1
                 break
             end = start
-        truncated = size - end
-        if truncated:
-            handle.truncate(end)
-            handle.flush()
-            os.fsync(handle.fileno())
+        if end < size:
+            handle.seek(end)
+            if not handle.read(1) == b"{":
+                raise InputError(f"{path}:{_line_count(path, end) + 1}: {not_ours}")
     keys: set[str] = set()
     lines = 0
+    # Every whole line is checked before the partial one is cut: a file that is not ours is left intact.
     with path.open("rb") as handle:
+        read = 0
         for number, raw in enumerate(handle, start=1):
+            read += len(raw)
+            if read > end:
+                break
             lines = number
             if not raw.strip():
                 continue
@@ -220,12 +228,20 @@ def recover_output(path: Path) -> Resumed:
                 value = orjson.loads(raw)
                 key = str(value["id"])
             except (orjson.JSONDecodeError, KeyError, TypeError):
-                raise InputError(
-                    f"{path}:{number}: not a sample this generator wrote (no JSON object with an id); "
-                    "pass another --out, or move the file away"
-                ) from None
+                raise InputError(f"{path}:{number}: {not_ours}") from None
             keys.add(key)
+    truncated = size - end
+    if truncated:
+        with path.open("rb+") as handle:
+            handle.truncate(end)
+            handle.flush()
+            os.fsync(handle.fileno())
     return Resumed(frozenset(keys), lines, truncated)
+
+
+def _line_count(path: Path, end: int) -> int:
+    with path.open("rb") as handle:
+        return handle.read(end).count(b"\n")
 
 
 class ResponseLog:
@@ -318,6 +334,19 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if options.canary < 0 or (options.limit is not None and options.limit < 1):
         raise ConfigError("--canary must be 0 or more and --limit at least 1")
+    if not (options.timeout > 0 and options.retry_backoff >= 0):  # also refuses nan
+        raise ConfigError("--timeout must be more than 0 seconds and --retry-backoff 0 or more")
+    if options.temperature is not None and not (0 <= options.temperature < math.inf):
+        raise ConfigError(f"--temperature must be 0 or more, got {options.temperature}")
+    if options.top_p is not None and not (0 < options.top_p <= 1):
+        raise ConfigError(f"--top-p must be in (0, 1], got {options.top_p}")
+    if options.out.is_dir():
+        raise ConfigError(
+            f"--out {options.out} is a directory; name the output file, e.g. {options.out / 'raw_responses.jsonl'}"
+        )
+    if options.out.exists() and options.out.resolve() == options.prompts.resolve():
+        # Resuming would read the prompts as samples, and appending would write into them.
+        raise ConfigError(f"--out {options.out} is the prompts file itself; name another output file")
     prompt_keys = scan_prompts(options.prompts, options.limit)
     rule_set = load_rule_set(options.rules)
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code)

@@ -216,3 +216,51 @@ def test_html_path_that_is_a_directory_leaves_no_temporary_file(tmp_path, saved_
     pages.mkdir()
     assert_one_line_error(run("report", str(report), "--html", str(pages)), "is a directory")
     assert list(tmp_path.glob(".*.tmp")) == []
+
+
+def _generate(prompts: Path, out: Path, *extra: str):
+    return run(
+        "generate", str(prompts), "--server", "http://127.0.0.1:9", "--tokenizer", str(KIMI_TOKENIZER),
+        "--profile", "kimi-k2.5", "--out", str(out), "--canary", "0", *extra,
+    )
+
+
+@pytest.fixture
+def prompts(tmp_path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"id": "p1", "messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--temperature", "nan"), "--temperature must be 0 or more"),
+        (("--top-p", "0"), "--top-p must be in (0, 1]"),
+        (("--timeout", "-1"), "--timeout must be more than 0"),
+    ],
+    ids=["temperature-nan", "top-p-zero", "timeout-negative"],
+)
+def test_generate_refuses_sampling_and_timing_it_cannot_send(tmp_path, prompts, extra, says):
+    assert_one_line_error(_generate(prompts, tmp_path / "out.jsonl", *extra), says)
+
+
+def test_generate_out_that_is_a_directory_or_the_prompts_file(tmp_path, prompts):
+    assert_one_line_error(_generate(prompts, tmp_path), "is a directory")
+    before = prompts.read_bytes()
+    assert_one_line_error(_generate(prompts, prompts), "is the prompts file itself")
+    assert prompts.read_bytes() == before
+
+
+def test_generate_never_cuts_a_file_it_did_not_write(tmp_path, prompts):
+    foreign = tmp_path / "notes.jsonl"
+    foreign.write_bytes(b"some notes\nmore notes without a newline")
+    assert_one_line_error(_generate(prompts, foreign), "not a sample this generator wrote")
+    assert foreign.read_bytes() == b"some notes\nmore notes without a newline"
+
+
+@pytest.mark.parametrize("interval", ["-1", "0", "nan"])
+def test_watch_interval_must_be_a_positive_number(interval):
+    # -1 crashed in time.sleep; 0 re-audited the file in a busy loop.
+    result = run("watch", "B1_glaive", "--data-root", str(PREPARED), "--interval", interval)
+    assert result.exit_code == 2 and "--interval" in result.output

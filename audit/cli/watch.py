@@ -119,7 +119,7 @@ def watch(
     thinking: ThinkingOption = None,
     rules: RulesOption = None,
     interval: Annotated[
-        float, typer.Option("--interval", help="Seconds between looks at the file.")
+        float, typer.Option("--interval", min=0.1, help="Seconds between looks at the file.")
     ] = 2.0,
     once: Annotated[
         bool, typer.Option("--once", help="Audit what is there now, print it and exit.")
