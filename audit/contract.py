@@ -15,6 +15,10 @@ from pandera.errors import SchemaErrors
 from audit.tokenizer import Tokenizer
 
 
+# The `meta_info.finish_reason.type` values SGLang writes.
+FINISH_TYPES = ("stop", "length", "abort")
+
+
 def in_vocabulary(tokenizer: Tokenizer) -> pl.Expr:
     """Element-wise: is this id one the tokenizer can decode?"""
     element = pl.element()
@@ -49,6 +53,10 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
 
         return check
 
+    def known_finish_type(data: pa.PolarsData) -> pl.LazyFrame:
+        # Any other type would slip past every termination rule, which test for these three.
+        return data.lazyframe.select(pl.col(data.key).is_in(FINISH_TYPES).fill_null(True))
+
     def contract_check(fn, code: str) -> pa.Check:
         return pa.Check(fn, name=code, ignore_na=False)
 
@@ -71,6 +79,9 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
                     contract_check(present, "INT002"),
                     contract_check(all_in_vocabulary, "INT003"),
                 ],
+            ),
+            "finish_type": pa.Column(
+                pl.String, nullable=True, checks=[contract_check(known_finish_type, "INT002")]
             ),
             "prompt_tokens": pa.Column(
                 pl.Int64, nullable=True, checks=[contract_check(counts("input_ids"), "INT005")]

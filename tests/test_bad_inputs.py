@@ -264,3 +264,18 @@ def test_watch_interval_must_be_a_positive_number(interval):
     # -1 crashed in time.sleep; 0 re-audited the file in a busy loop.
     result = run("watch", "B1_glaive", "--data-root", str(PREPARED), "--interval", interval)
     assert result.exit_code == 2 and "--interval" in result.output
+
+
+@pytest.mark.parametrize("finish_type", ["eos", 3, "Stop"])
+def test_an_unknown_finish_reason_type_is_a_finding_on_its_line(tmp_path, finish_type):
+    # It used to pass silently: every termination rule tests for stop, length or abort only.
+    first, second = DATA.read_text().splitlines()[:2]
+    record = json.loads(second)
+    record["meta_info"]["finish_reason"]["type"] = finish_type
+    data = tmp_path / "part.jsonl"
+    data.write_text(first + "\n" + json.dumps(record) + "\n")
+    result = run(*check_args(tmp_path)[:1], str(data), *check_args(tmp_path)[2:], "--format", "json")
+    assert result.exit_code == 1, result.output
+    [finding] = json.loads(result.stdout)["findings"]
+    assert finding["line"] == 2 and finding["rule"] == "INT002"
+    assert f"finish_reason.type is '{finish_type}'" in finding["message"]

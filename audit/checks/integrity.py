@@ -8,7 +8,7 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Rule, empty_findings
-from audit.contract import in_vocabulary
+from audit.contract import FINISH_TYPES, in_vocabulary
 
 
 class UnreadableLine(Rule):
@@ -77,6 +77,14 @@ class RecordContract(ContractRule):
             .then(pl.lit("input_ids is missing (also looked for prompt_ids)"))
             .when(pl.col("input_ids").list.len() == 0)
             .then(pl.lit("input_ids is empty: there is no prompt"))
+            .when(~pl.col("finish_type").is_in(FINISH_TYPES).fill_null(True))
+            .then(
+                pl.format(
+                    "meta_info.finish_reason.type is '{}', not one SGLang writes ({})",
+                    pl.col("finish_type"),
+                    pl.lit(", ".join(FINISH_TYPES)),
+                )
+            )
             .otherwise(pl.lit("output_ids is missing"))
         )
 
