@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import orjson
 import polars as pl
 
 from audit.batch import Batch
+from audit.fastcodec import FlatIds
 from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, id_set
 from audit.toolcall_formats import ROLE_LETTERS
 
@@ -75,26 +77,32 @@ def _parse_calls(batch: Batch) -> pl.DataFrame:
     positions = {"c": at("call_begin"), "e": at("call_end")}
     if has_arguments:
         positions["a"] = at("argument_begin")
-    calls = (
-        batch.records.with_row_index("row")
-        .filter(pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.count_matches(markers["call_begin"]) > 0))
-        .select("row", "output_ids", **positions)
-        .explode(list(positions))
+    with_calls = batch.records.with_row_index("row").filter(
+        pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.count_matches(markers["call_begin"]) > 0)
     )
-    head_end = pl.col("a") if has_arguments else pl.col("e")
-    calls = calls.select(
-        "row",
-        (pl.col("c") + 1).cast(pl.Int64).alias("head_at"),
-        (head_end + 1).cast(pl.Int64).alias("body_at"),
-        pl.col("output_ids").list.slice(pl.col("c") + 1, head_end - pl.col("c") - 1).alias("head"),
-        (
-            pl.col("output_ids").list.slice(pl.col("a") + 1, pl.col("e") - pl.col("a") - 1)
-            if has_arguments
-            else pl.lit([], dtype=pl.List(pl.Int64))
-        ).alias("body"),
+    # One flat copy of these outputs; each call's head and body are slices of it, so memory
+    # follows the output's length, not its length times its number of calls.
+    flat = FlatIds.from_series(with_calls["output_ids"])
+    calls = with_calls.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"), "row", **positions
+    ).explode(list(positions))
+    base = flat.offsets[calls["sequence"].to_numpy()]
+    call_begin = calls["c"].to_numpy().astype(np.int64)
+    call_end = calls["e"].to_numpy().astype(np.int64)
+    head_end = calls["a"].to_numpy().astype(np.int64) if has_arguments else call_end
+    calls = calls.select("row").with_columns(
+        pl.Series("head_at", call_begin + 1, dtype=pl.Int64),
+        pl.Series("body_at", head_end + 1, dtype=pl.Int64),
     )
-    heads = batch.tokenizer.decode_batch(calls["head"].to_list())
-    bodies = batch.tokenizer.decode_batch(calls["body"].to_list())
+    values = flat.values
+    heads_ids = [values[s:t].tolist() for s, t in zip(base + call_begin + 1, base + head_end, strict=True)]
+    bodies_ids = (
+        [values[s:t].tolist() for s, t in zip(base + head_end + 1, base + call_end, strict=True)]
+        if has_arguments
+        else [[] for _ in range(calls.height)]
+    )
+    heads = batch.tokenizer.decode_batch(heads_ids)
+    bodies = batch.tokenizer.decode_batch(bodies_ids)
     names, call_ids, arguments, errors = [], [], [], []
     for head, body in zip(heads, bodies, strict=True):
         call = spec.format.read_call(head, body)
