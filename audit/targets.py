@@ -56,12 +56,23 @@ def data_root(explicit: str | Path | None) -> tuple[Path, str | None]:
     return DEFAULT_DATA_ROOT, None
 
 
+def names_a_path(spec: str) -> bool:
+    """Is `spec` a file or directory path, rather than a partition name under the data root?"""
+    return (
+        spec.endswith(".jsonl")
+        or Path(spec).is_file()
+        or os.sep in spec
+        or bool(os.altsep and os.altsep in spec)
+        or spec.startswith(".")
+    )
+
+
 def resolve_target(spec: str, root: Path) -> Target:
     """Turn what the user typed into the file to audit, or raise an InputError saying why not."""
     path = Path(spec)
     if spec.endswith(".jsonl") or path.is_file():
         return _file_target(path)
-    if os.sep in spec or (os.altsep and os.altsep in spec) or spec.startswith("."):
+    if names_a_path(spec):
         if path.is_dir():
             return _directory_target(path, path.name)
         raise InputError(f"{spec}: no such partition directory")

@@ -87,9 +87,11 @@ def test_lines_per_minute_and_a_replaced_file(tmp_path):
 
 def test_watch_once_prints_lines_and_each_rules_pass_rate():
     result = CliRunner().invoke(app, ["watch", str(PREPARED / "B1_glaive"), "--once"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output  # a one-shot watch exits as check: B1 fails
     assert "74 lines" in result.output
     assert "INT004" in result.output and "%" in result.output
+    clean = CliRunner().invoke(app, ["watch", str(PREPARED / "B0_clean"), "--once"])
+    assert clean.exit_code == 0, clean.output
 
 
 def test_watch_starts_on_the_empty_file_a_generator_just_created(tmp_path):

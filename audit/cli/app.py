@@ -113,6 +113,17 @@ def check_options(
     )
 
 
+def data_root_for(data_root: Path | None, targets: list[str], announce: bool) -> Path:
+    """The data root for these targets; say so when the shipped sample stands in for it."""
+    from audit.targets import data_root as resolve_root
+    from audit.targets import names_a_path
+
+    root, note = resolve_root(data_root)
+    if note and announce and not all(names_a_path(spec) for spec in targets or [""]):
+        errors.print(f"[dim]{note}[/]")
+    return root
+
+
 def version_callback(value: bool) -> None:
     if value:
         console.print(f"audit {__version__}")

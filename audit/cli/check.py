@@ -31,6 +31,7 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
+    data_root_for,
     check_options,
     console,
     errors,
@@ -164,7 +165,6 @@ def check(
     is the worst of them.
     """
     from audit.check import check_target, prepare
-    from audit.targets import data_root as resolve_root
     from audit.targets import resolve_target
 
     targets = list(targets or [])
@@ -172,9 +172,7 @@ def check(
         raise fail("--all audits every partition under the data root; give no targets with it")
     if not all_ and not targets:
         raise fail("name a target (a partition, a partition directory or a .jsonl file), or pass --all")
-    root, note = resolve_root(data_root)
-    if note and output_format is OutputFormat.rich:
-        errors.print(f"[dim]{note}[/]")
+    root = data_root_for(data_root, targets, announce=output_format is OutputFormat.rich)
     options = check_options(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache
     )

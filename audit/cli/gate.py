@@ -19,6 +19,7 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
+    data_root_for,
     check_options,
     console,
     errors,
@@ -66,12 +67,9 @@ def gate(
     """
     from audit.check import prepare
     from audit.gate import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_target
-    from audit.targets import data_root as resolve_root
     from audit.targets import resolve_target
 
-    root, note = resolve_root(data_root)
-    if note and output_format is OutputFormat.rich:
-        errors.print(f"[dim]{note}[/]")
+    root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(profile, tokenizer, trust_remote_code, thinking, rules)
     fail_on_warning = fail_on is FailOn.warning
     try:

@@ -18,6 +18,7 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
+    data_root_for,
     check_options,
     console,
     errors,
@@ -66,7 +67,6 @@ def inspect(
     from audit.check import check_target, prepare
     from audit.checks import RULES
     from audit.inspect.model import Inspector
-    from audit.targets import data_root as resolve_root
     from audit.targets import resolve_target
 
     if record_id is not None and line is not None:
@@ -76,9 +76,7 @@ def inspect(
         if rule not in RULES:
             raise fail(f"no rule {rule!r}: `audit rules` lists them")
     interactive = not print_ and output_format is InspectFormat.rich and sys.stdout.isatty()
-    root, note = resolve_root(data_root)
-    if note and output_format is InspectFormat.rich:
-        errors.print(f"[dim]{note}[/]")
+    root = data_root_for(data_root, [target], announce=output_format is InspectFormat.rich)
     try:
         session = prepare(resolve_target(target, root), check_options(profile, tokenizer, trust_remote_code, thinking, rules))
         with errors.status(f"auditing {session.target.data_file}…", spinner="dots") if interactive else nullcontext():

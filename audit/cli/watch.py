@@ -122,7 +122,7 @@ def watch(
         float, typer.Option("--interval", min=0.1, help="Seconds between looks at the file.")
     ] = 2.0,
     once: Annotated[
-        bool, typer.Option("--once", help="Audit what is there now, print it and exit.")
+        bool, typer.Option("--once", help="Audit what is there now, print it and exit (1 when a rule fails, as check).")
     ] = False,
 ) -> None:
     """Watch a growing raw_responses.jsonl: lines, lines per minute and each rule's pass rate so far."""
@@ -141,8 +141,9 @@ def watch(
     except AuditError as exc:
         raise fail(str(exc)) from None
     if once:
+        # A one-shot watch is a check of what is there so far: the same exit codes.
         console.print(snapshot_table(snapshot))
-        raise typer.Exit(0)
+        raise typer.Exit(1 if snapshot.verdict == "fail" else 0)
     try:
         with (
             _keys() as read_key,
