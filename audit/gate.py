@@ -38,7 +38,6 @@ import base64
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -52,6 +51,7 @@ from audit import __version__
 from audit.check import Session, check_target
 from audit.engine import ProgressCallback
 from audit.errors import InputError
+from audit.files import open_temporary
 from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
 
@@ -252,17 +252,9 @@ def _quarantine_line(line: int, raw: bytes, record_id: str | None, findings: lis
 
 
 def _temporary(out_dir: Path, name: str, temporaries: list[Path]) -> tuple[Path, IO[bytes]]:
-    handle, path = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
-    temporaries.append(Path(path))
-    # mkstemp makes the file private (0600); the outputs are data for others to read.
-    os.fchmod(handle, 0o666 & ~_umask())
-    return Path(path), os.fdopen(handle, "wb")
-
-
-def _umask() -> int:
-    current = os.umask(0)
-    os.umask(current)
-    return current
+    path, out = open_temporary(out_dir, name)
+    temporaries.append(path)
+    return path, out
 
 
 def _file_summary(path: Path, records: int) -> dict[str, Any]:

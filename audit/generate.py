@@ -44,6 +44,7 @@ from audit import __version__
 from audit.batch import AuditContext
 from audit.engine import audit_file
 from audit.errors import AuditError, ConfigError, InputError
+from audit.files import write_atomically
 from audit.profiles import ResolvedProfile, load_profile
 from audit.report import Report, build_report
 from audit.ruleset import RuleSet, load_rule_set
@@ -433,12 +434,7 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
         "started_at": previous.get("started_at", now) if isinstance(previous, dict) else now,
     }
     data["updated_at"] = now
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as out:
-        json.dump(data, out, ensure_ascii=False, indent=2)
-        out.write("\n")
-    os.replace(temporary, path)
+    write_atomically(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
 
 
 def render_prompts(

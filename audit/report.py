@@ -7,8 +7,6 @@ rendering for people lives in `audit.render`, so this module knows nothing of te
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +18,7 @@ from audit import __version__
 from audit.distributions import summarize
 from audit.engine import FINDINGS_SCHEMA, FileAudit
 from audit.errors import InputError
+from audit.files import write_atomically
 from audit.ruleset import RuleSet
 
 SCHEMA_VERSION = 1
@@ -127,17 +126,7 @@ class Report:
         """Write the JSON report atomically (temporary file, then rename)."""
         if path.is_dir():
             raise InputError(f"report path {path} is a directory; name a file, e.g. {path / 'report.json'}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(handle, "w", encoding="utf-8") as out:
-                json.dump(self.to_json(), out, ensure_ascii=False, indent=1)
-                out.write("\n")
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)  # no stray .tmp beside the report
-            raise
-        return path
+        return write_atomically(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:

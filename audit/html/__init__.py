@@ -12,14 +12,13 @@ findings table shows the first `FINDINGS_SHOWN`, and samples are a few token win
 
 from __future__ import annotations
 
-import os
-import tempfile
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from audit import __version__
 from audit.errors import InputError
+from audit.files import write_atomically
 from audit.html import svg
 from audit.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
 from audit.report import Report, RuleResult
@@ -44,20 +43,7 @@ def write_html(report: Report, path: Path, samples: Samples | None = None) -> Pa
     """Write the page atomically (temporary file, then rename)."""
     if path.is_dir():
         raise InputError(f"--html {path} is a directory; name a file, e.g. {path / 'report.html'}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(render_html(report, samples))
-        # mkstemp makes the file private; a page is meant to be shared, so honour the umask instead.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)  # no stray .tmp beside the page
-        raise
-    return path
+    return write_atomically(path, render_html(report, samples))
 
 
 def render_html(report: Report, samples: Samples | None = None) -> str:
