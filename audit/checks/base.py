@@ -1,8 +1,9 @@
 """The rule unit: a stable code, a name, a default severity, docs, and one check.
 
 A rule author writes only the predicate. `RecordRule` subclasses return polars expressions
-(which rows break the rule, at which token, with what message); the engine evaluates them
-over each batch and does all the bookkeeping: line numbers, ids, severities, counts.
+(which rows break the rule, at which token, with what message), or override `find` when the
+last step is per flagged record; `check` alone decides whether a rule applies to a batch. The
+engine does all the bookkeeping: line numbers, ids, severities, counts.
 
 Each rule's docstring is its documentation, in four sections, printed by `audit explain`:
 
@@ -102,8 +103,14 @@ class RecordRule(Rule):
         return batch.records
 
     def check(self, batch: Batch) -> pl.DataFrame:
+        """Findings for this batch; rules that do not apply, and empty batches, find nothing."""
         if not self.applies(batch) or batch.height == 0:
             return empty_findings()
+        return self.find(batch)
+
+    def find(self, batch: Batch) -> pl.DataFrame:
+        """The flagged rows of a non-empty batch the rule applies to. By default the expressions
+        `violation`, `position` and `message`; override for a last step per flagged record."""
         frame = self.frame(batch).with_row_index("row")
         flagged = frame.filter(self.violation(batch).fill_null(False))
         return flagged.select(

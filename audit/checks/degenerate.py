@@ -104,9 +104,7 @@ class SegmentTooShort(RecordRule):
     name = "segment-too-short"
     parameters: ClassVar[dict[str, Any]] = {"min_reasoning_tokens": 1, "min_answer_tokens": 1}
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if batch.height == 0:
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         profile = batch.profile
         if profile.reasoning == "none":
             return self._harmony(batch)

@@ -176,8 +176,8 @@ class ChannelGrammar(RecordRule):
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.channel_markers.values()))
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        found = super().check(batch)
+    def find(self, batch: Batch) -> pl.DataFrame:
+        found = super().find(batch)
         if found.is_empty():
             return found
         names = {letter: batch.profile.profile.channels.markers[role] for role, letter in LETTERS.items()}
@@ -224,9 +224,7 @@ class ChannelOrder(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _has_channels(batch)
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if not self.applies(batch) or batch.height == 0:
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.profile.channels
         messages = harmony_messages(batch)
         if messages.is_empty():
@@ -289,9 +287,7 @@ class ChannelToolCall(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _has_channels(batch)
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if not self.applies(batch) or batch.height == 0:
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.profile.channels
         messages = harmony_messages(batch)
         calls = messages.filter(pl.col("terminator") == "call")

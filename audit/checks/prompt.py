@@ -52,9 +52,7 @@ class PromptSuffix(RecordRule):
         accepted = [_ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
         return ~pl.any_horizontal(accepted) & (pl.col("input_ids").list.len() > 0)
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if batch.height == 0:
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
         if flagged.is_empty():
             return empty_findings()

@@ -56,7 +56,7 @@ class RoundTrip(RecordRule):
     code = "RTR001"
     name = "round-trip-mismatch"
 
-    def check(self, batch: Batch) -> pl.DataFrame:
+    def find(self, batch: Batch) -> pl.DataFrame:
         rows = batch.decodable_rows
         if len(rows) == 0:
             return empty_findings()
@@ -103,7 +103,7 @@ class TextMismatch(RecordRule):
     code = "RTR002"
     name = "text-mismatch"
 
-    def check(self, batch: Batch) -> pl.DataFrame:
+    def find(self, batch: Batch) -> pl.DataFrame:
         frame = batch.records.select("text", "output_ids").with_columns(
             batch.decoded_output.alias("decoded")
         )

@@ -92,9 +92,7 @@ class TemplateMismatch(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return bool(getattr(batch.tokenizer.hf, "chat_template", None))
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if batch.height == 0 or not self.applies(batch):
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         sources = self._sources(batch)
         if not sources:
             return empty_findings()

@@ -9,8 +9,8 @@ import orjson
 import polars as pl
 
 from audit.batch import Batch
+from audit.checks.base import RecordRule, findings_frame, first_index_in, id_set
 from audit.fastcodec import FlatIds
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, id_set
 from audit.toolcall_formats import ROLE_LETTERS
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
@@ -160,8 +160,8 @@ class ToolMarkerGrammar(RecordRule):
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.tool_markers.values()))
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        found = super().check(batch)
+    def find(self, batch: Batch) -> pl.DataFrame:
+        found = super().find(batch)
         if found.is_empty():
             return found
         flagged = batch.records.select(pl.all().gather(found["row"])).select(
@@ -208,9 +208,7 @@ class ToolArgumentsInvalidJson(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _has_tool_calls(batch)
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if not self.applies(batch):
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         bad = parsed_calls(batch).filter(pl.col("arguments_error").is_not_null())
         first = bad.group_by("row", maintain_order=True).first()
         return findings_frame(
@@ -249,9 +247,7 @@ class ToolCallIdMalformed(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _has_tool_calls(batch)
 
-    def check(self, batch: Batch) -> pl.DataFrame:
-        if not self.applies(batch):
-            return empty_findings()
+    def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.tool_calls
         calls = parsed_calls(batch)
         if spec.format.has_call_ids and spec.call_id_pattern:
