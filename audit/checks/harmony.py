@@ -37,10 +37,6 @@ _CUT = r"^(?:BHK?MN)*(?:B(?:H(?:K?(?:M[RL]?)?)?)?)?$"
 _RECIPIENT = re.compile(r"\bto=(\S+)")
 
 
-def _has_channels(batch: Batch) -> bool:
-    return bool(batch.profile.channel_markers)
-
-
 def channel_letters(batch: Batch) -> pl.Expr:
     """Per record, "B" plus its harmony markers in order as letters, e.g. "BHMNBHMR"."""
     markers = batch.profile.channel_markers
@@ -140,7 +136,14 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
     )
 
 
-class ChannelGrammar(RecordRule):
+class ChannelRule(RecordRule):
+    """A rule over harmony channels: it applies when the profile has a `[channels]` section."""
+
+    def applies(self, batch: Batch) -> bool:
+        return bool(batch.profile.channel_markers)
+
+
+class ChannelGrammar(ChannelRule):
     """Harmony message markers out of order, or an output that does not end its turn.
 
     What it checks:
@@ -167,9 +170,6 @@ class ChannelGrammar(RecordRule):
     code = "CHN001"
     name = "channel-grammar"
 
-    def applies(self, batch: Batch) -> bool:
-        return _has_channels(batch)
-
     def violation(self, batch: Batch) -> pl.Expr:
         return (pl.col("output_ids").list.len() > 0) & ~pl.lit(_grammar_ok(batch))
 
@@ -194,7 +194,7 @@ class ChannelGrammar(RecordRule):
         return pl.lit("")  # replaced in check(), which names the markers
 
 
-class ChannelOrder(RecordRule):
+class ChannelOrder(ChannelRule):
     """Harmony channels in the wrong roles: no reasoning before the answer, or a wrong ending.
 
     What it checks:
@@ -220,9 +220,6 @@ class ChannelOrder(RecordRule):
 
     code = "CHN002"
     name = "channel-order"
-
-    def applies(self, batch: Batch) -> bool:
-        return _has_channels(batch)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.profile.channels
@@ -260,7 +257,7 @@ class ChannelOrder(RecordRule):
         return findings_frame(bad["row"].to_list(), bad["channel_at"].to_list(), bad["problem"].to_list())
 
 
-class ChannelToolCall(RecordRule):
+class ChannelToolCall(ChannelRule):
     """A harmony tool call to a malformed recipient, or with arguments that are not JSON.
 
     What it checks:
@@ -283,9 +280,6 @@ class ChannelToolCall(RecordRule):
 
     code = "CHN003"
     name = "channel-tool-call"
-
-    def applies(self, batch: Batch) -> bool:
-        return _has_channels(batch)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.profile.channels

@@ -16,10 +16,6 @@ from audit.toolcall_formats import ROLE_LETTERS
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
 
 
-def _has_tool_calls(batch: Batch) -> bool:
-    return batch.profile.tool_calls is not None and bool(batch.profile.tool_markers)
-
-
 def marker_letters(batch: Batch) -> pl.Expr:
     """Per record, its tool-call markers in order as role letters, e.g. "SCAEs"."""
     markers = batch.profile.tool_markers
@@ -126,7 +122,14 @@ def _json_error(text: str) -> str | None:
     return None
 
 
-class ToolMarkerGrammar(RecordRule):
+class ToolCallRule(RecordRule):
+    """A rule over tool calls: it applies when the profile names tool-call markers."""
+
+    def applies(self, batch: Batch) -> bool:
+        return batch.profile.tool_calls is not None and bool(batch.profile.tool_markers)
+
+
+class ToolMarkerGrammar(ToolCallRule):
     """Tool-call markers unbalanced or out of the family's grammar order.
 
     What it checks:
@@ -150,9 +153,6 @@ class ToolMarkerGrammar(RecordRule):
 
     code = "TCL001"
     name = "tool-marker-grammar"
-
-    def applies(self, batch: Batch) -> bool:
-        return _has_tool_calls(batch)
 
     def violation(self, batch: Batch) -> pl.Expr:
         return ~pl.lit(_grammar_ok(batch))
@@ -182,7 +182,7 @@ class ToolMarkerGrammar(RecordRule):
         return pl.lit("")  # replaced in check(), which names the markers
 
 
-class ToolArgumentsInvalidJson(RecordRule):
+class ToolArgumentsInvalidJson(ToolCallRule):
     """Tool-call arguments that do not parse as JSON.
 
     What it checks:
@@ -205,9 +205,6 @@ class ToolArgumentsInvalidJson(RecordRule):
     code = "TCL002"
     name = "tool-arguments-invalid-json"
 
-    def applies(self, batch: Batch) -> bool:
-        return _has_tool_calls(batch)
-
     def find(self, batch: Batch) -> pl.DataFrame:
         bad = parsed_calls(batch).filter(pl.col("arguments_error").is_not_null())
         first = bad.group_by("row", maintain_order=True).first()
@@ -221,7 +218,7 @@ class ToolArgumentsInvalidJson(RecordRule):
         )
 
 
-class ToolCallIdMalformed(RecordRule):
+class ToolCallIdMalformed(ToolCallRule):
     """A tool-call id (or function name) not of the family's form, e.g. Kimi's `functions.NAME:IDX`.
 
     What it checks:
@@ -244,9 +241,6 @@ class ToolCallIdMalformed(RecordRule):
     code = "TCL003"
     name = "tool-call-id-malformed"
 
-    def applies(self, batch: Batch) -> bool:
-        return _has_tool_calls(batch)
-
     def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.tool_calls
         calls = parsed_calls(batch)
@@ -268,7 +262,7 @@ class ToolCallIdMalformed(RecordRule):
         )
 
 
-class ToolMarkerAsText(RecordRule):
+class ToolMarkerAsText(ToolCallRule):
     """A tool-call marker present only as plain text: its string decoded, its special id gone.
 
     What it checks:
@@ -289,9 +283,6 @@ class ToolMarkerAsText(RecordRule):
 
     code = "TCL004"
     name = "tool-marker-as-text"
-
-    def applies(self, batch: Batch) -> bool:
-        return _has_tool_calls(batch)
 
     def frame(self, batch: Batch) -> pl.DataFrame:
         return batch.records.with_columns(batch.decoded_output.alias("decoded"))
