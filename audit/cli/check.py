@@ -41,6 +41,7 @@ from audit.cli.progress import audit_progress
 from audit.errors import AuditError, InputError
 from audit.formats import OutputFormat, render, step_summary, summary_rows
 from audit.report import Report
+from audit.render import VERDICT_STYLE
 
 DEFAULT_REPORTS_DIR = Path("reports")
 
@@ -107,7 +108,6 @@ def print_rich_report(report: Report, path: Path | None = None) -> None:
 
 def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
     """One row per partition: records, records with errors, verdict, failed and warned rules."""
-    style = {"pass": "green", "warn": "yellow", "fail": "bold red"}
     table = Table(title=f"summary · {len(reports)} partitions", title_justify="left", header_style="bold",
                   box=box.SIMPLE_HEAD)
     for column in ("partition", "records", "with errors", "verdict", "failed", "warnings"):
@@ -116,7 +116,7 @@ def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
     for row in summary_rows(reports, fail_on_warning=fail_on_warning):
         table.add_row(
             row["target"], str(row["records"]), str(row["records_with_errors"]),
-            f"[{style[row['verdict']]}]{row['verdict']}[/]",
+            f"[{VERDICT_STYLE[row['verdict']]}]{row['verdict']}[/]",
             ", ".join(row["failed"]) or "-", ", ".join(row["warned"]) or "-",
         )
     return table

@@ -28,8 +28,8 @@ from audit.cli.app import (
     fail,
 )
 from audit.errors import AuditError
+from audit.render import VERDICT_STYLE
 
-VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 
 
 def snapshot_table(snapshot) -> Table:
