@@ -10,16 +10,16 @@ This is the whole core flow behind `audit check`, usable without the CLI:
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import orjson
 from pathlib import Path
 
+import orjson
+
 from audit.batch import AuditContext
-from audit.checks.template import load_prompts
 from audit.engine import ProgressCallback
 from audit.errors import ConfigError, InputError
-from audit.profiles import ResolvedProfile, load_profile
+from audit.generate.prompts import load_prompts
 from audit.parallel import run_audit
+from audit.profiles import ResolvedProfile, load_profile
 from audit.records import DEFAULT_BLOCK_BYTES
 from audit.report import Report, build_report
 from audit.ruleset import RuleSet, load_rule_set
@@ -76,30 +76,29 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
     rule_set = load_rule_set(options.rules)
     generation = target.generation
-    _check_generation_types(target)
 
-    tokenizer_dir = options.tokenizer or target.generation_path("tokenizer")
+    tokenizer_dir = options.tokenizer or generation.tokenizer_path
     if tokenizer_dir is None:
         raise ConfigError(
             f"no tokenizer for {target.data_file}: pass --tokenizer DIR (a local Hugging Face "
             "tokenizer directory), or record it in the partition's generation.json"
         )
-    trust = options.trust_remote_code or bool(generation.get("trust_remote_code", False))
+    trust = options.trust_remote_code or bool(generation.trust_remote_code)
     if options.tokenizer is None and not tokenizer_dir.exists():
         raise ConfigError(
-            f"{target.directory}/generation.json records tokenizer {tokenizer_dir}, which does not exist: "
+            f"{generation.path} records tokenizer {tokenizer_dir}, which does not exist: "
             "pass --tokenizer DIR, or fix the path in generation.json"
         )
     tokenizer = _tokenizer(tokenizer_dir, trust)
     _check_fingerprint(target, tokenizer)
 
-    profile_name = options.profile or generation.get("profile")
+    profile_name = options.profile or generation.profile
     if not profile_name:
         raise ConfigError(
             f"no profile for {target.data_file}: pass --profile NAME (see `audit profiles`) "
             "or record it in the partition's generation.json"
         )
-    thinking = options.thinking if options.thinking is not None else bool(generation.get("thinking", True))
+    thinking = options.thinking if options.thinking is not None else generation.thinking is not False
     profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
     prompts = load_prompts(options.prompts) if options.prompts is not None else None
     return Session(
@@ -108,22 +107,6 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         rule_set=rule_set,
         options=options,
     )
-
-
-def _check_generation_types(target: Target) -> None:
-    """Wrong-typed generation.json values are configuration errors, never silently coerced.
-
-    (`bool("false")` is True: a quoted "false" would turn trust_remote_code on.)
-    """
-    expected = {"profile": str, "thinking": bool, "trust_remote_code": bool, "tokenizer": (str, dict)}
-    for key, kind in expected.items():
-        value = target.generation.get(key)
-        if value is not None and not isinstance(value, kind):
-            names = " or ".join(k.__name__ for k in kind) if isinstance(kind, tuple) else kind.__name__
-            shown = {"bool": "true or false", "str": "a string", "str or dict": "a path or {\"path\": ...}"}[names]
-            raise ConfigError(
-                f"{target.directory}/generation.json: {key} must be {shown}, got {value!r}; fix or remove it"
-            )
 
 
 def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
@@ -153,9 +136,9 @@ def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
 def _recorded_fingerprints(target: Target) -> list[tuple[str, dict]]:
     """(where, fingerprint) pairs the partition records: generation.json, then the first record."""
     found = []
-    recorded = target.generation.get("tokenizer")
-    if isinstance(recorded, dict):
-        found.append((f"{target.data_file.parent}/generation.json", recorded))
+    recorded = target.generation.tokenizer_fingerprint
+    if recorded is not None:
+        found.append((str(target.generation.path), recorded))
     try:
         with target.data_file.open("rb") as handle:
             first = orjson.loads(handle.readline())

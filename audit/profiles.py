@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.errors import ConfigError
+from audit.templating import CHAT_TEMPLATE, RENDERERS
 from audit.tokenizer import Tokenizer
 from audit.toolcall_formats import FORMATS, ToolCallFormat
 
@@ -28,7 +29,16 @@ PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 #   none          the family has no think tokens (gpt-oss: segmented by harmony channels)
 Reasoning = Literal["prompt_opens", "model_opens", "closed", "none"]
 
-_TOP_KEYS = {"name", "description", "tokens", "pinned_ids", "generation_prompt", "tool_calls", "channels"}
+_TOP_KEYS = {
+    "name",
+    "description",
+    "encoder",
+    "tokens",
+    "pinned_ids",
+    "generation_prompt",
+    "tool_calls",
+    "channels",
+}
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window"}
 _PROMPT_KEYS = {"thinking", "no_thinking"}
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
@@ -81,6 +91,9 @@ class Profile:
     tool_calls: ToolCallSpec | None = None
     think_open_window: int = 0
     channels: ChannelSpec | None = None
+    # The family's built-in prompt encoder (a name in audit.templating.RENDERERS), for models
+    # that ship Python instead of a chat template; None: the tokenizer's chat template.
+    encoder: str | None = None
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -189,6 +202,11 @@ class ResolvedProfile:
         return self.profile.tool_calls
 
     @property
+    def prompt_renderer(self) -> str:
+        """How this family's prompts are rendered: a name in `audit.templating.RENDERERS`."""
+        return self.profile.encoder or CHAT_TEMPLATE
+
+    @property
     def channels(self) -> ChannelSpec | None:
         return self.profile.channels
 
@@ -250,6 +268,11 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
         if key in tokens and not (isinstance(tokens[key], str) and tokens[key]):
             raise ConfigError(f"{where}: tokens.{key}: expected a token string, got {tokens[key]!r}")
+    encoder = data.get("encoder")
+    if encoder is not None and expect(encoder, str, f"{where}: encoder") not in RENDERERS:
+        raise ConfigError(
+            f"{where}: encoder: no prompt encoder {encoder!r} (known: {', '.join(RENDERERS)})"
+        )
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -269,6 +292,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         tool_calls=_parse_tool_calls(data.get("tool_calls"), where),
         think_open_window=window,
         channels=_parse_channels(data.get("channels"), where),
+        encoder=encoder,
     )
 
 

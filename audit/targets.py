@@ -3,22 +3,20 @@
 A partition is a directory `<data root>/<name>/` holding `raw_responses.jsonl`, and
 optionally `generation.json`, written by the generator, which records how the data was
 made (profile, tokenizer path and fingerprint, thinking mode) so that a bare
-`audit check NAME` knows what to audit it with.
+`audit check NAME` knows what to audit it with (`audit.generate.manifest` reads it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from audit.errors import InputError
+from audit.generate.manifest import GenerationManifest, read_manifest
 
 DATA_FILE = "raw_responses.jsonl"
-GENERATION_FILE = "generation.json"
 DEFAULT_DATA_ROOT = Path("prepared")
 # The sample shipped with the project, used when run from a checkout with no data root.
 SAMPLE_DATA_ROOT = Path("fixtures") / "prepared"
@@ -32,17 +30,8 @@ class Target:
 
     partition: str  # a short name for reports: the partition, or the file's stem
     data_file: Path
-    generation: dict[str, Any] = field(default_factory=dict)
-    directory: Path | None = None  # where generation.json paths are relative to
-
-    def generation_path(self, key: str) -> Path | None:
-        """A path recorded in generation.json, resolved against the partition directory."""
-        value = self.generation.get(key)
-        if isinstance(value, dict):
-            value = value.get("path")
-        if not isinstance(value, str) or self.directory is None:
-            return None
-        return (self.directory / value).resolve()
+    generation: GenerationManifest = field(default_factory=GenerationManifest)
+    directory: Path | None = None  # the directory holding the data file (and generation.json)
 
 
 def data_root(explicit: str | Path | None) -> tuple[Path, str | None]:
@@ -103,7 +92,7 @@ def _directory_target(directory: Path, name: str) -> Target:
     return Target(
         partition=name,
         data_file=data_file,
-        generation=_read_generation(directory),
+        generation=read_manifest(directory),
         directory=directory,
     )
 
@@ -120,7 +109,7 @@ def _file_target(path: Path) -> Target:
     return Target(
         partition=partition or path.stem,
         data_file=path,
-        generation=_read_generation(path.parent),
+        generation=read_manifest(path.parent),
         directory=path.parent,
     )
 
@@ -129,15 +118,3 @@ def _require_content(path: Path) -> None:
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty; there is nothing to audit")
 
-
-def _read_generation(directory: Path) -> dict[str, Any]:
-    path = directory / GENERATION_FILE
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: not valid JSON ({exc}); fix or remove it") from None
-    if not isinstance(data, dict):
-        raise InputError(f"{path}: expected a JSON object")
-    return data

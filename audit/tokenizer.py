@@ -205,19 +205,6 @@ class Tokenizer:
         values = np.concatenate([np.asarray(e, dtype=np.int64) for e in encoded]) if encoded else np.zeros(0, np.int64)
         return FlatIds(values.astype(np.int64, copy=False), offsets)
 
-    def render_prompt(
-        self, messages: list[dict], tools: list[dict] | None = None, **template_kwargs: Any
-    ) -> list[int]:
-        """The chat template's rendering of a prompt, as ids, ready for generation."""
-        rendered = self.hf.apply_chat_template(
-            messages,
-            tools=tools or None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **template_kwargs,
-        )
-        return self.encode_text(rendered)
-
 
 def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
     """The tiktoken `Encoding` behind a remote-code tokenizer (Kimi's), if there is one."""

@@ -8,7 +8,6 @@ are re-judged over the (line, id) pairs seen so far, which stay small.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -18,9 +17,9 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.check import Session
-from audit.errors import InputError
+from audit.generate.manifest import read_manifest
 from audit.records import LineBlock, parse_block
-from audit.targets import DATA_FILE, GENERATION_FILE, Target, resolve_target
+from audit.targets import DATA_FILE, Target, resolve_target
 
 # Lines per minute are measured over this recent window, so the rate follows the run.
 RATE_WINDOW_SECONDS = 60.0
@@ -63,19 +62,12 @@ def watch_target(spec: str, root: Path) -> Target:
     for candidate in candidates:
         if candidate.is_file() and candidate.stat().st_size == 0:
             directory = candidate.parent
-            generation: dict = {}
-            if (directory / GENERATION_FILE).is_file():
-                try:
-                    generation = json.loads(
-                        (directory / GENERATION_FILE).read_text(encoding="utf-8")
-                    )
-                except (json.JSONDecodeError, UnicodeDecodeError):
-                    raise InputError(
-                        f"{directory / GENERATION_FILE}: not valid JSON; fix or remove it"
-                    ) from None
             name = directory.name if candidate.name == DATA_FILE else candidate.stem
             return Target(
-                partition=name, data_file=candidate, generation=generation, directory=directory
+                partition=name,
+                data_file=candidate,
+                generation=read_manifest(directory),
+                directory=directory,
             )
     return resolve_target(spec, root)
 

@@ -56,3 +56,20 @@ def write_jsonl(path: Path, records: list[dict | str | bytes]) -> Path:
             else:
                 out.write(record)
     return path
+
+
+@pytest.fixture
+def servers():
+    """Start stand-in SGLang servers on demand (tests/sglang_standin.py); all stop with the test."""
+    from tests.sglang_standin import SGLangStandin
+
+    started: list[SGLangStandin] = []
+
+    def start(**config) -> SGLangStandin:
+        server = SGLangStandin(KIMI_TOKENIZER, **config).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

@@ -15,6 +15,7 @@ from audit.check import CheckOptions, check_target, prepare
 from audit.check import _tokenizer as _tokenizer_cache
 from audit.profiles import load_profile
 from audit.targets import resolve_target
+from audit.templating import prompt_ids
 from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import harmony_tokenizer_dir, kinds_for, make_family_partition, real_tokenizer_dir
 
@@ -94,5 +95,5 @@ def test_real_generation_suffixes_match_the_profiles(tokenizer_dirs) -> None:
     for profile_name, tokenizer_name, thinking in cases:
         _, tokenizer = _tokenizer(tokenizer_dirs, tokenizer_name)
         profile = load_profile(profile_name).resolve(tokenizer, thinking=thinking)
-        ids = tokenizer.render_prompt([{"role": "user", "content": "hi"}], thinking=thinking, enable_thinking=thinking)
+        ids = prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=thinking)[0]
         assert any(tuple(ids[-len(s):]) == s for s in profile.prompt_suffixes), (profile_name, thinking)

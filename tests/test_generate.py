@@ -11,92 +11,21 @@ from pathlib import Path
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
 from audit.check import CheckOptions, check_target, prepare
-from audit.cli import app
-from audit.generate import render_prompts, scan_prompts
+from audit.generate import scan_prompts
 from audit.targets import resolve_target
-from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
-from tests.sglang_standin import SGLangStandin
-
-KIMI_END_OF_TURN = 163586
-N_PROMPTS = 40
-
-
-def make_prompts(path: Path, n: int = N_PROMPTS) -> Path:
-    """The B0 sample's prompts (system + user + tools), then plain chats, `n` in all."""
-    prompts = []
-    for line in (PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        prompts.append(
-            {"id": record["id"], "messages": record["messages"], "tools": record["tools"]}
-        )
-    for i in range(n - len(prompts)):
-        messages = [{"role": "user", "content": f"What is {i} times {i + 3}? Explain briefly."}]
-        if i % 3 == 0:
-            messages = [
-                {"role": "user", "content": "Hello there."},
-                {"role": "assistant", "content": "Hi! How can I help?"},
-                *messages,
-            ]
-        prompts.append({"id": i, "messages": messages})
-    prompts = prompts[:n]
-    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
-    return path
-
-
-@pytest.fixture
-def servers():
-    """Start stand-in servers on demand; all are stopped at the end of the test."""
-    started: list[SGLangStandin] = []
-
-    def start(**config) -> SGLangStandin:
-        server = SGLangStandin(KIMI_TOKENIZER, **config).start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.stop()
-
-
-def generate_args(prompts: Path, out: Path, *urls: str, extra: tuple[str, ...] = ()) -> list[str]:
-    args = [
-        "generate",
-        str(prompts),
-        "--tokenizer",
-        str(KIMI_TOKENIZER),
-        "--profile",
-        "kimi-k2.5",
-        "--out",
-        str(out),
-    ]
-    for url in urls:
-        args += ["--server", url]
-    return [*args, "--retry-backoff", "0.01", *extra]
-
-
-def run_cli(args: list[str]):
-    return CliRunner().invoke(app, args)
-
-
-def read_samples(out: Path) -> list[dict]:
-    data = out.read_bytes()
-    assert not data or data.endswith(b"\n"), "the output ends in a partial line"
-    return [json.loads(line) for line in data.splitlines()]
-
-
-def template_ids(kimi_tokenizer, prompt: dict, thinking: bool = True) -> list[int]:
-    """What the chat template renders, asked of transformers directly (tokenize=True)."""
-    rendered = kimi_tokenizer.hf.apply_chat_template(
-        prompt["messages"],
-        tools=prompt.get("tools"),
-        add_generation_prompt=True,
-        tokenize=True,
-        thinking=thinking,
-    )
-    return list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+from audit.templating import prompt_ids
+from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, ROOT
+from tests.generate_support import (
+    KIMI_END_OF_TURN,
+    N_PROMPTS,
+    generate_args,
+    make_prompts,
+    read_samples,
+    run_cli,
+    template_ids,
+)
 
 
 def test_every_prompt_once_through_503s_with_the_template_ids_and_the_server_ids(
@@ -392,14 +321,15 @@ def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(
 )
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
-    from audit.generate import Prompt
     from audit.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     messages = [{"role": "user", "content": "Convert 12 USD to EUR."}]
-    prompt = Prompt(line=1, id="x", messages=messages, tools=None)
-    [ids] = render_prompts(tokenizer, [prompt], thinking=thinking)
-    assert ids == tokenizer.render_prompt(messages, thinking=thinking)
+    [ids] = prompt_ids(tokenizer, [messages], [None], thinking=thinking)
+    rendered = tokenizer.hf.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, thinking=thinking
+    )
+    assert ids == tokenizer.encode_text(rendered)
     ends_open = ids[-1] == tokenizer.token_id(profile_tokens)
     assert ends_open is thinking
 

@@ -13,6 +13,7 @@ from audit.check import CheckOptions, check_target, prepare
 from audit.inspect.model import Inspector, LineIndex
 from audit.inspect.render import DetailLines
 from audit.targets import resolve_target
+from audit.templating import prompt_ids
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
 LONG_REASONING = 30_000
@@ -157,7 +158,7 @@ def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers
 
     directory = tiktoken_remote_code.build(tmp_path / "kimi-tiktoken")
     tokenizer = load_tokenizer(directory, trust_remote_code=True)
-    prompt = tokenizer.render_prompt([{"role": "user", "content": "What is 2+2?"}])
+    prompt = prompt_ids(tokenizer, [[{"role": "user", "content": "What is 2+2?"}]], [None], thinking=True)[0]
     stripped = tokenizer.encode_text("Two and two make four. It is 4.<|im_end|>")  # </think> lost
     partition = tmp_path / "P1"
     partition.mkdir()

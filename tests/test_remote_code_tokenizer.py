@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from audit.cli import app
 from audit.errors import ConfigError
 from audit.tokenizer import load_tokenizer
+from audit.templating import prompt_ids
 from tests import tiktoken_remote_code
 
 
@@ -31,12 +32,12 @@ def test_kimi_shaped_tiktoken_tokenizer_resolves_kimi_ids_and_round_trips(tiktok
     ids = tokenizer.encode_text("The answer is 4.</think>Four.<|im_end|>")
     assert 163607 in ids and ids[-1] == 163586
     assert tokenizer.encode_batch(tokenizer.decode_batch([ids])) == [ids]
-    assert tokenizer.render_prompt([{"role": "user", "content": "hi"}])[-1] == 163606
+    assert prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=True)[0][-1] == 163606
 
 
 def test_check_audits_a_partition_made_with_it(tiktoken_dir: Path, tmp_path: Path) -> None:
     tokenizer = load_tokenizer(tiktoken_dir, trust_remote_code=True)
-    prompt = tokenizer.render_prompt([{"role": "user", "content": "What is 2+2?"}])
+    prompt = prompt_ids(tokenizer, [[{"role": "user", "content": "What is 2+2?"}]], [None], thinking=True)[0]
     clean = tokenizer.encode_text("Two and two make four.</think>It is 4.<|im_end|>")
     stripped = tokenizer.encode_text("Two and two make four.It is 4.<|im_end|>")
     data = tmp_path / "raw_responses.jsonl"

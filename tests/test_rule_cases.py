@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from audit.engine import audit_file
+from audit.templating import prompt_ids
 
 CASES = tomllib.loads((Path(__file__).parent / "rule_cases.toml").read_text())["case"]
 
@@ -17,7 +18,7 @@ def build_record(case: dict, tokenizer) -> dict:
     if "prompt" in case:
         prompt = tokenizer.encode_text(case["prompt"])
     else:
-        prompt = tokenizer.render_prompt([{"role": "user", "content": "Hello, can you help?"}])
+        prompt = prompt_ids(tokenizer, [[{"role": "user", "content": "Hello, can you help?"}]], [None], thinking=True)[0]
     output = tokenizer.encode_text(case["output"]) if case["output"] else []
     if "output_plain" in case:  # text whose special-token strings stay ordinary pieces
         backend = tokenizer.hf.backend_tokenizer

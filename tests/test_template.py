@@ -68,7 +68,7 @@ def test_bad_prompts_file_is_one_line_exit_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["check", str(PREPARED / "B0_clean"), "--prompts", str(bad),
                                       "--report", str(tmp_path / "r.json")])
     assert result.exit_code == 2
-    assert "prompts.jsonl:1: expected an object with `id` and a `messages` list" in result.output
+    assert "prompts.jsonl:1: needs `messages`, a non-empty list of chat messages" in result.output
 
 
 def test_repetition_loop_and_empty_answer(tmp_path: Path, kimi_tokenizer) -> None:

@@ -1,15 +1,15 @@
 """Template fidelity: the prompt ids are exactly the chat template's rendering of the messages.
 
 Records that carry their source `messages` (and `tools`), or whose id a `--prompts FILE` maps
-to them, are rendered again with the tokenizer's own chat template (`add_generation_prompt`,
-the run's thinking mode) and encoded; the ids must equal `input_ids`. Rendering is Python (the
-template engine), so identical message lists are rendered once and the encoding is one
-batched call per block.
+to them, are rendered again with the profile's renderer (the tokenizer's own chat template,
+`add_generation_prompt`, the run's thinking mode) and encoded, through `audit.templating`, the
+very functions the generator sends prompts with; the ids must equal `input_ids`. Rendering is
+Python (the template engine), so identical message lists are rendered once and the encoding
+is one batched call per block.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -17,37 +17,10 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.errors import ConfigError
+from audit.templating import RenderFailure, encode_prompts, get_renderer, render_prompts
 
 # Tokens of context shown on each side of the first difference.
 _CONTEXT = 6
-
-
-def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
-    """Read a prompts file: one JSON object per line with `id` and `messages` (`tools` optional)."""
-    if not path.is_file():
-        raise ConfigError(f"--prompts {path}: no such file")
-    prompts: dict[str, dict[str, Any]] = {}
-    with path.open("rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ConfigError(f"--prompts {path}:{number}: not valid JSON ({exc})") from None
-            if not isinstance(value, dict) or "id" not in value or not isinstance(value.get("messages"), list):
-                raise ConfigError(
-                    f"--prompts {path}:{number}: expected an object with `id` and a `messages` list"
-                )
-            prompts[str(value["id"])] = value
-    return prompts
-
-
-def _template_kwargs(thinking: bool) -> dict[str, Any]:
-    # Families spell the switch differently: DeepSeek `thinking`, Qwen3 and GLM
-    # `enable_thinking`. A template ignores the name it does not use.
-    return {"thinking": thinking, "enable_thinking": thinking}
 
 
 class TemplateMismatch(RecordRule):
@@ -86,21 +59,23 @@ class TemplateMismatch(RecordRule):
 
     def __init__(self, **parameters: Any):
         super().__init__(**parameters)
-        # Rendered prompt ids by (tokenizer, thinking, messages+tools+kwargs as JSON bytes).
-        self._rendered: dict[tuple[int, bool, bytes], list[int] | str] = {}
+        # Rendered prompt ids (or why the renderer refused) by (tokenizer, renderer, thinking,
+        # messages+tools+kwargs as JSON bytes).
+        self._rendered: dict[tuple[int, str, bool, bytes], list[int] | str] = {}
 
     def applies(self, batch: Batch) -> bool:
-        return bool(getattr(batch.tokenizer.hf, "chat_template", None))
+        return get_renderer(batch.profile.prompt_renderer).available(batch.tokenizer)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         sources = self._sources(batch)
         if not sources:
             return empty_findings()
         thinking = batch.profile.thinking
-        keyed: list[tuple[int, tuple[int, bool, bytes], dict[str, Any]]] = []
+        keyed: list[tuple[int, tuple[int, str, bool, bytes], dict[str, Any]]] = []
         for row, prompt in sources:
             key = (
                 id(batch.tokenizer),
+                batch.profile.prompt_renderer,
                 thinking,
                 orjson.dumps(
                     [prompt.get("messages"), prompt.get("tools"), prompt.get("chat_template_kwargs")],
@@ -119,7 +94,7 @@ class TemplateMismatch(RecordRule):
             saved = input_ids[row]
             if saved is None:
                 continue
-            if isinstance(rendered, str):  # the template refused these messages
+            if isinstance(rendered, str):  # the renderer refused these messages
                 rows.append(row)
                 positions.append(None)
                 messages.append(f"the chat template cannot render this record's messages: {rendered}")
@@ -175,35 +150,38 @@ class TemplateMismatch(RecordRule):
         return found
 
     def _render_missing(
-        self, batch: Batch, keyed: list[tuple[int, tuple[int, bool, bytes], dict[str, Any]]], thinking: bool
+        self,
+        batch: Batch,
+        keyed: list[tuple[int, tuple[int, str, bool, bytes], dict[str, Any]]],
+        thinking: bool,
     ) -> None:
         """Render every prompt not rendered yet, then encode them in one batch."""
-        hf = batch.tokenizer.hf
-        texts: dict[tuple[int, bool, bytes], str] = {}
-        suffixes = batch.profile.prompt_suffix_texts
+        missing: dict[tuple[int, str, bool, bytes], dict[str, Any]] = {}
         for _, key, prompt in keyed:
-            if key in self._rendered or key in texts:
-                continue
-            kwargs = _template_kwargs(thinking)
-            extra = prompt.get("chat_template_kwargs")
-            if isinstance(extra, dict):
-                kwargs.update(extra)
-            try:
-                text = hf.apply_chat_template(
-                    prompt["messages"],
-                    tools=prompt.get("tools") or None,
-                    add_generation_prompt=True,
-                    tokenize=False,
-                    **kwargs,
-                )
-            except Exception as exc:  # jinja raises many types; each means "cannot render"
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                self._rendered[key] = f"{type(exc).__name__}: {first}"
-                continue
-            texts[key] = _complete_suffix(text, suffixes)
-        if texts:
-            encoded = batch.tokenizer.encode_batch(list(texts.values()))
-            self._rendered.update(zip(texts, encoded, strict=True))
+            if key not in self._rendered:
+                missing.setdefault(key, prompt)
+        if not missing:
+            return
+        prompts = list(missing.values())
+        extras = [p.get("chat_template_kwargs") for p in prompts]
+        texts = render_prompts(
+            batch.tokenizer,
+            [p["messages"] for p in prompts],
+            [p.get("tools") or None for p in prompts],
+            thinking=thinking,
+            extra_kwargs=[extra if isinstance(extra, dict) else None for extra in extras],
+            renderer=batch.profile.prompt_renderer,
+        )
+        suffixes = batch.profile.prompt_suffix_texts
+        completed: dict[tuple[int, str, bool, bytes], str] = {}
+        for key, text in zip(missing, texts, strict=True):
+            if isinstance(text, RenderFailure):
+                self._rendered[key] = text.reason
+            else:
+                completed[key] = _complete_suffix(text, suffixes)
+        if completed:
+            encoded = encode_prompts(batch.tokenizer, list(completed.values()))
+            self._rendered.update(zip(completed, encoded, strict=True))
 
 
 def _ends_with_any(ids: list[int], suffixes: tuple[tuple[int, ...], ...]) -> bool:

@@ -1,0 +1,164 @@
+"""`generation.json`: how a partition's data was made, written and read here only.
+
+`audit generate` writes it beside the output; `audit check`, `gate`, `inspect` and `watch`
+read it (through `audit.targets`), so a bare `audit check NAME` knows how to audit the data.
+Its fields (JSON object; a reader needs none of them):
+
+| key | type | |
+|---|---|---|
+| `profile` | string | a built-in profile name, or the absolute path of a profile file |
+| `tokenizer` | object or string | `{path, vocab_size, sha256}` (`path` relative to the partition), or a path |
+| `trust_remote_code` | bool | whether the generator loaded the tokenizer with remote code |
+| `thinking` | bool | the thinking mode prompts were rendered with |
+| `sampling_params` | object | exactly what was sent with every request |
+| `prompts` | string | the prompts file |
+| `servers` | list | per server: `url`, `model_path`, `tokenizer_path` as it reported them |
+| `generator`, `tool` | | what wrote the file |
+| `started_at`, `updated_at` | string | UTC times of the first and the latest run into the partition |
+
+A value of the wrong type is a configuration error naming the file and key, never coerced
+(`bool("false")` is True).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from audit.errors import ConfigError, InputError
+from audit.files import write_atomically
+
+GENERATION_FILE = "generation.json"
+# Settings that must match between a run and the run it resumes: mixing two configurations in
+# one partition is silent corruption.
+_RESUME_KEYS = ("profile", "thinking", "sampling_params")
+# What the audit reads, by key: accepted types and how to say them in an error line.
+_READ_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "profile": ((str,), "a string"),
+    "thinking": ((bool,), "true or false"),
+    "trust_remote_code": ((bool,), "true or false"),
+    "tokenizer": ((str, dict), 'a path or {"path": ...}'),
+}
+
+
+@dataclass(frozen=True)
+class GenerationManifest:
+    """A partition's generation.json as the audit reads it; every field None when not recorded."""
+
+    path: Path | None = None  # None: the partition has no generation.json
+    profile: str | None = None
+    thinking: bool | None = None
+    trust_remote_code: bool | None = None
+    tokenizer_path: Path | None = None  # resolved against the partition directory
+    tokenizer_fingerprint: dict[str, Any] | None = None  # sha256, vocab_size when recorded
+    data: dict[str, Any] = field(default_factory=dict)  # the whole object as written
+
+
+def read_manifest(directory: Path) -> GenerationManifest:
+    """The generation.json in `directory`, checked; an empty manifest when there is none.
+
+    Raises InputError when the file is not a JSON object, ConfigError when a field the audit
+    reads has the wrong type.
+    """
+    path = directory / GENERATION_FILE
+    if not path.is_file():
+        return GenerationManifest()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not valid JSON ({exc}); fix or remove it") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: expected a JSON object")
+    for key, (types, shown) in _READ_TYPES.items():
+        value = data.get(key)
+        if value is not None and not isinstance(value, types):
+            raise ConfigError(f"{path}: {key} must be {shown}, got {value!r}; fix or remove it")
+    tokenizer = data.get("tokenizer")
+    recorded_path = tokenizer.get("path") if isinstance(tokenizer, dict) else tokenizer
+    return GenerationManifest(
+        path=path,
+        profile=data.get("profile"),
+        thinking=data.get("thinking"),
+        trust_remote_code=data.get("trust_remote_code"),
+        tokenizer_path=(directory / recorded_path).resolve()
+        if isinstance(recorded_path, str)
+        else None,
+        tokenizer_fingerprint=tokenizer if isinstance(tokenizer, dict) else None,
+        data=data,
+    )
+
+
+def build_manifest(
+    *,
+    directory: Path,
+    profile: str,
+    tokenizer_fingerprint: dict[str, Any],
+    tokenizer_directory: Path,
+    trust_remote_code: bool,
+    thinking: bool,
+    sampling_params: dict[str, Any],
+    prompts: Path,
+    servers: list[dict[str, Any]],
+    version: str,
+) -> dict[str, Any]:
+    """The generation.json of a run writing into `directory` (times are added when written)."""
+    tokenizer_path = str(tokenizer_directory.resolve())
+    try:
+        tokenizer_path = os.path.relpath(tokenizer_path, directory.resolve())
+    except ValueError:  # another drive: keep it absolute
+        pass
+    return {
+        "profile": profile,
+        "tokenizer": {**tokenizer_fingerprint, "path": tokenizer_path},
+        "trust_remote_code": trust_remote_code,
+        "thinking": thinking,
+        "sampling_params": sampling_params,
+        "prompts": str(prompts),
+        "servers": servers,
+        "generator": "audit generate",
+        "tool": {"name": "audit", "version": version},
+    }
+
+
+def check_resumable(directory: Path, manifest: dict[str, Any]) -> None:
+    """Refuse to append to data made with other settings (profile, thinking, sampling, tokenizer)."""
+    previous = read_manifest(directory)
+    if previous.path is None:
+        return
+    differences = [
+        f"{key} {previous.data[key]!r} -> {manifest[key]!r}"
+        for key in _RESUME_KEYS
+        if key in previous.data and previous.data[key] != manifest[key]
+    ]
+    old_hash = (previous.tokenizer_fingerprint or {}).get("sha256")
+    if old_hash and old_hash != manifest["tokenizer"]["sha256"]:
+        differences.append(
+            f"tokenizer sha256 {str(old_hash)[:12]}… -> {manifest['tokenizer']['sha256'][:12]}…"
+        )
+    if differences:
+        raise ConfigError(
+            f"{previous.path} records other settings than this run ({'; '.join(differences)}): "
+            "resuming would mix two configurations in one partition; use the same settings or "
+            "another --out"
+        )
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+    """Write generation.json atomically, keeping the first run's start time."""
+    path = directory / GENERATION_FILE
+    try:
+        started = read_manifest(directory).data.get("started_at")
+    except (InputError, ConfigError):
+        started = None  # a broken file from elsewhere is replaced by this run's
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    data = {
+        **manifest,
+        "started_at": started if isinstance(started, str) else now,
+        "updated_at": now,
+    }
+    write_atomically(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    return path

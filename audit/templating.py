@@ -1,0 +1,152 @@
+"""Prompt rendering: chat messages to the prompt a model is sent, in one place.
+
+The generator renders each prompt with these functions and sends the ids; TPL001 renders the
+record's messages with the same functions and compares. Because both go through
+`render_prompts` and `encode_prompts`, the prompt a run sends and the prompt the audit expects
+cannot drift apart.
+
+How a family renders is the profile's choice: `encoder = NAME` in its TOML names an entry of
+`RENDERERS`; without it, `chat_template`, the tokenizer's own jinja template
+(`apply_chat_template(..., add_generation_prompt=True, tokenize=False)`). Families that ship a
+Python encoder instead of a template (DeepSeek-V3.2's `encoding_dsv32.py`, V4's
+`encoding_dsv4.py`, reimplemented in `audit.encoders`) plug in as another `PromptRenderer`
+entry: a function from (tokenizer, messages, tools, thinking, extra kwargs) to the prompt text.
+
+    texts = render_prompts(tokenizer, [messages], [tools], thinking=True)
+    [ids] = encode_prompts(tokenizer, texts)          # or prompt_ids(...) for both steps
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from audit.errors import ConfigError
+from audit.tokenizer import Tokenizer
+
+CHAT_TEMPLATE = "chat_template"
+
+Messages = list[dict[str, Any]]
+Tools = list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class RenderFailure:
+    """A prompt the renderer refused (a template that raises on these messages), and why."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class PromptRenderer:
+    """One way of turning chat messages into prompt text, ending with the generation prompt."""
+
+    name: str
+    # (tokenizer, messages, tools, thinking, extra keyword arguments) -> the prompt text
+    render: Callable[[Tokenizer, Messages, Tools, bool, dict[str, Any]], str]
+    # Can it render with this tokenizer? (the jinja renderer needs a chat template)
+    available: Callable[[Tokenizer], bool]
+    requirement: str  # what `available` needs, for the error line when it is missing
+
+
+def thinking_kwargs(thinking: bool) -> dict[str, Any]:
+    """The thinking switch under both names templates read.
+
+    Kimi and DeepSeek-V3.1 read `thinking`, Qwen3 and GLM `enable_thinking`; a template
+    ignores the name it does not use.
+    """
+    return {"thinking": thinking, "enable_thinking": thinking}
+
+
+def _render_chat_template(
+    tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
+) -> str:
+    return tokenizer.hf.apply_chat_template(
+        messages,
+        tools=tools or None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **{**thinking_kwargs(thinking), **extra},
+    )
+
+
+RENDERERS: dict[str, PromptRenderer] = {
+    CHAT_TEMPLATE: PromptRenderer(
+        name=CHAT_TEMPLATE,
+        render=_render_chat_template,
+        available=lambda tokenizer: bool(getattr(tokenizer.hf, "chat_template", None)),
+        requirement="a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+    ),
+}
+
+
+def get_renderer(name: str) -> PromptRenderer:
+    """The renderer a profile names; ConfigError when there is none of that name."""
+    try:
+        return RENDERERS[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown prompt renderer {name!r} (known: {', '.join(RENDERERS)})"
+        ) from None
+
+
+def render_prompts(
+    tokenizer: Tokenizer,
+    messages_list: Sequence[Messages],
+    tools_list: Sequence[Tools],
+    *,
+    thinking: bool,
+    extra_kwargs: Sequence[dict[str, Any] | None] | None = None,
+    renderer: str = CHAT_TEMPLATE,
+) -> list[str | RenderFailure]:
+    """Each prompt's text, generation prompt included, or why it cannot be rendered.
+
+    `extra_kwargs` holds per-prompt keyword arguments for the renderer (a record's
+    `chat_template_kwargs`); they override the thinking switch. A prompt the renderer refuses
+    is a `RenderFailure` in its place, never an exception: one bad prompt does not stop a batch.
+    """
+    render = get_renderer(renderer).render
+    extras = extra_kwargs if extra_kwargs is not None else [None] * len(messages_list)
+    texts: list[str | RenderFailure] = []
+    for messages, tools, extra in zip(messages_list, tools_list, extras, strict=True):
+        try:
+            texts.append(render(tokenizer, messages, tools, thinking, extra or {}))
+        except Exception as exc:  # jinja and encoders raise many types; each means "cannot render"
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            texts.append(
+                RenderFailure(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
+            )
+    return texts
+
+
+def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Rendered prompts to ids in one batched call: special-token strings recognised, nothing added.
+
+    Nothing is added because the rendering already holds every special token (a BOS added
+    here would be doubled).
+    """
+    return tokenizer.encode_batch(texts)
+
+
+def prompt_ids(
+    tokenizer: Tokenizer,
+    messages_list: Sequence[Messages],
+    tools_list: Sequence[Tools],
+    *,
+    thinking: bool,
+    extra_kwargs: Sequence[dict[str, Any] | None] | None = None,
+    renderer: str = CHAT_TEMPLATE,
+) -> list[list[int] | RenderFailure]:
+    """`render_prompts` then `encode_prompts`: each prompt's ids, or why it cannot be rendered."""
+    texts = render_prompts(
+        tokenizer,
+        messages_list,
+        tools_list,
+        thinking=thinking,
+        extra_kwargs=extra_kwargs,
+        renderer=renderer,
+    )
+    rendered = [text for text in texts if isinstance(text, str)]
+    encoded = iter(encode_prompts(tokenizer, rendered) if rendered else [])
+    return [next(encoded) if isinstance(text, str) else text for text in texts]

@@ -1,0 +1,202 @@
+"""Prompt rendering (audit.templating): one path for the prompt a run sends and the one TPL001 expects."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from audit.check import CheckOptions, check_target, prepare
+from audit.profiles import PROFILES_DIR
+from audit.targets import resolve_target
+from audit.templating import (
+    CHAT_TEMPLATE,
+    RENDERERS,
+    PromptRenderer,
+    RenderFailure,
+    encode_prompts,
+    prompt_ids,
+    render_prompts,
+)
+from tests.conftest import KIMI_TOKENIZER
+from tests.generate_support import generate_args, make_prompts, read_samples, run_cli
+
+HELLO = [{"role": "user", "content": "Hello, can you help?"}]
+# The Kimi template reads tool_calls[i]['id']: a call without one cannot be rendered.
+NO_CALL_ID = [
+    {"role": "user", "content": "Convert 12 USD."},
+    {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "convert"}}]},
+]
+
+
+def _findings(data: Path, **options) -> list[tuple[int, str, str]]:
+    report = check_target(prepare(resolve_target(str(data), data.parent), CheckOptions(**options)))
+    return [(f["line"], f["rule"], f["message"]) for f in report.findings.iter_rows(named=True)]
+
+
+def test_a_prompt_the_renderer_refuses_stays_in_its_place_and_the_rest_are_encoded_in_one_batch(
+    kimi_tokenizer,
+):
+    texts = render_prompts(kimi_tokenizer, [HELLO, NO_CALL_ID, HELLO], [None] * 3, thinking=True)
+    assert isinstance(texts[1], RenderFailure) and "UndefinedError" in texts[1].reason
+    assert texts[0] == texts[2] and texts[0].endswith(
+        "<|im_assistant|>assistant<|im_middle|><think>"
+    )
+    ids = prompt_ids(kimi_tokenizer, [HELLO, NO_CALL_ID, HELLO], [None] * 3, thinking=True)
+    assert ids[1] == texts[1]
+    assert ids[0] == ids[2] == encode_prompts(kimi_tokenizer, [texts[0]])[0]
+    assert ids[0] == kimi_tokenizer.encode_text(texts[0])
+
+
+def test_extra_kwargs_override_the_thinking_switch(kimi_tokenizer):
+    [on, off] = render_prompts(
+        kimi_tokenizer,
+        [HELLO, HELLO],
+        [None, None],
+        thinking=True,
+        extra_kwargs=[None, {"thinking": False}],
+    )
+    assert on.endswith("<think>") and off.endswith("<think></think>")
+
+
+def test_a_profile_naming_an_unknown_renderer_is_one_error_line(tmp_path):
+    profile = tmp_path / "kimi-encoder.toml"
+    profile.write_text(
+        'encoder = "deepseek-v9"\n' + (PROFILES_DIR / "kimi-k2.5.toml").read_text()
+    )
+    result = run_cli(
+        [
+            "check",
+            "B0_clean",
+            "--profile",
+            str(profile),
+            "--tokenizer",
+            str(KIMI_TOKENIZER),
+            "--report",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    assert result.exit_code == 2
+    assert (
+        "encoder: no prompt encoder 'deepseek-v9'" in result.output and CHAT_TEMPLATE in result.output
+    )
+    assert "Traceback" not in result.output
+
+
+def test_the_profiles_renderer_is_what_the_generator_sends_and_what_tpl001_expects(
+    servers, tmp_path, monkeypatch, kimi_tokenizer
+):
+    """A family with its own encoder: name it in the profile, and both sides follow it."""
+
+    def with_house_rules(tokenizer, messages, tools, thinking, extra):
+        house = [{"role": "system", "content": "House rules: answer in one line."}, *messages]
+        return RENDERERS[CHAT_TEMPLATE].render(tokenizer, house, tools, thinking, extra)
+
+    monkeypatch.setitem(
+        RENDERERS,
+        "house-rules",
+        PromptRenderer("house-rules", with_house_rules, lambda tokenizer: True, "nothing"),
+    )
+    profile = tmp_path / "kimi-house.toml"
+    profile.write_text(
+        'encoder = "house-rules"\n' + (PROFILES_DIR / "kimi-k2.5.toml").read_text()
+    )
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=6)
+    out = tmp_path / "P1" / "raw_responses.jsonl"
+    args = generate_args(prompts, out, server.url, extra=("--canary", "3"))
+    args[args.index("--profile") + 1] = str(profile)
+
+    result = run_cli(args)
+
+    assert result.exit_code == 0, result.output
+    samples = read_samples(out)
+    assert len(samples) == 6
+    for text in kimi_tokenizer.decode_batch([s["input_ids"] for s in samples]):
+        assert "House rules: answer in one line." in text
+    # generation.json names the profile file: the audit renders with the same encoder and passes.
+    assert _findings(out.parent) == []
+    # The chat template alone would not give these prompts: the built-in profile flags each one.
+    rules = {rule for _, rule, _ in _findings(out.parent, profile="kimi-k2.5")}
+    assert rules == {"TPL001"}
+
+
+def test_chat_template_kwargs_of_a_prompt_are_rendered_written_and_audited(
+    servers, tmp_path, kimi_tokenizer
+):
+    server = servers()
+    source = json.loads(make_prompts(tmp_path / "all.jsonl", n=1).read_text())
+    assert source["tools"]
+    declared = "// convert(amount: number, to: string): number"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps(dict(source, chat_template_kwargs={"tools_ts_str": declared})) + "\n"
+    )
+    out = tmp_path / "P1" / "raw_responses.jsonl"
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "0")))
+
+    assert result.exit_code == 0, result.output
+    [sample] = read_samples(out)
+    assert sample["chat_template_kwargs"] == {"tools_ts_str": declared}
+    assert declared in kimi_tokenizer.decode_batch([sample["input_ids"]])[0]
+    assert _findings(out.parent) == []
+    # The same ids with the arguments lost: the template renders JSON tools instead.
+    del sample["chat_template_kwargs"]
+    out.write_text(json.dumps(sample) + "\n")
+    assert [rule for _, rule, _ in _findings(out.parent)] == ["TPL001"]
+
+
+def test_a_prompt_the_template_cannot_render_is_an_error_for_that_prompt(servers, tmp_path):
+    server = servers()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"id": "ok", "messages": HELLO})
+        + "\n"
+        + json.dumps({"id": "bad", "messages": NO_CALL_ID})
+        + "\n"
+    )
+    out = tmp_path / "raw_responses.jsonl"
+
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--canary", "0")))
+
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert [s["id"] for s in read_samples(out)] == ["ok"]
+    [error] = [json.loads(line) for line in (tmp_path / "errors.jsonl").read_text().splitlines()]
+    assert error["id"] == "bad" and error["attempts"] == 0 and "UndefinedError" in error["reason"]
+    assert server.generate_requests == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        (
+            '{"id": "a", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": 3}',
+            "`chat_template_kwargs` must be an object",
+        ),
+        (
+            (
+                '{"id": "a", "messages": [{"role": "user", "content": "x"}]}\n'
+                '{"id": "a", "messages": [{"role": "user", "content": "y"}]}'
+            ),
+            "2: id 'a' repeats line 1",
+        ),
+    ],
+)
+def test_check_prompts_uses_the_generators_loader(tmp_path, line, says):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(line + "\n")
+    result = run_cli(
+        ["check", "B0_clean", "--prompts", str(prompts), "--report", str(tmp_path / "r.json")]
+    )
+    assert result.exit_code == 2 and says in result.output and "Traceback" not in result.output
+
+
+def test_reading_a_partition_does_not_load_the_http_client():
+    import subprocess
+    import sys
+
+    code = "import sys, audit.targets, audit.check; print('httpx' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
