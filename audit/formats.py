@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
-from audit import __version__
+from audit import __version__, inert
 from audit.report import SCHEMA_VERSION, Report, RuleResult
 
 FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
@@ -117,13 +117,13 @@ def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
         suite = ET.SubElement(
             suites,
             "testsuite",
-            name=f"audit {report.target}",
+            name=inert.xml(f"audit {report.target}"),
             tests=str(len(report.results)),
             failures=str(failures),
             errors="0",
             skipped="0",
             time=f"{report.seconds:.3f}",
-            timestamp=report.created_at,
+            timestamp=inert.xml(report.created_at),
         )
         properties = ET.SubElement(suite, "properties")
         for name, value in (
@@ -135,19 +135,21 @@ def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
             ("profile", report.profile.get("name")),
             ("verdict", report.verdict),
         ):
-            ET.SubElement(properties, "property", name=name, value=str(value))
+            ET.SubElement(properties, "property", name=name, value=inert.xml(value))
         for result in report.results:
             case = ET.SubElement(
                 suite,
                 "testcase",
-                name=f"{result.code} {result.name}",
-                classname=f"audit.{report.target}",
-                file=str(report.input.get("path", "")),
+                name=inert.xml(f"{result.code} {result.name}"),
+                classname=inert.xml(f"audit.{report.target}"),
+                file=inert.xml(report.input.get("path", "")),
                 time="0",
             )
-            message = rule_message(result, report.records)
+            message = inert.xml(rule_message(result, report.records))
             if result.verdict in failing:
-                failure = ET.SubElement(case, "failure", message=message, type=result.verdict)
+                failure = ET.SubElement(
+                    case, "failure", message=message, type=inert.xml(result.verdict)
+                )
                 failure.text = message
             elif result.failing:
                 ET.SubElement(case, "system-out").text = message
@@ -168,7 +170,10 @@ def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
 def artifact_uri(path: str | os.PathLike[str]) -> str:
     """A SARIF artifact URI: relative to the working directory when under it (what code
     scanning resolves against the checkout), else an absolute file:// URI."""
-    resolved = Path(path).resolve()
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, ValueError):  # a hand-edited report's path may hold a NUL byte
+        return str(path)
     try:
         return resolved.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
@@ -251,17 +256,12 @@ def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
 # -- GitHub Actions --------------------------------------------------------------------------
 
 
-def _escape_data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def _escape_property(text: str) -> str:
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
-
-
 def github_relative(path: str) -> str:
     """A file path as GitHub resolves annotation paths: relative to the checkout when possible."""
-    resolved = Path(path).resolve()
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, ValueError):  # a hand-edited report's path may hold a NUL byte
+        return str(path)
     try:
         return resolved.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
@@ -274,20 +274,20 @@ def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -
     failing = failing_verdicts(fail_on_warning)
     out = []
     for report in reports:
-        file = _escape_property(github_relative(report.input.get("path", report.target)))
+        file = inert.github_property(github_relative(report.input.get("path", report.target)))
         for result in report.results:
             if not result.failing:
                 continue
             command = "error" if result.verdict in failing else "warning" if result.verdict == "warn" else "notice"
-            line = result.example_lines[0] if result.example_lines else 1
-            title = _escape_property(f"audit {report.target}: {result.code} {result.name}")
-            message = _escape_data(rule_message(result, report.records))
+            line = int(result.example_lines[0]) if result.example_lines else 1
+            title = inert.github_property(f"audit {report.target}: {result.code} {result.name}")
+            message = inert.github_data(rule_message(result, report.records))
             out.append(f"::{command} file={file},line={line},title={title}::{message}\n")
         verdict = "failed" if report.verdict in failing else "passed"
         command = "error" if report.verdict in failing else "notice"
         out.append(
-            f"::{command} title={_escape_property('audit ' + report.target)}::"
-            + _escape_data(
+            f"::{command} title={inert.github_property('audit ' + report.target)}::"
+            + inert.github_data(
                 f"gate {verdict}: {report.failing_records} of {report.records} records have errors "
                 f"(verdict {report.verdict})"
             )
@@ -297,27 +297,33 @@ def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -
 
 
 def step_summary(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
-    """A markdown summary for $GITHUB_STEP_SUMMARY: one table across targets, one per target."""
+    """A markdown summary for $GITHUB_STEP_SUMMARY: one table across targets, one per target.
+
+    Every value from a report goes through `inert.markdown`: a target or rule name is never
+    a link, an image, HTML or a new table cell.
+    """
     failing = failing_verdicts(fail_on_warning)
     icon = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
+    md = inert.markdown
     parts = ["## audit\n", "| target | records | with errors | verdict | failed rules |", "|---|--:|--:|---|---|"]
     for report in reports:
         failed = ", ".join(r.code for r in report.results if r.verdict in failing) or "-"
         parts.append(
-            f"| {report.target} | {report.records} | {report.failing_records} | "
-            f"{icon[report.verdict]} {report.verdict} | {failed} |"
+            f"| {md(report.target)} | {report.records} | {report.failing_records} | "
+            f"{icon[report.verdict]} {report.verdict} | {md(failed)} |"
         )
     for report in reports:
         flagged = [r for r in report.results if r.failing]
         if not flagged:
             continue
-        parts += ["", f"### {report.target}", "", "| rule | failing | rate | threshold | verdict | first lines |",
+        parts += ["", f"### {md(report.target)}", "",
+                  "| rule | failing | rate | threshold | verdict | first lines |",
                   "|---|--:|--:|---|---|---|"]
         for r in flagged:
             lines = ", ".join(map(str, r.example_lines))
             parts.append(
-                f"| {r.code} {r.name} | {r.failing} | {r.rate:.2%} | {r.threshold} | "
-                f"{icon[r.verdict]} {r.verdict} | {lines} |"
+                f"| {md(r.code)} {md(r.name)} | {r.failing} | {r.rate:.2%} | {md(r.threshold)} | "
+                f"{icon[r.verdict]} {r.verdict} | {md(lines)} |"
             )
     return "\n".join(parts) + "\n"
 

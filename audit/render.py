@@ -4,24 +4,38 @@ from __future__ import annotations
 
 from rich import box
 from rich.console import Group
-from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from audit import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
 from audit.report import Report
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow"}
+# A finding's message may quote decoded text from the record; the table shows its start.
+FINDING_MESSAGE_LIMIT = 500
+
+
+def plain(value: object, style: str = "", limit: int | None = inert.CELL_LIMIT) -> Text:
+    """Untrusted text (data, a saved report, a server's answer) as rich text that is only text.
+
+    A `str` given to rich is parsed as markup (`[/]` crashes, `[link=...]` makes a link);
+    a `Text` is not. Control bytes, bidi overrides and lone surrogates are shown escaped
+    (`audit.inert.terminal`), and a value longer than `limit` is cut.
+    """
+    return Text(inert.terminal(value, limit), style=style)
 
 
 def report_table(report: Report) -> Table:
     """One row per rule: code, name, severity, failing records, rate, threshold, verdict, lines."""
+    target = inert.terminal(report.target, inert.CELL_LIMIT)
+    profile = inert.terminal(report.profile.get("name"), inert.CELL_LIMIT)
+    title = Text(f"audit check {target}  ·  {report.records} records  ·  profile {profile}")
     table = Table(
-        title=f"audit check {escape(report.target)}  ·  {report.records} records  ·  "
-        f"profile {escape(report.profile['name'])}",
+        title=title,
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
@@ -39,11 +53,11 @@ def report_table(report: Report) -> Table:
     for result in report.results:
         quiet = result.failing == 0
         table.add_row(
-            Text(result.code, style="" if quiet else SEVERITY_STYLE.get(result.severity, "")),
-            result.name,
-            result.severity,
+            plain(result.code, "" if quiet else SEVERITY_STYLE.get(result.severity, "")),
+            plain(result.name),
+            plain(result.severity),
             f"{result.failing} ({result.rate:.1%})" if result.failing else "0",
-            result.threshold,
+            plain(result.threshold),
             Text(result.verdict, style=VERDICT_STYLE[result.verdict]),
             ", ".join(map(str, result.example_lines)),
             style="dim" if quiet else None,
@@ -58,12 +72,14 @@ def verdict_line(report: Report) -> Text:
     text = Text()
     text.append(f"{report.verdict.upper()} ", style=VERDICT_STYLE[report.verdict])
     text.append(
-        f"{report.target}: {report.failing_records} of {report.records} records have errors"
+        f"{inert.terminal(report.target, inert.CELL_LIMIT)}: "
+        f"{report.failing_records} of {report.records} records have errors"
     )
     if failed:
-        text.append(f"; failed: {', '.join(failed)}", style="red")
+        text.append(f"; failed: {inert.terminal(', '.join(failed), inert.CELL_LIMIT)}", style="red")
     if warned:
-        text.append(f"; warnings: {', '.join(warned)}", style="yellow")
+        warnings = inert.terminal(", ".join(warned), inert.CELL_LIMIT)
+        text.append(f"; warnings: {warnings}", style="yellow")
     text.append(f"  ({report.seconds:.2f}s)", style="dim")
     return text
 
@@ -80,10 +96,10 @@ def first_findings(report: Report, limit: int = 8) -> Table | None:
         position = "" if row["position"] is None else f"{row['field']}[{row['position']}]"
         table.add_row(
             str(row["line"]),
-            escape(str(row["id"] or "")),
-            Text(row["rule"], style=SEVERITY_STYLE.get(row["severity"], "")),
-            position,
-            escape(row["message"]),
+            plain(row["id"] or ""),
+            plain(row["rule"], SEVERITY_STYLE.get(row["severity"], "")),
+            plain(position),
+            plain(row["message"] or "", limit=FINDING_MESSAGE_LIMIT),
         )
     return table
 
@@ -94,7 +110,12 @@ def rules_table() -> Table:
     for column in ("code", "name", "severity", "summary"):
         table.add_column(column, no_wrap=column != "summary")
     for code, rule in RULES.items():
-        table.add_row(code, rule.name, Text(rule.severity.value, style=SEVERITY_STYLE[rule.severity.value]), rule.summary())
+        table.add_row(
+            plain(code),
+            plain(rule.name),
+            Text(rule.severity.value, style=SEVERITY_STYLE[rule.severity.value]),
+            plain(rule.summary(), limit=None),
+        )
     return table
 
 
@@ -117,7 +138,7 @@ def explain(rule: type[Rule]) -> Panel:
         parts.append(Text("\n".join(f"{k} = {v!r}" for k, v in rule.parameters.items())))
     return Panel(
         Group(*parts),
-        title=f"{rule.code} {rule.name}  ·  default severity {rule.severity.value}",
+        title=Text(f"{rule.code} {rule.name}  ·  default severity {rule.severity.value}"),
         title_align="left",
     )
 
@@ -143,5 +164,10 @@ def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Tab
                 )
             except AuditError as exc:
                 resolved = f"does not fit: {exc}"
-        table.add_row(escape(profile.name), escape(profile.description), escape(suffix), escape(resolved))
+        table.add_row(
+            plain(profile.name),
+            plain(profile.description, limit=None),
+            plain(suffix),
+            plain(resolved, limit=None),
+        )
     return table

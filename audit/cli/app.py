@@ -18,9 +18,9 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
-from audit import __version__
+from audit import __version__, inert
 
 EXIT_USAGE = 2
 
@@ -39,8 +39,10 @@ errors = Console(stderr=True)
 
 def fail(message: str) -> typer.Exit:
     """Print one error line on stderr and return the exit to raise (code 2)."""
-    # The message is plain text: a "[tokens]" or "[rules.TRM001]" in it is a TOML table, not markup.
-    errors.print(f"[bold red]audit: error:[/] {escape(message)}", highlight=False, markup=True, soft_wrap=True)
+    # The message is plain text: a "[tokens]" or "[rules.TRM001]" in it is a TOML table, not markup,
+    # and whatever it quotes from a file (an id, a path) prints as text, on one line.
+    line = Text.assemble(("audit: error:", "bold red"), " ", inert.terminal(message))
+    errors.print(line, soft_wrap=True)
     return typer.Exit(EXIT_USAGE)
 
 
@@ -120,7 +122,7 @@ def data_root_for(data_root: Path | None, targets: list[str], announce: bool) ->
 
     root, note = resolve_root(data_root)
     if note and announce and not all(names_a_path(spec) for spec in targets or [""]):
-        errors.print(f"[dim]{note}[/]")
+        errors.print(Text(inert.terminal(note), style="dim"), soft_wrap=True)
     return root
 
 
@@ -150,8 +152,10 @@ def main() -> None:
         raise
     except BaseException as exc:  # the last guard (polars panics derive from BaseException)
         errors.print(
-            f"audit: internal error: {type(exc).__name__}: {exc} (please report it with the command you ran)",
-            highlight=False,
-            markup=False,
+            Text(
+                f"audit: internal error: {type(exc).__name__}: {inert.terminal(exc, 2000)} "
+                "(please report it with the command you ran)"
+            ),
+            soft_wrap=True,
         )
         sys.exit(EXIT_USAGE)

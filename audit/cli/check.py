@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from audit.cli.app import (
     DataRootOption,
@@ -41,7 +42,7 @@ from audit.cli.progress import audit_progress
 from audit.errors import AuditError, InputError
 from audit.formats import OutputFormat, render, step_summary, summary_rows
 from audit.report import Report
-from audit.render import VERDICT_STYLE
+from audit.render import VERDICT_STYLE, plain
 
 DEFAULT_REPORTS_DIR = Path("reports")
 
@@ -86,7 +87,10 @@ def emit(
                 with open(summary, "a", encoding="utf-8") as out:
                     out.write(step_summary(reports, fail_on_warning=fail_on_warning))
             except OSError as exc:
-                errors.print(f"audit: could not append to $GITHUB_STEP_SUMMARY ({summary}): {exc.strerror}")
+                problem = (
+                    f"audit: could not append to $GITHUB_STEP_SUMMARY ({summary}): {exc.strerror}"
+                )
+                errors.print(plain(problem, limit=None), soft_wrap=True)
         return
     for index, report in enumerate(reports):
         print_rich_report(report, report_paths[index] if index < len(report_paths) else None)
@@ -103,21 +107,21 @@ def print_rich_report(report: Report, path: Path | None = None) -> None:
         console.print(findings)
     console.print(verdict_line(report))
     if path is not None:
-        console.print(f"[dim]report: {path}[/]", highlight=False)
+        console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
 
 
 def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
     """One row per partition: records, records with errors, verdict, failed and warned rules."""
-    table = Table(title=f"summary · {len(reports)} partitions", title_justify="left", header_style="bold",
-                  box=box.SIMPLE_HEAD)
+    table = Table(title=Text(f"summary · {len(reports)} partitions"), title_justify="left",
+                  header_style="bold", box=box.SIMPLE_HEAD)
     for column in ("partition", "records", "with errors", "verdict", "failed", "warnings"):
         table.add_column(column, justify="right" if column in ("records", "with errors") else "left",
                          overflow="fold")
     for row in summary_rows(reports, fail_on_warning=fail_on_warning):
         table.add_row(
-            row["target"], str(row["records"]), str(row["records_with_errors"]),
-            f"[{VERDICT_STYLE[row['verdict']]}]{row['verdict']}[/]",
-            ", ".join(row["failed"]) or "-", ", ".join(row["warned"]) or "-",
+            plain(row["target"]), str(row["records"]), str(row["records_with_errors"]),
+            Text(row["verdict"], style=VERDICT_STYLE[row["verdict"]]),
+            plain(", ".join(row["failed"]) or "-"), plain(", ".join(row["warned"]) or "-"),
         )
     return table
 
@@ -202,7 +206,7 @@ def check(
                     collect_samples(result, session.tokenizer, data_file=session.target.data_file),
                 )
                 if output_format is OutputFormat.rich:
-                    console.print(f"[dim]html: {page}[/]", highlight=False)
+                    console.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:

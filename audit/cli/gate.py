@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from audit.cli.app import (
     DataRootOption,
@@ -28,6 +29,7 @@ from audit.cli.app import (
 from audit.cli.check import FormatOption, emit
 from audit.errors import AuditError
 from audit.formats import OutputFormat
+from audit.inert import terminal
 
 
 class QuarantineOn(StrEnum):
@@ -90,6 +92,7 @@ def gate(
         + ("; unchanged, the same gate was already there" if result.unchanged else "")
     )
     # On stdout with the tables; on stderr when stdout carries a machine format.
-    (console if output_format is OutputFormat.rich else errors).print(line, highlight=False, markup=False)
+    where = console if output_format is OutputFormat.rich else errors
+    where.print(Text(terminal(line)), soft_wrap=True)
     code = result.report.exit_code(fail_on_warning=fail_on_warning)
     raise typer.Exit(0 if exit_zero else code)

@@ -12,9 +12,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from audit.cli.app import Thinking, TrustOption, app, errors, fail
 from audit.errors import AuditError
+from audit.inert import terminal
 
 EXIT_INTERRUPTED = 130
 # Without a terminal, a plain progress line this often (seconds).
@@ -55,7 +57,7 @@ def _make_events(console: Console, live: bool):
                     BarColumn(),
                     MofNCompleteColumn(),
                     TimeElapsedColumn(),
-                    TextColumn("{task.fields[counters]}"),
+                    TextColumn("{task.fields[counters]}", markup=False),
                     console=console,
                     refresh_per_second=4,
                 )
@@ -69,7 +71,9 @@ def _make_events(console: Console, live: bool):
                 self.progress_bar.stop()
 
         def warning(self, message: str) -> None:
-            console.print(f"[bold red]warning:[/] {message}", highlight=False, soft_wrap=True)
+            # A server's answer (its model name, an error body) is untrusted text.
+            line = Text.assemble(("warning:", "bold red"), " ", terminal(message))
+            console.print(line, soft_wrap=True)
 
         def progress(self, stats: RunStats) -> None:
             if self.progress_bar is not None:
@@ -78,11 +82,8 @@ def _make_events(console: Console, live: bool):
                 )
             elif time.monotonic() - self.last_plain >= PLAIN_PROGRESS_EVERY:
                 self.last_plain = time.monotonic()
-                console.print(
-                    f"generate: {stats.done}/{stats.total} · {_counters(stats)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
+                line = f"generate: {stats.done}/{stats.total} · {_counters(stats)}"
+                console.print(Text(line), soft_wrap=True)
 
         def canary(self, report) -> None:
             if report.verdict == "fail":
@@ -91,9 +92,11 @@ def _make_events(console: Console, live: bool):
                     console.print(findings)
             else:
                 console.print(
-                    f"[green]canary passed[/]: the first {report.records} samples pass the rule set "
-                    f"({report.verdict}); sending the rest",
-                    highlight=False,
+                    Text.assemble(
+                        ("canary passed", "green"),
+                        f": the first {report.records} samples pass the rule set "
+                        f"({report.verdict}); sending the rest",
+                    ),
                     soft_wrap=True,
                 )
 
@@ -208,13 +211,18 @@ def generate(
     console = errors  # progress and summaries on stderr; stdout stays free
     if plan.resumed.truncated_bytes:
         console.print(
-            f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) left by a crash in {out}",
+            Text(
+                f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) "
+                f"left by a crash in {terminal(out)}"
+            ),
             soft_wrap=True,
         )
     if plan.resumed.keys:
         console.print(
-            f"resume: {len(plan.resumed.keys)} samples already in {out}; skipping them",
-            highlight=False,
+            Text(
+                f"resume: {len(plan.resumed.keys)} samples already in {terminal(out)}; "
+                "skipping them"
+            ),
             soft_wrap=True,
         )
     events = _make_events(console, live=sys.stderr.isatty())
@@ -239,30 +247,40 @@ def generate(
 
     stats = result.stats
     console.print(
-        f"wrote {stats.written} samples to {out} ({stats.done}/{stats.total} done"
-        + (f", {stats.resumed} from earlier runs" if stats.resumed else "")
-        + f") · {stats.output_tokens:,} output tokens in {_duration(stats.elapsed)} "
-        f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · {stats.errors} errors",
-        highlight=False,
+        Text(
+            f"wrote {stats.written} samples to {terminal(out)} ({stats.done}/{stats.total} done"
+            + (f", {stats.resumed} from earlier runs" if stats.resumed else "")
+            + f") · {stats.output_tokens:,} output tokens in {_duration(stats.elapsed)} "
+            f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · "
+            f"{stats.errors} errors"
+        ),
         soft_wrap=True,
     )
     if stats.errors:
         console.print(
-            f"[yellow]{stats.errors} prompts failed[/]: reasons in {plan.errors_path}; run again to retry them",
+            Text.assemble(
+                (f"{stats.errors} prompts failed", "yellow"),
+                f": reasons in {terminal(plan.errors_path)}; run again to retry them",
+            ),
             soft_wrap=True,
         )
     if result.stopped == "interrupted":
         console.print(
-            f"interrupted: nothing half-written; run the same command again to resume {out}",
+            Text(
+                "interrupted: nothing half-written; run the same command again to resume "
+                f"{terminal(out)}"
+            ),
             soft_wrap=True,
         )
         raise typer.Exit(EXIT_INTERRUPTED)
     if result.stopped == "canary":
         reason = result.canary_message or "the first samples fail the rule set (table above)"
         console.print(
-            f"[bold red]canary failed[/]: {reason}. Stopped after {stats.written} samples; what was written "
-            f"stays in {out}. Fix the pipeline, then remove it and run again.",
-            highlight=False,
+            Text.assemble(
+                ("canary failed", "bold red"),
+                f": {terminal(reason)}. Stopped after {stats.written} samples; what was written "
+                f"stays in {terminal(out)}. Fix the pipeline, then remove it and run again.",
+            ),
             soft_wrap=True,
         )
         raise typer.Exit(1)

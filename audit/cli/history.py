@@ -11,11 +11,14 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from audit.cli.app import FailOn, FailOnOption, TrustOption, app, console, fail
 from audit.cli.check import FormatOption, HtmlOption, emit
 from audit.errors import AuditError
 from audit.formats import OutputFormat
+from audit.inert import CELL_LIMIT, terminal
+from audit.render import plain
 
 ReportFile = Annotated[Path, typer.Argument(help="A JSON report written by `audit check` (or --report).")]
 
@@ -55,6 +58,10 @@ class DiffFormat(StrEnum):
     json = "json"
 
 
+def _shown(value: object) -> str:
+    return terminal(value, CELL_LIMIT)
+
+
 _STYLE = {"worse": "bold red", "better": "green", "same": "dim", "added": "cyan", "removed": "dim"}
 
 
@@ -82,8 +89,10 @@ def diff(
         sys.stdout.write(json.dumps(compared.to_json(), ensure_ascii=False) + "\n")
         raise typer.Exit(compared.exit_code)
 
-    title = f"audit diff  ·  {before.target} ({before.created_at}, {before.records} records)  ->  "
-    title += f"{after.target} ({after.created_at}, {after.records} records)"
+    def side(report) -> str:
+        return f"{_shown(report.target)} ({_shown(report.created_at)}, {report.records} records)"
+
+    title = Text(f"audit diff  ·  {side(before)}  ->  {side(after)}")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for column in ("code", "old", "new", "Δ rate", "verdict", "threshold", "change"):
         justify = "right" if column in ("old", "new", "Δ rate") else "left"
@@ -96,13 +105,20 @@ def diff(
         change = move.change + (" · regressed" if move.regressed else "")
         style = "bold red" if move.regressed else _STYLE[move.change]
         table.add_row(
-            move.code, *cells, f"{delta:+.2%}", verdicts, (new_side or old_side).threshold, f"[{style}]{change}[/]"
+            plain(move.code), *cells, f"{delta:+.2%}", verdicts,
+            plain((new_side or old_side).threshold), Text(change, style=style),
         )
     console.print(table)
     if before.target != after.target:
-        console.print(f"[yellow]note: comparing different targets ({before.target} and {after.target})[/]")
+        note = (
+            f"note: comparing different targets ({_shown(before.target)} "
+            f"and {_shown(after.target)})"
+        )
+        console.print(Text(note, style="yellow"), soft_wrap=True)
     if compared.regressions:
-        console.print(f"[bold red]REGRESSED[/] {', '.join(m.code for m in compared.regressions)}")
+        regressed = Text("REGRESSED ", style="bold red")
+        regressed.append_text(plain(", ".join(m.code for m in compared.regressions), limit=None))
+        console.print(regressed, soft_wrap=True)
     else:
-        console.print("[green]no rule regressed[/]")
+        console.print(Text("no rule regressed", style="green"))
     raise typer.Exit(compared.exit_code)

@@ -25,6 +25,7 @@ from audit.cli.app import (
     fail,
 )
 from audit.errors import AuditError
+from audit.render import plain
 
 JSON_SCHEMA_VERSION = 1
 
@@ -79,7 +80,8 @@ def inspect(
     root = data_root_for(data_root, [target], announce=output_format is InspectFormat.rich)
     try:
         session = prepare(resolve_target(target, root), check_options(profile, tokenizer, trust_remote_code, thinking, rules))
-        with errors.status(f"auditing {session.target.data_file}…", spinner="dots") if interactive else nullcontext():
+        auditing = plain(f"auditing {session.target.data_file}…", limit=None)
+        with errors.status(auditing, spinner="dots") if interactive else nullcontext():
             report = check_target(session)
     except AuditError as exc:
         raise fail(str(exc)) from None
@@ -90,7 +92,7 @@ def inspect(
         if output_format is InspectFormat.json:
             _dump_json(report.target, inspector, [])
         else:
-            console.print(f"[green]{message}[/]", highlight=False)
+            console.print(plain(message, "green", limit=None), soft_wrap=True)
         raise typer.Exit(0)
 
     start_line = _start_line(inspector, record_id, line)

@@ -14,6 +14,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
+from audit.inert import terminal
+
 # A run shorter than this never shows a bar.
 SHOW_AFTER_SECONDS = 2.0
 
@@ -23,7 +25,7 @@ class AuditProgress:
 
     def __init__(self, console: Console, label: str, total_bytes: int, *, show_after: float = SHOW_AFTER_SECONDS):
         self.console = console
-        self.label = label
+        self.label = terminal(label, 60)  # a partition name is a file name: anything but markup
         self.total_bytes = max(1, total_bytes)
         self.show_after = show_after
         self.started = time.perf_counter()
@@ -36,7 +38,7 @@ class AuditProgress:
             if elapsed < self.show_after:
                 return
             self._progress = Progress(
-                TextColumn("{task.description}"),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 TextColumn("{task.fields[records]:,} records"),
                 TextColumn("{task.fields[rate]} tokens/s"),

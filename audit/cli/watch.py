@@ -28,7 +28,8 @@ from audit.cli.app import (
     fail,
 )
 from audit.errors import AuditError
-from audit.render import VERDICT_STYLE
+from audit.inert import terminal
+from audit.render import VERDICT_STYLE, plain
 
 
 
@@ -41,12 +42,14 @@ def snapshot_table(snapshot) -> Table:
     )
     pending = f" · partial line {snapshot.pending_bytes} bytes" if snapshot.pending_bytes else ""
     table = Table(
-        title=f"audit watch  ·  {snapshot.records} lines  ·  {snapshot.lines_per_minute:,.1f} lines/min"
-        f"{pending}{stalled}",
+        title=Text(
+            f"audit watch  ·  {snapshot.records} lines  ·  "
+            f"{snapshot.lines_per_minute:,.1f} lines/min{pending}{stalled}"
+        ),
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
-        caption=f"{snapshot.path}  ·  q or Ctrl-C quits",
+        caption=Text(f"{terminal(snapshot.path)}  ·  q or Ctrl-C quits"),
         caption_justify="left",
     )
     for column, justify in (
@@ -67,9 +70,9 @@ def snapshot_table(snapshot) -> Table:
         )
     for rule in snapshot.rules:
         table.add_row(
-            rule.code,
-            rule.name,
-            rule.severity,
+            plain(rule.code),
+            plain(rule.name),
+            plain(rule.severity),
             str(rule.failing),
             f"{rule.pass_rate:.1%}",
             Text(rule.verdict, style=VERDICT_STYLE[rule.verdict]),

@@ -17,6 +17,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from audit.inert import CELL_LIMIT, terminal
 from audit.inspect.model import Inspector, RecordEntry
 from audit.inspect.render import SEVERITY_STYLE, DetailLines
 
@@ -73,7 +74,7 @@ class DetailView(ScrollView, can_focus=True):
     def show_message(self, message: str) -> None:
         """Show a line of text instead of a record (an empty list, say)."""
         self.lines = None
-        self._message = Text(message, style="yellow")
+        self._message = Text(terminal(message), style="yellow")
         self.virtual_size = Size(len(message), 1)
         self.scroll_to(0, 0, animate=False)
         self.refresh()
@@ -206,7 +207,11 @@ class InspectApp(App[None]):
         try:
             view = self.inspector.view(line)
         except IndexError:
-            self.notify(f"line {line} is not in the file ({self.inspector.lines} lines)", severity="error")
+            self.notify(
+                f"line {line} is not in the file ({self.inspector.lines} lines)",
+                severity="error",
+                markup=False,
+            )
             return
         self.current_line = line
         self.query_one(DetailView).show(DetailLines(view))
@@ -220,7 +225,7 @@ class InspectApp(App[None]):
         elif self.current_line is not None:
             position = f"line {self.current_line} (not in the list)"
         text = Text(no_wrap=True)
-        text.append(f"{self.target}  ", style="bold")
+        text.append(f"{terminal(self.target, CELL_LIMIT)}  ", style="bold")
         text.append(f"{len(self.inspector.entries)} records with findings  ·  ")
         text.append(f"rule {self.rule or 'any'}", style="bold yellow" if self.rule else "")
         if self.query_text:
@@ -287,7 +292,9 @@ class InspectApp(App[None]):
             self._refill(keep=self.current_line)
         elif what == "line":
             if not value.isdigit() or int(value) < 1:
-                self.notify(f"not a line number: {value!r}", severity="error")
+                self.notify(
+                    f"not a line number: {terminal(repr(value))}", severity="error", markup=False
+                )
                 return
             line = int(value)
             lines = [e.line for e in self.entries]
@@ -299,7 +306,7 @@ class InspectApp(App[None]):
 def _entry_label(entry: RecordEntry) -> Text:
     text = Text(no_wrap=True, overflow="ellipsis")
     text.append(f"{entry.line:>6} ", style="dim")
-    text.append(f"{(entry.id or '-')[:16]:<16} ")
+    text.append(f"{terminal(entry.id or '-')[:16]:<16} ")
     # The list is narrow: the first rule, and how many more the detail shows.
     more = f" +{len(entry.rules) - 1}" if len(entry.rules) > 1 else ""
     text.append(entry.rules[0], style=SEVERITY_STYLE.get(entry.severity, ""))

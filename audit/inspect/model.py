@@ -23,6 +23,7 @@ import numpy as np
 import orjson
 import polars as pl
 
+from audit import inert
 from audit.profiles import ResolvedProfile
 from audit.tokenizer import Tokenizer
 
@@ -507,14 +508,13 @@ def _finish_text(finish: Any) -> str | None:
     return f"{kind} ({detail})" if detail is not None else str(kind)
 
 
-# Control characters from the data, shown as \xNN: an ESC in a damaged line must never reach the
-# terminal as an escape sequence.
-CONTROL_ESCAPES = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
-
-
 def _excerpt(raw: bytes, limit: int = 240) -> str:
-    text = raw.decode("utf-8", errors="replace").translate(CONTROL_ESCAPES)
-    return text if len(text) <= limit else text[:limit] + f"… ({len(raw)} bytes)"
+    # Control characters from the data are shown as \xNN: an ESC in a damaged line must never
+    # reach the terminal as an escape sequence.
+    text = raw.decode("utf-8", errors="replace")
+    return inert.terminal(text if len(text) <= limit else text[:limit]) + (
+        f"… ({len(raw)} bytes)" if len(text) > limit else ""
+    )
 
 
 def _first_difference(a: Any, b: Any) -> int:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import polars as pl
 from rich.text import Text
 
+from audit.inert import CELL_LIMIT, terminal
 from audit.inspect.model import (
-    CONTROL_ESCAPES,
     ROLE_END_OF_TURN,
     ROLE_EOS,
     ROLE_RESPONSE,
@@ -69,14 +69,13 @@ def role_style(role: str | None) -> str:
 
 
 def shown_piece(piece: str) -> str:
-    """A decoded piece with its whitespace made visible, one line."""
-    return (
+    """A decoded piece with its whitespace made visible, one line (other controls as \\xNN)."""
+    return terminal(
         piece.replace("\\", "\\\\")
         .replace("\n", "\\n")
         .replace("\r", "\\r")
         .replace("\t", "\\t")
         .replace(" ", "␣")
-        .translate(CONTROL_ESCAPES)
     )
 
 
@@ -111,7 +110,7 @@ class _TokenBlock:
             for rule in rules.split(","):
                 text.append("  ◀ ", style="bold red")
                 text.append(f" {rule} ", style=FINDING_STYLE)
-                text.append(f" {self.messages.get((rule, index), '')}", style="red")
+                text.append(f" {terminal(self.messages.get((rule, index), ''))}", style="red")
         return text
 
 
@@ -164,12 +163,12 @@ def _header(view: RecordView, title: str) -> list[Text]:
     lines: list[Text] = []
     heading = Text(no_wrap=True, end="")
     if title:
-        heading.append(f"{title}  ", style="dim")
+        heading.append(f"{terminal(title, CELL_LIMIT)}  ", style="dim")
     heading.append(f"line {view.line}", style="bold")
     heading.append("  ·  id ", style="dim")
-    heading.append(str(view.id) if view.id is not None else "(none)", style="bold")
+    heading.append(terminal(view.id, CELL_LIMIT) if view.id is not None else "(none)", style="bold")
     if view.finish_reason:
-        heading.append(f"  ·  finish {view.finish_reason}", style="dim")
+        heading.append(f"  ·  finish {terminal(view.finish_reason, CELL_LIMIT)}", style="dim")
     heading.append(f"  ·  prompt {view.prompt.total}, output {view.output.total} tokens", style="dim")
     lines.append(heading)
     lines.extend(_special_summary(view))
@@ -178,13 +177,14 @@ def _header(view: RecordView, title: str) -> list[Text]:
         text.append(f" {mark.rule} ", style=FINDING_STYLE if mark.severity == "error" else "bold black on yellow")
         text.append(f" {mark.severity:<7} ", style=SEVERITY_STYLE.get(mark.severity, ""))
         where = f"{mark.field}[{mark.position}]" if mark.position is not None else (mark.field or "line")
-        text.append(f"{where:<18} ", style="dim")
-        text.append(mark.message)
+        text.append(f"{terminal(where):<18} ", style="dim")
+        text.append(terminal(mark.message))
         lines.append(text)
     if not view.findings:
         lines.append(Text("no findings on this line", style="green", end=""))
     if view.problem:
-        lines.append(Text(f"cannot show every token: {view.problem}", style="bold red", end=""))
+        problem = f"cannot show every token: {terminal(view.problem)}"
+        lines.append(Text(problem, style="bold red", end=""))
     if view.raw_excerpt:
         lines.append(Text(f"raw line: {view.raw_excerpt}", style="dim", no_wrap=True, end=""))
     for comparison in view.comparisons:
@@ -192,7 +192,7 @@ def _header(view: RecordView, title: str) -> list[Text]:
         for label, value in comparison.rows:
             row = Text(no_wrap=True, end="")
             row.append(f"  {label:>12}  ", style="green" if label == "expected" else "dim")
-            row.append(value)
+            row.append(terminal(value))
             lines.append(row)
     lines.append(_legend())
     return lines
