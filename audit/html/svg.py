@@ -156,10 +156,12 @@ def empty(title: str, message: str) -> str:
 
 def _ticks(low: float, high: float, target: int = 5) -> list[float]:
     """Round tick values (1, 2 or 5 times a power of ten apart) covering [low, high]."""
-    if high <= low:
-        return [low]
     raw = (high - low) / target
-    power = 10 ** math.floor(math.log10(raw))
+    if not (raw > 0 and math.isfinite(raw)):
+        return [low]
+    power = 10.0 ** math.floor(math.log10(raw))
+    if power == 0:  # a span too small for a float step: one tick
+        return [low]
     step = next(s * power for s in (1, 2, 5, 10) if s * power >= raw)
     first = math.ceil(low / step) * step
     return [first + i * step for i in range(int((high - first) / step + 1e-9) + 1)]
