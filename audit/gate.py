@@ -27,9 +27,12 @@ The split is a second streamed pass over the file, one block of lines at a time;
 the findings and one block, never the file. If the file changes between the audit and the
 split, nothing is written.
 
-Each output is written to a temporary file in the output directory and renamed into place;
-the old manifest is removed before the first rename and the new one renamed in last, so a
-directory with a manifest always holds the outputs that manifest describes (check its hashes).
+Each output is written to a temporary file in the output directory, fsync'd, and renamed into
+place; the old manifest is removed before the first rename and the new one renamed in last
+(the directory synced between the steps), so a directory with a manifest always holds the
+outputs that manifest describes (check its hashes), even after a power cut. One gate at a time
+writes an output directory: a run holds `<out>/.audit.lock` from start to end, and a second
+one refuses at once. Temporaries a killed gate left behind are removed by the next one.
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,7 +53,13 @@ from audit import __version__
 from audit.check import Session, check_target
 from audit.engine import ProgressCallback
 from audit.errors import InputError
-from audit.files import open_temporary
+from audit.files import (
+    Temporary,
+    fsync_directory,
+    lock_output,
+    open_temporary,
+    remove_leftover_temporaries,
+)
 from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
 
@@ -108,26 +116,45 @@ def gate_target(
     for name in OUTPUT_FILES:
         if (out_dir / name).resolve() == input_path:
             raise InputError(f"--out {out_dir}: {name} would overwrite the input itself; choose another directory")
-    previous = read_manifest(out_dir)
-    if not force:
-        _refuse_foreign_output(out_dir, previous, input_path)
+    # One gate at a time per output: two runs into one --out would leave a manifest of one
+    # input beside the clean.jsonl of the other.
+    with lock_output(out_dir):
+        remove_leftover_temporaries(out_dir)  # what a killed gate left: up to the input's size
+        previous = read_manifest(out_dir)
+        if not force:
+            _refuse_foreign_output(out_dir, previous, input_path)
+        report = check_target(session, progress=progress)
+        manifest, unchanged = _write_split(
+            session, report, out_dir, input_path, quarantine_on, previous
+        )
+    return GateResult(report=report, manifest=manifest, out_dir=out_dir, unchanged=unchanged)
 
-    report = check_target(session, progress=progress)
+
+def _write_split(
+    session: Session,
+    report: Report,
+    out_dir: Path,
+    input_path: Path,
+    quarantine_on: str,
+    previous: dict[str, Any] | None,
+) -> tuple[dict[str, Any], bool]:
+    """Write clean.jsonl, quarantine.jsonl and manifest.json: durably, the manifest last."""
+    data_file = session.target.data_file
     severities = QUARANTINE_SEVERITIES[quarantine_on]
     quarantined_lines = (
         report.findings.filter(pl.col("severity").is_in(severities))["line"].unique().to_list()
     )
     findings_by_line = _findings_of(report.findings.filter(pl.col("line").is_in(quarantined_lines)))
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    temporaries: list[Path] = []
+    temporaries: list[Temporary] = []
     try:
-        clean_tmp, clean_out = _temporary(out_dir, CLEAN_FILE, temporaries)
-        quarantine_tmp, quarantine_out = _temporary(out_dir, QUARANTINE_FILE, temporaries)
-        with clean_out, quarantine_out:
-            counts, digest = _split(
-                data_file, findings_by_line, clean_out, quarantine_out, session.options.block_bytes
-            )
+        clean = _temporary(out_dir, CLEAN_FILE, temporaries)
+        quarantine = _temporary(out_dir, QUARANTINE_FILE, temporaries)
+        counts, digest = _split(
+            data_file, findings_by_line, clean.file, quarantine.file, session.options.block_bytes
+        )
+        clean.sync()
+        quarantine.sync()
         if digest.sha256 != report.input["sha256"]:
             raise InputError(
                 f"{data_file} changed while it was being gated (is it still being written?); "
@@ -135,27 +162,28 @@ def gate_target(
             )
         manifest = _manifest(
             session, report, input_path, counts, quarantine_on,
-            clean=_file_summary(clean_tmp, counts["clean"]),
-            quarantine=_file_summary(quarantine_tmp, counts["quarantined"]),
+            clean=_file_summary(clean.path, counts["clean"]),
+            quarantine=_file_summary(quarantine.path, counts["quarantined"]),
         )
         unchanged = previous is not None and _same_gate(previous, manifest)
         if unchanged:
             # Idempotent: the same gate again leaves every byte as it was, the time included.
             manifest["created_at"] = previous["created_at"]
-        manifest_tmp, manifest_out = _temporary(out_dir, MANIFEST_FILE, temporaries)
-        with manifest_out:
-            manifest_out.write(json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")
+        written = _temporary(out_dir, MANIFEST_FILE, temporaries)
+        written.file.write(json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")
         # The old manifest goes first and the new one comes last: a crash in between leaves a
-        # directory without a manifest, which no consumer may take for a finished gate.
+        # directory without a manifest, which no consumer may take for a finished gate. Each
+        # step is synced before the next, so a power cut cannot reorder them either.
         (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
-        os.replace(clean_tmp, out_dir / CLEAN_FILE)
-        os.replace(quarantine_tmp, out_dir / QUARANTINE_FILE)
-        os.replace(manifest_tmp, out_dir / MANIFEST_FILE)
+        fsync_directory(out_dir)
+        clean.commit(out_dir / CLEAN_FILE, sync_directory=False)
+        quarantine.commit(out_dir / QUARANTINE_FILE)
+        written.commit(out_dir / MANIFEST_FILE)
         temporaries.clear()
     finally:
         for leftover in temporaries:
-            leftover.unlink(missing_ok=True)
-    return GateResult(report=report, manifest=manifest, out_dir=out_dir, unchanged=unchanged)
+            leftover.discard()
+    return manifest, unchanged
 
 
 def read_manifest(out_dir: Path) -> dict[str, Any] | None:
@@ -251,10 +279,10 @@ def _quarantine_line(line: int, raw: bytes, record_id: str | None, findings: lis
     return orjson.dumps(entry) + b"\n"
 
 
-def _temporary(out_dir: Path, name: str, temporaries: list[Path]) -> tuple[Path, IO[bytes]]:
-    path, out = open_temporary(out_dir, name)
-    temporaries.append(path)
-    return path, out
+def _temporary(out_dir: Path, name: str, temporaries: list[Temporary]) -> Temporary:
+    temporary = open_temporary(out_dir, name)
+    temporaries.append(temporary)
+    return temporary
 
 
 def _file_summary(path: Path, records: int) -> dict[str, Any]:

@@ -9,12 +9,13 @@ server is contacted.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from audit import __version__
 from audit.errors import ConfigError
+from audit.files import OutputLock, lock_output
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import scan_prompts
@@ -63,6 +64,8 @@ class GenerationPlan:
     resumed: Resumed
     sampling_params: dict[str, Any]
     manifest: dict[str, Any]
+    # Held from planning (which may cut a crash's partial line) to the end of the run.
+    lock: OutputLock | None = field(default=None, repr=False)
 
     @property
     def pending(self) -> int:
@@ -136,6 +139,25 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
             f"cannot be rendered for profile {profile.name}; pass the served model's tokenizer directory"
         )
     params = sampling_params(options, profile)
+    # One run per output directory: two would send and write every prompt twice.
+    lock = lock_output(options.out.resolve().parent)
+    try:
+        resumed, manifest = _recover(options, tokenizer, profile, params)
+    except BaseException:
+        lock.release()
+        raise
+    return GenerationPlan(
+        options, tokenizer, profile, rule_set, prompt_keys, resumed, params, manifest, lock
+    )
+
+
+def _recover(
+    options: GenerateOptions,
+    tokenizer: Tokenizer,
+    profile: ResolvedProfile,
+    params: dict[str, Any],
+) -> tuple[Resumed, dict[str, Any]]:
+    """The earlier run's output, recovered, and this run's manifest, checked against its own."""
     resumed = recover_output(options.out)
     manifest = build_manifest(
         directory=options.out.parent,
@@ -153,6 +175,4 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
     )
     if resumed.keys:
         check_resumable(options.out.parent, manifest)
-    return GenerationPlan(
-        options, tokenizer, profile, rule_set, prompt_keys, resumed, params, manifest
-    )
+    return resumed, manifest

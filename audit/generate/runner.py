@@ -141,6 +141,13 @@ class Generator:
 
     async def run(self) -> GenerationResult:
         """Probe the servers, write generation.json, then generate every pending prompt once."""
+        try:
+            return await self._run()
+        finally:
+            if self.plan.lock is not None:  # the output is free for the next run
+                self.plan.lock.release()
+
+    async def _run(self) -> GenerationResult:
         self._halt = asyncio.Event()
         if self._stopped:
             self._halt.set()
