@@ -24,6 +24,8 @@ VERDICTS = ("pass", "warn", "fail")
 LARGEST_NUMBER = 1e15
 
 ADVICE = "expected a report from `audit check`"
+# A length histogram's summary: all numbers, or all null when no record was measured.
+SUMMARY_KEYS = ("min", "max", "mean", "p50", "p99")
 
 
 class _Wrong(Exception):
@@ -224,6 +226,10 @@ def _histogram(value: Any, where: str) -> dict[str, Any]:
             "missing": "count",
         },
     )
+    summary = [histogram.get(key) is not None for key in SUMMARY_KEYS]
+    if any(summary) and not all(summary):
+        # The writer gives all of them (some records) or none (no records).
+        raise _Wrong(where, f"either all numbers or all null in {', '.join(SUMMARY_KEYS)}")
     return histogram
 
 

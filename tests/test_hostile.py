@@ -7,6 +7,7 @@ sequence sent to the terminal, two runs writing one output, a leftover never rem
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import re
@@ -17,15 +18,23 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
 import audit.files
+from audit import inert
 from audit.cli import app
+from audit.errors import InputError
 from audit.files import LOCK_FILE, lock_output, open_temporary, write_atomically
-from audit.history import load_report
+from audit.formats import render as render_format
+from audit.formats import step_summary
+from audit.history import diff_reports, load_report
+from audit.html import render_html
 from audit.render import first_findings, report_table, verdict_line
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
 
@@ -535,6 +544,83 @@ def test_a_partition_name_cannot_inject_github_commands(tmp_path):
     lines = result.stdout.splitlines()
     assert not any(line.startswith("::error title=injected") for line in lines)
     assert all(line.startswith(("::error ", "::warning ", "::notice ")) for line in lines)
+
+
+@given(st.text())
+def test_inert_text_never_carries_a_control_character_raw(text):
+    shown = inert.terminal(text)
+    assert not any(c in shown for c in RAW_CONTROLS) and "\n" not in shown
+    assert not any(0xD800 <= ord(c) <= 0xDFFF for c in shown)
+    shown.encode("utf-8")  # printable whatever the data held
+    ET.fromstring(f"<a b={quoteattr(inert.xml(text))}>{escape(inert.xml(text))}</a>")
+    data = inert.github_data(text)
+    assert "\n" not in data and "\r" not in data
+    assert "::" not in inert.github_property(text) and "," not in inert.github_property(text)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+
+def _paths(value, prefix=()):
+    """Every (path, value) inside a JSON value, for replacing one of them."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from _paths(inner, (*prefix, key))
+    elif isinstance(value, list):
+        for index, inner in enumerate(value[:3]):
+            yield from _paths(inner, (*prefix, index))
+
+
+@pytest.fixture(scope="module")
+def fuzz_base(tmp_path_factory) -> tuple[dict, list[tuple]]:
+    report = saved_report(tmp_path_factory.mktemp("fuzz"))
+    report["findings"] = report["findings"][:5]
+    return report, [path for path in _paths(report) if path]
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_value_anywhere_in_a_report_is_rendered_or_refused_in_one_line(
+    fuzz_base, tmp_path, data
+):
+    base, paths = fuzz_base
+    report = json.loads(json.dumps(base))
+    path = data.draw(st.sampled_from(paths))
+    parent = report
+    for key in path[:-1]:
+        parent = parent[key]
+    if data.draw(st.booleans()) and isinstance(parent, dict):
+        del parent[path[-1]]  # a key cut out
+    else:
+        parent[path[-1]] = data.draw(JSON_VALUES)
+    saved = tmp_path / "fuzzed.json"
+    saved.write_text(json.dumps(report))
+    try:
+        loaded = load_report(saved)
+    except InputError as error:
+        assert "\n" not in str(error)
+        return
+    # Loaded: then every renderer draws it.
+    console = Console(record=True, width=200, file=io.StringIO())
+    for renderable in (report_table(loaded), first_findings(loaded), verdict_line(loaded)):
+        if renderable is not None:
+            console.print(renderable)
+    for fmt in ("json", "jsonl", "junit", "sarif", "github"):
+        text = render_format([loaded], fmt)
+        if fmt == "junit":
+            ET.fromstring(text.encode())
+    step_summary([loaded])
+    render_html(loaded)
+    diff_reports(loaded, loaded)
 
 
 # == Crash leftovers and durability ===============================================================
