@@ -285,7 +285,8 @@ def lock_output(directory: Path, command: str | None = None) -> OutputLock:
 
 
 def _open_lock_file(path: Path) -> int:
-    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    # O_NONBLOCK: a FIFO planted under the name must not hang the run (it is refused below).
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         handle = os.open(path, os.O_RDWR | flags, 0o666 & ~_umask())
     except PermissionError:

@@ -134,7 +134,7 @@ def _report(data: Any) -> None:
             "lines": "count",
             "output_tokens": "count",
         },
-        required=("records",),
+        required=("records", "path"),
     )
     _fields(
         report["profile"],
@@ -144,7 +144,8 @@ def _report(data: Any) -> None:
     _fields(
         report["tokenizer"],
         "tokenizer",
-        {"path": "text?", "vocab_size": "count", "sha256": "text?"},
+        {"path": "text", "vocab_size": "count", "sha256": "text?"},
+        required=("path",),
     )
     _fields(report["rule_set"], "rule_set", {"path": "text?", "sha256": "text?"})
     for index, result in enumerate(_list(report.get("results"), "results")):

@@ -486,6 +486,8 @@ WRONG_TYPES = {
     "results-object": (lambda d: d.update(results={}), "results must be a list"),
     "seconds-string": (lambda d: d.update(seconds="1"), "seconds must be a finite number"),
     "input-path-number": (lambda d: d["input"].update(path=5), "input.path must be a string"),
+    "input-path-missing": (lambda d: d["input"].pop("path"), "input.path must be a string"),
+    "tokenizer-path-null": (lambda d: d["tokenizer"].update(path=None), "tokenizer.path"),
     "tokenizer-vocab": (lambda d: d["tokenizer"].update(vocab_size="big"), "tokenizer.vocab_size"),
 }
 
@@ -529,6 +531,28 @@ def test_reports_no_writer_could_print_or_parse_are_refused(tmp_path, content, s
     bad = tmp_path / "bad.json"
     bad.write_bytes(content)
     assert_one_line_error(cli("report", str(bad)), says)
+
+
+@pytest.mark.parametrize("target", ["../../outside", "a/b", "x\x00y", "..", ""])
+def test_a_report_target_never_names_a_page_outside_the_html_directory(
+    tmp_path, base_report, target
+):
+    hostile = json.loads(json.dumps(base_report))
+    hostile["target"] = target
+    (tmp_path / "hostile.json").write_text(json.dumps(hostile))
+    (tmp_path / "good.json").write_text(json.dumps(base_report))
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    result = cli(
+        "report",
+        str(tmp_path / "hostile.json"),
+        str(tmp_path / "good.json"),
+        "--html",
+        str(pages / "audit.html"),
+    )
+    assert result.exit_code == 0, result.output
+    written = sorted(p.name for p in tmp_path.rglob("*.html"))
+    assert len(written) == 2 and all((pages / name).is_file() for name in written), written
 
 
 def test_a_partition_name_cannot_inject_github_commands(tmp_path):

@@ -12,6 +12,7 @@ findings table shows the first `FINDINGS_SHOWN`, and samples are a few token win
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,10 @@ def html_path(path: Path, target: str, *, several: bool) -> Path:
     """Where one target's page goes: `path` itself, or `<stem>-<target><suffix>` beside it for several."""
     if not several:
         return path
-    return path.with_name(f"{path.stem}-{target}{path.suffix or '.html'}")
+    # The target comes from a report (hand-edited, perhaps): only its safe characters name a
+    # file, so a "../x" or "a/b" target stays beside `path`.
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", target).strip(".") or "target"
+    return path.with_name(f"{path.stem}-{safe}{path.suffix or '.html'}")
 
 
 def write_html(report: Report, path: Path, samples: Samples | None = None) -> Path:
