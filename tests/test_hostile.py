@@ -769,7 +769,7 @@ def sync_log(monkeypatch) -> list[tuple[str, str]]:
         log.append(("rename", str(Path(dst).resolve())))
         return real_replace(src, dst)
 
-    monkeypatch.setattr(audit.files.os, "fsync", fsync)
+    monkeypatch.setattr(audit.files.os, "fsync", fsync)  # the same `os` module everywhere
     monkeypatch.setattr(audit.files.os, "replace", replace)
     return log
 
@@ -811,3 +811,6 @@ def test_generation_json_is_durable(tmp_path, sync_log, slow_server):
     out = tmp_path / "part" / "raw_responses.jsonl"
     assert cli(*generate_args(prompts, out, slow_server.url)).exit_code == 0
     assert_durable(sync_log, out.parent / "generation.json")
+    # The append-only output: its lines synced, and its name in the directory once created.
+    assert ("fsync", str(out.resolve())) in sync_log
+    assert ("fsync", str(out.parent.resolve())) in sync_log

@@ -18,6 +18,7 @@ from typing import IO, Any
 import orjson
 
 from audit.errors import InputError
+from audit.files import fsync_directory
 
 ERRORS_FILE = "errors.jsonl"
 
@@ -93,7 +94,10 @@ class ResponseLog:
     def __init__(self, path: Path, fsync_interval: float):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        created = not path.exists()
         self._handle = path.open("ab")
+        if created:  # the new file's name survives a power cut along with its synced lines
+            fsync_directory(path.parent)
         self._fsync_interval = fsync_interval
         self._synced = time.monotonic()
 
@@ -132,4 +136,7 @@ class ErrorLog:
 
     def close(self) -> None:
         if self._handle is not None:
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
             self._handle.close()
+            fsync_directory(self.path.parent)
