@@ -13,8 +13,11 @@ The "model" is deterministic: for a prompt it answers
 from a hash of the prompt ids, so a test can recompute exactly what was sent.
 
 It misbehaves on demand: every k-th `/generate` request answered with 503, slow answers,
-dropped connections, prompts over a context length rejected with 400, and a mode that strips
-`</think>` from `output_ids` (what a reasoning parser does to data).
+answers trickled a byte at a time (`trickle`), answers whose body cannot be used
+(`bad_body`: a gzip `Content-Encoding` on a plain body, JSON cut short, or JSON that is not a
+result), dropped connections, prompts over a context length rejected with 400, a mode that
+strips `</think>` from `output_ids` (what a reasoning parser does to data), and a server that
+goes down and comes back on the same port (`refuse_connections()`, `accept_connections()`).
 
     with SGLangStandin(KIMI_TOKENIZER, fail_every=4) as server:
         server.url   # http://127.0.0.1:PORT
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import sys
 import threading
 import time
@@ -73,6 +77,10 @@ WORDS = (
 ).split()
 
 
+# Answers of HTTP 200 that are not a usable /generate result, by `bad_body` name.
+BAD_BODIES = ("encoding", "json", "shape")
+
+
 class BadRequest(Exception):
     """Answered with HTTP 400 and SGLang's error body."""
 
@@ -96,7 +104,12 @@ class SGLangStandin:
         legacy_info: bool = False,
         model_path: str | None = None,
         reasoning_words: int = 12,
+        trickle: float = 0.0,
+        bad_body: str | None = None,
+        bad_body_every: int = 1,
     ):
+        if bad_body is not None and bad_body not in BAD_BODIES:
+            raise ValueError(f"bad_body must be one of {BAD_BODIES}")
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
         self.think_end = self.tokenizer.token_to_id(think_end)
         self.end_of_turn = self.tokenizer.token_to_id(end_of_turn)
@@ -111,20 +124,29 @@ class SGLangStandin:
         self.legacy_info = legacy_info
         self.model_path = model_path or str(tokenizer_dir)
         self.reasoning_words = reasoning_words
+        self.trickle = trickle  # seconds between the bytes of a /generate answer's body
+        self.bad_body = bad_body
+        self.bad_body_every = bad_body_every
         self.lock = threading.Lock()
+        self.connections: set[socket.socket] = set()  # open client connections
         self.generate_requests = 0  # every /generate request, answered or not
         self.received: list[dict[str, Any]] = []  # request bodies that were answered with 200
         self.sent: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> output ids answered
-        self._server = _QuietServer(("127.0.0.1", 0), _handler_for(self))
-        self._server.daemon_threads = True
+        self._server: _QuietServer | None = self._listen(0)
+        self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
+
+    def _listen(self, port: int) -> _QuietServer:
+        server = _QuietServer(("127.0.0.1", port), _handler_for(self))
+        server.daemon_threads = True
+        return server
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> SGLangStandin:
+        assert self._server is not None
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), daemon=True
         )
@@ -132,8 +154,29 @@ class SGLangStandin:
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self._hang_up()
+
+    def refuse_connections(self) -> None:
+        """Go down like a crashed server: open connections cut, new ones refused (same port)."""
+        self.stop()
+
+    def accept_connections(self) -> None:
+        """Come back on the same port after `refuse_connections()`."""
+        self._server = self._listen(self.port)
+        self.start()
+
+    def _hang_up(self) -> None:
+        with self.lock:
+            connections, self.connections = list(self.connections), set()
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def __enter__(self) -> SGLangStandin:
         return self.start()
@@ -261,13 +304,43 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
             pass
 
-        def _send(self, status: int, payload: Any = None) -> None:
-            data = b"" if payload is None else json.dumps(payload).encode()
+        def setup(self) -> None:
+            super().setup()
+            with server.lock:
+                server.connections.add(self.connection)
+
+        def finish(self) -> None:
+            with server.lock:
+                server.connections.discard(self.connection)
+            super().finish()
+
+        def _send(
+            self, status: int, payload: Any = None, *, raw: bytes | None = None, gzip: bool = False
+        ) -> None:
+            data = (
+                raw if raw is not None else b"" if payload is None else json.dumps(payload).encode()
+            )
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            if gzip:
+                self.send_header("Content-Encoding", "gzip")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            if server.trickle and self.command == "POST":
+                for byte in range(len(data)):  # each byte well within any per-read timeout
+                    self.wfile.write(data[byte : byte + 1])
+                    self.wfile.flush()
+                    time.sleep(server.trickle)
+            else:
+                self.wfile.write(data)
+
+        def _send_bad_body(self) -> None:
+            if server.bad_body == "encoding":
+                self._send(200, {"output_ids": [1, 2]}, gzip=True)  # says gzip, is not
+            elif server.bad_body == "json":
+                self._send(200, raw=b'{"output_ids": [1, 2')
+            else:
+                self._send(200, {"text": "no ids here", "meta_info": {}})
 
         def _fail_all_paths(self) -> bool:
             """With `fail_all_paths`, every k-th request on any path is answered with the failure."""
@@ -310,6 +383,9 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
             if server.fail_every and not server.fail_all_paths and number % server.fail_every == 0:
                 self._send(server.fail_status, {"error": {"message": "Service Unavailable"}})
                 return
+            if server.bad_body and number % server.bad_body_every == 0:
+                self._send_bad_body()
+                return
             try:
                 self._send(200, server.generate(json.loads(raw)))
             except (BadRequest, json.JSONDecodeError) as exc:
@@ -326,12 +402,16 @@ if __name__ == "__main__":  # a server to try `audit generate` against by hand
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--strip-think", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
+    parser.add_argument("--trickle", type=float, default=0.0, help="seconds per answer byte")
+    parser.add_argument("--bad-body", choices=BAD_BODIES)
     arguments = parser.parse_args()
     standin = SGLangStandin(
         Path(arguments.tokenizer),
         fail_every=arguments.fail_every,
         strip_think=arguments.strip_think,
         delay=arguments.delay,
+        trickle=arguments.trickle,
+        bad_body=arguments.bad_body,
     ).start()
     print(standin.url, flush=True)
     try:

@@ -75,6 +75,9 @@ def _make_events(console: Console, live: bool):
             line = Text.assemble(("warning:", "bold red"), " ", terminal(message))
             console.print(line, soft_wrap=True)
 
+        def notice(self, message: str) -> None:
+            console.print(Text(terminal(message)), soft_wrap=True)
+
         def progress(self, stats: RunStats) -> None:
             if self.progress_bar is not None:
                 self.progress_bar.update(
@@ -162,12 +165,18 @@ def generate(
     ] = None,
     trust_remote_code: TrustOption = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", help="Seconds one request may take.")
+        float,
+        typer.Option(
+            "--timeout",
+            help="Seconds one request may take, whole: connecting, waiting and every byte of the answer.",
+        ),
     ] = 3600.0,
     max_attempts: Annotated[
         int,
         typer.Option(
-            "--max-attempts", help="Attempts per prompt on transient failures (5xx, timeouts)."
+            "--max-attempts",
+            help="Attempts per prompt on transient failures (5xx, timeouts); also the failed "
+            "probes in a row after which a run whose servers all left the rotation stops.",
         ),
     ] = 10,
     retry_backoff: Annotated[

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from audit import __version__
 from audit.errors import ConfigError
 from audit.files import OutputLock, lock_output
@@ -101,10 +103,23 @@ def sampling_params(options: GenerateOptions, profile: ResolvedProfile) -> dict[
     return params
 
 
+def _server_url(url: str) -> bool:
+    """Is `url` an http(s) URL with a host and a valid port?"""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        return False
+    return (
+        parsed.scheme in ("http", "https")
+        and bool(parsed.host)
+        and (parsed.port is None or 0 < parsed.port < 65536)
+    )
+
+
 def plan_generation(options: GenerateOptions) -> GenerationPlan:
     """Check everything that can be checked offline; raise an AuditError (exit 2) on any problem."""
     for url in options.servers:
-        if not url.startswith(("http://", "https://")):
+        if not _server_url(url):
             raise ConfigError(f"--server {url}: expected a URL such as http://127.0.0.1:30000")
     if not options.servers:
         raise ConfigError("no --server given: name at least one SGLang server URL")

@@ -30,9 +30,9 @@ from audit.generate.client import (
     ServerPool,
     ServerProbe,
     Transient,
+    Unreachable,
     backoff_delay,
     post_generate,
-    probe_server,
 )
 from audit.generate.manifest import write_manifest
 from audit.generate.output import ErrorLog, ResponseLog
@@ -87,6 +87,9 @@ class GenerationEvents:
     def warning(self, message: str) -> None:
         """A problem worth a person's attention that does not stop the run."""
 
+    def notice(self, message: str) -> None:
+        """Something worth knowing that is not a problem (a server back in the rotation)."""
+
     def progress(self, stats: RunStats) -> None:
         """Called after every change of the counters (cheap: throttle rendering yourself)."""
 
@@ -121,7 +124,7 @@ class Generator:
         self.stats = RunStats(
             total=len(plan.prompt_keys), resumed=len(set(plan.prompt_keys) & plan.resumed.keys)
         )
-        self.pool = ServerPool(plan.options.servers)
+        self.pool: ServerPool | None = None  # made in run(), with the HTTP client
         self._halt: asyncio.Event | None = None
         self._stopped: str | None = None
         self._canary: Canary | None = None
@@ -155,47 +158,54 @@ class Generator:
             max_connections=None,
             max_keepalive_connections=self.options.concurrency + self.options.long_concurrency,
         )
-        timeout = httpx.Timeout(self.options.timeout, connect=30.0)
+        # Per-phase limits; the whole of each request is bounded by --timeout in post_generate.
+        timeout = httpx.Timeout(self.options.timeout, connect=min(30.0, self.options.timeout))
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
-            probes = await asyncio.gather(
-                *(
-                    probe_server(
-                        client, s.url, self.plan.tokenizer, backoff=self.options.retry_backoff
-                    )
-                    for s in self.pool.servers
-                )
+            self.pool = ServerPool(
+                client,
+                self.options.servers,
+                self.plan.tokenizer,
+                backoff=self.options.retry_backoff,
+                backoff_cap=self.options.retry_backoff_cap,
+                give_up_after=self.options.max_attempts,
+                warn=self.events.warning,
+                notice=self.events.notice,
+                on_probe=self._server_answered,
             )
-            self._result.probes = list(probes)
-            for probe in probes:
-                for message in probe.warnings:
-                    self.events.warning(message)
-                if not probe.healthy:
-                    self.events.warning(
-                        f"server not healthy at start, used anyway: {probe.problem}"
-                    )
-            if not any(p.healthy for p in probes):
-                raise ServerError(
-                    "no server answered /health: " + "; ".join(p.problem or p.url for p in probes)
-                )
-            manifest = dict(self.plan.manifest, servers=[p.to_dict() for p in probes])
-            write_manifest(self.options.out.parent, manifest)
-
-            self._canary = Canary(
-                min(self.options.canary, self.plan.pending),
-                self._canary_report,
-                errors_path=self.plan.errors_path,
-                on_change=self._canary_changed,
-            )
-            self.stats.canary = self._canary.state
-            self._log = ResponseLog(self.options.out, self.options.fsync_interval)
             try:
-                await self._generate(client)
+                await self.pool.start()
+                self._canary = Canary(
+                    min(self.options.canary, self.plan.pending),
+                    self._canary_report,
+                    errors_path=self.plan.errors_path,
+                    on_change=self._canary_changed,
+                )
+                self.stats.canary = self._canary.state
+                self._log = ResponseLog(self.options.out, self.options.fsync_interval)
+                try:
+                    await self._generate(client)
+                finally:
+                    self._log.close()
+                    self._errors.close()
+            except ServerError as exc:
+                if self._log is None:
+                    raise  # nothing sent yet: the message says it all
+                raise ServerError(
+                    f"{exc}; stopped after {self.stats.written} samples, which stay in "
+                    f"{self.options.out}: run the same command again to resume"
+                ) from None
             finally:
-                self._log.close()
-                self._errors.close()
+                self._result.probes = self.pool.probes
+                await self.pool.close()
         self._result.stopped = self._stopped
         self.events.progress(self.stats)
         return self._result
+
+    def _server_answered(self, probe: ServerProbe) -> None:
+        """A server answered for the first time: generation.json records what it serves."""
+        assert self.pool is not None
+        servers = [p.to_dict() for p in self.pool.probes]
+        write_manifest(self.options.out.parent, dict(self.plan.manifest, servers=servers))
 
     async def _generate(self, client: httpx.AsyncClient) -> None:
         assert self._halt is not None and self._canary is not None
@@ -284,19 +294,22 @@ class Generator:
 
     async def _complete(self, client: httpx.AsyncClient, job: _Job) -> None:
         """Send one prompt until it is answered, rejected, or out of attempts; record the outcome."""
+        assert self.pool is not None
         payload = orjson.dumps(
             {"input_ids": job.input_ids, "sampling_params": self.plan.sampling_params}
         )
         last: Transient | None = None
         server_url = ""
         for attempt in range(1, self.options.max_attempts + 1):
-            server = self.pool.acquire()
+            server = await self.pool.acquire()
             server_url = server.url
             self.stats.in_flight += 1
             self.events.progress(self.stats)
             failed_for = 0.0
             try:
-                body = await post_generate(client, server.url, payload)
+                body = await post_generate(
+                    client, server.url, payload, timeout=self.options.timeout
+                )
             except Rejected as rejected:
                 self._record_error(
                     job.prompt,
@@ -307,6 +320,11 @@ class Generator:
                     attempts=attempt,
                 )
                 return
+            except Unreachable as unreachable:
+                # The server is down, not busy: it leaves the rotation and the prompt goes to
+                # another server at once (acquire waits while none is in the rotation).
+                last = unreachable
+                self.pool.leave(server, str(unreachable))
             except Transient as transient:
                 last = transient
                 failed_for = backoff_delay(
