@@ -34,7 +34,8 @@ FAMILIES = [
 
 @pytest.mark.parametrize(("profile_name", "tokenizer_name", "thinking"), FAMILIES)
 def test_labelled_partition_is_judged_exactly(
-    tmp_path: Path, real_tokenizer_dirs: dict[str, Path | None], profile_name: str, tokenizer_name: str, thinking: bool
+    tmp_path: Path, real_tokenizer_dirs: dict[str, Path | None],
+    profile_name: str, tokenizer_name: str, thinking: bool,
 ) -> None:
     directory, tokenizer = real_tokenizer(real_tokenizer_dirs, tokenizer_name)
     profile = load_profile(profile_name).resolve(tokenizer, thinking=thinking)
