@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+import orjson
 import pandera.polars as pa
 import polars as pl
 
@@ -43,6 +44,35 @@ class Batch:
         self.records = records
         self.context = context
         self._memo: dict[Callable[[Batch], Any], Any] = {}
+        self._prompts: dict[int, dict[str, Any] | None] = {}
+
+    def source_prompt(self, row: int) -> dict[str, Any] | None:
+        """The source prompt of a record (`messages`, `tools`, `chat_template_kwargs`), or None.
+
+        From the record's own line when it carries `messages` or `tools`, else from the
+        `--prompts` file by sample id. Read on demand and once per row: rules that need it only
+        for some records (the tool calls' declared types) never parse the others.
+        """
+        if row not in self._prompts:
+            self._prompts[row] = self._read_prompt(row)
+        return self._prompts[row]
+
+    def _read_prompt(self, row: int) -> dict[str, Any] | None:
+        source = self.records["source"][row]
+        if source is not None:
+            try:
+                value = orjson.loads(source)
+            except orjson.JSONDecodeError:
+                value = None
+            if isinstance(value, dict) and (
+                isinstance(value.get("messages"), list) or isinstance(value.get("tools"), list)
+            ):
+                return value
+        sample_id = self.records["id"][row]
+        prompts = self.context.prompts
+        if prompts is not None and sample_id is not None:
+            return prompts.get(sample_id)
+        return None
 
     def shared(self, compute: Callable[[Batch], Any]) -> Any:
         """`compute(self)`, which several rules need (e.g. the parsed tool calls), once per batch."""

@@ -15,7 +15,6 @@ from pathlib import Path
 import polars as pl
 
 from audit.batch import AuditContext, Batch
-from audit.checks.base import first_index_of
 from audit.records import (
     DEFAULT_BLOCK_BYTES,
     InputDigest,
@@ -24,6 +23,7 @@ from audit.records import (
     parse_block,
 )
 from audit.ruleset import RuleSet
+from audit.segments import record_summary
 
 FINDINGS_SCHEMA: dict[str, pl.DataType] = {
     "line": pl.UInt32(),
@@ -187,19 +187,14 @@ def finish_file(
 
 def record_stats(batch: Batch) -> pl.DataFrame:
     """Lengths, where the response token falls, finish reason and tool calls of each record."""
-    profile = batch.profile
-    output = pl.col("output_ids")
-    think_end = profile.think_end
-    response_at = first_index_of("output_ids", think_end) if think_end is not None else pl.lit(None)
-    call_begin = profile.tool_markers.get("call_begin")
-    tool_calls = output.list.count_matches(call_begin) if call_begin is not None else pl.lit(0)
+    summary = record_summary(batch)
     return batch.records.select(
         pl.col("line"),
         pl.col("input_ids").list.len().fill_null(0).cast(pl.UInt32).alias("prompt_tokens"),
-        output.list.len().fill_null(0).cast(pl.UInt32).alias("output_tokens"),
-        response_at.cast(pl.Int64).alias("response_at"),
+        pl.col("output_ids").list.len().fill_null(0).cast(pl.UInt32).alias("output_tokens"),
+        summary["response_at"].cast(pl.Int64).alias("response_at"),
         pl.col("finish_type"),
-        tool_calls.fill_null(0).cast(pl.UInt32).alias("tool_calls"),
+        summary["tool_calls"].cast(pl.UInt32).alias("tool_calls"),
     )
 
 

@@ -64,6 +64,15 @@ class FlatIds:
     def sequence(self, i: int) -> list[int]:
         return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()
 
+    @classmethod
+    def slices(cls, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> FlatIds:
+        """`values[starts[i]:ends[i]]` for every i, as flat ids, with numpy gathers only."""
+        lengths = np.maximum(ends - starts, 0).astype(np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts.astype(np.int64) - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return cls(values[index], offsets)
+
 
 def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
     """Boolean per sequence: are the two flat id lists different there? (vectorised)"""

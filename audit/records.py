@@ -10,7 +10,7 @@ One JSON object per line (SGLang `/generate` output saved raw):
     text          optional, the server's decoded text
     messages, tools optional, the source prompt: kept as the line's raw text in `source`
                   (only for lines that have them, and only when a rule reads it: the
-                  template-fidelity rule)
+                  template-fidelity rule, and the tool-call rules for declared types)
     anything else: kept on disk, ignored here
 
 The file is read in byte blocks, each block parsed by polars with an explicit schema. A
@@ -66,12 +66,13 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
-    # The raw JSON line, kept only when it carries `messages` and a rule reads it (the template
-    # rule alone), so the common path never copies or parses the prompt's messages.
+    # The raw JSON line, kept only when it carries `messages` or `tools` and a rule reads it
+    # (the template rule, the tool-call rules), so other runs never copy the prompt.
     "source": pl.String(),
 }
 
-_MESSAGES_KEY = b'"messages"'
+# A line carrying its source prompt (messages, or the tools the tool-call rules read).
+_PROMPT_KEYS = (b'"messages"', b'"tools"')
 
 _LIST_FIELDS = ("input_ids", "prompt_ids", "output_ids")
 
@@ -217,7 +218,7 @@ def _parse_bisecting(
     if keep_source:
         source: pl.Series | pl.Expr = pl.Series(
             "source",
-            [text.decode() if _MESSAGES_KEY in text else None for _, text in numbered],
+            [text.decode() if any(key in text for key in _PROMPT_KEYS) else None for _, text in numbered],
             dtype=pl.String(),
         )
     else:
@@ -288,3 +289,47 @@ def _diagnose(line: int, text: bytes, exc: Exception, *, last_line_unterminated:
             )
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return UnreadableLine(line, f"does not fit the record contract: {first}", True)
+
+
+def salvage_record(raw: bytes, line: int) -> tuple[pl.DataFrame, str]:
+    """For a line `parse_block` refused: a one-row record frame of the parts that are readable
+    (id lists that are lists of integers, the id), and what keeps it from being a record.
+
+    What a viewer shows of a broken line; the audit itself reports the line as unreadable.
+    """
+    if not raw.strip():
+        return empty_records(), "a blank line: no record here"
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        return empty_records(), f"not a JSON record: {exc}"
+    if not isinstance(value, dict):
+        return empty_records(), f"a JSON {type(value).__name__}, not an object"
+    problems: list[str] = []
+
+    def ids(*names: str) -> list[int] | None:
+        for name in names:
+            found = value.get(name)
+            if found is None:
+                continue
+            if not isinstance(found, list):
+                problems.append(f"{name} is not a list of token ids")
+            elif not all(isinstance(i, int) and not isinstance(i, bool) and -(1 << 63) <= i < 1 << 63 for i in found):
+                problems.append(f"{name} holds values that are not token ids")
+            else:
+                return found
+            return None
+        problems.append(f"{names[0]} is missing")
+        return None
+
+    prompt, output = ids("input_ids", "prompt_ids"), ids("output_ids")
+    record_id = value.get("id")
+    frame = pl.DataFrame(
+        {"line": [line], "id": [None if record_id is None else str(record_id)], "input_ids": [prompt], "output_ids": [output]},
+        schema={name: RECORD_COLUMNS[name] for name in ("line", "id", "input_ids", "output_ids")},
+    )
+    frame = frame.with_columns(
+        pl.lit(None, dtype=dtype).alias(name) for name, dtype in RECORD_COLUMNS.items() if name not in frame.columns
+    ).select(list(RECORD_COLUMNS))
+    return frame, "; ".join(problems) or "does not fit the record contract"
+

@@ -106,10 +106,40 @@ class Tokenizer:
             strings.update(self._tiktoken.special_tokens_set)
         return tuple(sorted((s for s in strings if s), key=len, reverse=True))
 
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's special tokens: those `skip_special_tokens` drops.
+
+        An added token counts only when it is marked special (Qwen's `<think>` is added but not
+        special: decoding keeps it). A tiktoken tokenizer behind remote code (Kimi's) keeps its
+        specials in the encoding itself.
+        """
+        ids: set[int] = set()
+        for token_id, token in (getattr(self.hf, "added_tokens_decoder", None) or {}).items():
+            if getattr(token, "special", False) is True:
+                ids.add(int(token_id))
+        ids.update(i for i in getattr(self.hf, "all_special_ids", None) or () if isinstance(i, int))
+        if self._tiktoken is not None:
+            for text in self._tiktoken.special_tokens_set:
+                token_id = self.token_id(text)
+                if token_id is not None:
+                    ids.add(token_id)
+        return frozenset(ids)
+
     # -- look-ups -------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
         """The id of a token given by its exact string, or None when the vocabulary lacks it."""
         return self.vocab.get(token)
+
+    def can_decode(self, ids: Sequence[int]) -> bool:
+        """Is every id one this tokenizer has (the vocabulary check, for a handful of ids)?"""
+        return all(i in self.known_ids for i in ids)
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        """The decoded piece of each id, "" for ids the tokenizer lacks (for display)."""
+        known = [i for i in ids if i in self.known_ids]
+        decoded = dict(zip(known, self.token_strings(known), strict=True)) if known else {}
+        return [decoded.get(i, "") for i in ids]
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of `text`, special-token strings recognised, nothing added around it."""

@@ -1,23 +1,38 @@
-"""Tool-call grammars of the model families, and how to read one call's text.
+"""Tool-call grammars of the model families: the table a profile's `[tool_calls] format` names.
 
-A profile names its markers by their token strings and picks one of these formats. The
-tool-call rules map every marker id in `output_ids` to a one-letter role and match the
-resulting string against the format's grammar, so the order check is a vectorised regex
-over all records at once:
+A format is data plus one reader. Its markers that are single token ids (named by their token
+strings in the profile, one per role) are checked at the id level: the marker ids of every
+answer are mapped to one-letter roles and matched against `grammar`, one vectorised regex for
+the whole batch:
 
     S  section begin      s  section end
     C  call begin         A  argument begin (or separator)      E  call end
     K  key begin          k  key end      V  value begin      v  value end   (GLM arguments)
+    T  tag marker (DSML's `｜DSML｜`, one id inside every tag)
+    N  namespace marker (MiniMax-M3's `]<]minimax[>[`, one id before every element)
 
-Only the text between markers is decoded, one batch for all calls, then `read_call`
-splits it into the call's name, its call id (where the family has one) and its arguments.
+The rest of a call's structure may be plain text (Qwen3.5/3.6's `<function=NAME>`, DSML's
+tags, MiniMax's elements). Only the text of calls is decoded, one batch per block of records,
+and `read` turns it into calls: each call's name, id (where the family has one), arguments,
+and `malformed` when the text breaks the format's own grammar. `unit` says which text a
+reader gets: `"call"` the text between call begin and call end (split at argument begin when
+the format has one: `head`, `body`), `"answer"` the whole answer of a record that holds a
+marker (formats whose calls are delimited by text, like DSML).
+
+Arguments are judged as the serving stack's parser converts them. Formats that write JSON
+arguments must give one JSON value. Formats that write each parameter as text (`parameters`)
+are judged by the tool's declared parameter type (`declared_type`, `value_error`): a `string`
+value is raw text, an integer/number/boolean/object/array value must read as one, and a
+parameter the tools do not declare is never an error.
 """
 
 from __future__ import annotations
 
+import ast
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 
@@ -31,106 +46,345 @@ ROLE_LETTERS = {
     "key_end": "k",
     "value_begin": "V",
     "value_end": "v",
+    "tag": "T",
+    "namespace": "N",
 }
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One call as the model wrote it: the text between call begin and argument begin (`head`)
-    and between argument begin and call end (`body`)."""
+    """One call as the model wrote it, read from its text.
+
+    `arguments` is the arguments' text as the format writes it (JSON for JSON formats);
+    `parameters` holds (name, value text) pairs for formats that write each parameter as text,
+    judged by the declared types; `malformed` says how the text breaks the format's grammar.
+    """
 
     name: str | None
-    call_id: str | None
-    arguments: str
+    call_id: str | None = None
+    arguments: str = ""
+    parameters: tuple[tuple[str, str], ...] | None = None
+    malformed: str | None = None
+
+
+# (head, body) -> the calls in that text. For unit "call", head is the text between call begin
+# and argument begin (all of it when the format has no argument begin) and body the rest; for
+# unit "answer", head is the whole answer and body is empty.
+Reader = Callable[[str, str], list[ToolCall]]
 
 
 @dataclass(frozen=True)
 class ToolCallFormat:
-    """A family's tool-call grammar: which marker roles it uses, their order, how to read a call."""
+    """A family's tool-call grammar: its single-id marker roles, their order, how to read a call."""
 
     name: str
     roles: tuple[str, ...]
     grammar: str  # regex over role letters, anchored by the rule
-    read_call: Callable[[str, str], ToolCall]
+    read: Reader
+    unit: Literal["call", "answer"] = "call"
     has_call_ids: bool = False
     description: str = ""
 
-    @property
-    def pattern(self) -> re.Pattern[str]:
-        return re.compile(self.grammar)
+
+# -- JSON arguments ---------------------------------------------------------------------------
 
 
-def _kimi_call(head: str, body: str) -> ToolCall:
+def _kimi_call(head: str, body: str) -> list[ToolCall]:
     # Kimi writes `functions.NAME:IDX` as the call id; the name is inside it.
     call_id = head.strip()
     name = call_id.removeprefix("functions.").rsplit(":", 1)[0] if call_id else None
-    return ToolCall(name=name or None, call_id=call_id, arguments=body)
+    return [ToolCall(name=name or None, call_id=call_id, arguments=body)]
 
 
-def _named_call(head: str, body: str) -> ToolCall:
+def _named_call(head: str, body: str) -> list[ToolCall]:
     # DeepSeek V3.1 writes the function name, then the separator, then the JSON arguments.
-    return ToolCall(name=head.strip() or None, call_id=None, arguments=body)
-
-
-def _r1_call(head: str, body: str) -> ToolCall:
-    # DeepSeek-R1 writes the call type ("function"), the separator, then NAME, a newline and
-    # the arguments as a fenced JSON block: NAME\n```json\n{...}\n```
-    name, _, rest = body.partition("\n")
-    match = _FENCED_JSON.match(rest)
-    arguments = match.group(1) if match else rest  # no fence: left for the JSON check to judge
-    return ToolCall(name=name.strip() or None, call_id=None, arguments=arguments)
+    return [ToolCall(name=head.strip() or None, arguments=body)]
 
 
 _FENCED_JSON = re.compile(r"^\s*```(?:json)?[ \t]*\n(.*?)\n?```\s*$", re.DOTALL)
 
 
-def _qwen3_call(head: str, body: str) -> ToolCall:
-    # Qwen3 writes one JSON object per call: {"name": ..., "arguments": {...}}. Text that does
-    # not parse is passed on whole as the arguments, so the JSON rule names it.
-    try:
-        call = orjson.loads(head.strip())
-    except orjson.JSONDecodeError:
-        return ToolCall(name=_json_name(head), call_id=None, arguments=head)
-    if not isinstance(call, dict):
-        return ToolCall(name=None, call_id=None, arguments=head)
-    name = call.get("name")
-    arguments = call.get("arguments", {})
-    if isinstance(arguments, str):  # some pipelines double-encode; the model writes an object
-        return ToolCall(name=name if isinstance(name, str) else None, call_id=None, arguments=arguments)
-    return ToolCall(
-        name=name if isinstance(name, str) and name else None,
-        call_id=None,
-        arguments=orjson.dumps(arguments).decode(),
-    )
+def _r1_call(head: str, body: str) -> list[ToolCall]:
+    # DeepSeek-R1 writes the call type ("function"), the separator, then NAME, a newline and
+    # the arguments as a fenced JSON block: NAME\n```json\n{...}\n```
+    name, _, rest = body.partition("\n")
+    match = _FENCED_JSON.match(rest)
+    arguments = match.group(1) if match else rest  # no fence: left for the JSON check to judge
+    return [ToolCall(name=name.strip() or None, arguments=arguments)]
 
 
 _JSON_NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 
 
-def _json_name(text: str) -> str | None:
-    match = _JSON_NAME.search(text)
-    return match.group(1) if match else None
+def _qwen3_call(head: str, body: str) -> list[ToolCall]:
+    # Qwen3 writes one JSON object per call: {"name": ..., "arguments": {...}}. Text that does
+    # not parse is passed on whole as the arguments, so the JSON rule names it.
+    try:
+        call = orjson.loads(head.strip())
+    except orjson.JSONDecodeError:
+        found = _JSON_NAME.search(head)
+        return [ToolCall(name=found.group(1) if found else None, arguments=head)]
+    if not isinstance(call, dict):
+        return [ToolCall(name=None, arguments=head)]
+    name = call.get("name")
+    name = name if isinstance(name, str) and name else None
+    arguments = call.get("arguments", {})
+    if isinstance(arguments, str):  # some pipelines double-encode; the model writes an object
+        return [ToolCall(name=name, arguments=arguments)]
+    return [ToolCall(name=name, arguments=orjson.dumps(arguments).decode())]
 
+
+# -- parameters as text ------------------------------------------------------------------------
 
 _GLM_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
-def _glm_call(head: str, body: str) -> ToolCall:
-    # GLM-4.5 writes NAME, a newline, then <arg_key>k</arg_key>\n<arg_value>v</arg_value> pairs.
-    # Its template renders string values raw and everything else as JSON, so a value that
-    # starts like a JSON object or array must parse as one.
+def _glm_call(head: str, body: str) -> list[ToolCall]:
+    # GLM writes NAME (4.5: and a newline), then <arg_key>k</arg_key><arg_value>v</arg_value>
+    # pairs. Values are text: the template writes strings raw and other values as JSON, and
+    # SGLang's GLM detectors convert them by the declared type (glm4_moe_detector.py).
     name, _, rest = head.partition("<arg_key>")
-    rest = "<arg_key>" + rest if rest else ""
-    arguments: dict[str, object] = {}
-    for key, value in _GLM_ARGUMENT.findall(rest):
-        if value.lstrip()[:1] in ("{", "["):
-            try:
-                arguments[key.strip()] = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                return ToolCall(name=name.strip() or None, call_id=None, arguments=value)
-        else:
-            arguments[key.strip()] = value
-    return ToolCall(name=name.strip() or None, call_id=None, arguments=orjson.dumps(arguments).decode())
+    pairs = tuple((key.strip(), value) for key, value in _GLM_ARGUMENT.findall("<arg_key>" + rest if rest else ""))
+    return [ToolCall(name=name.strip() or None, arguments=head[len(name):], parameters=pairs)]
+
+
+_QWEN_FUNCTION = re.compile(r"\s*<function=([^>\n]*)>(.*?)</function>", re.DOTALL)
+_QWEN_PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
+
+
+def _qwen_xml_call(head: str, body: str) -> list[ToolCall]:
+    # Qwen3.5/3.6 (chat_template.jinja): <tool_call>\n<function=NAME>\n<parameter=K>\nV\n
+    # </parameter>\n</function>\n</tool_call>. The value is the text between the parameter tags
+    # with one leading and one trailing newline removed, as SGLang's qwen3_coder_detector reads it.
+    calls: list[ToolCall] = []
+    at = 0
+    while function := _QWEN_FUNCTION.match(head, at):
+        name, inner = function.group(1).strip(), function.group(2)
+        pairs: list[tuple[str, str]] = []
+        inner_at = 0
+        while parameter := _QWEN_PARAMETER.match(inner, inner_at):
+            value = parameter.group(2)
+            value = value.removeprefix("\n")
+            value = value.removesuffix("\n")
+            pairs.append((parameter.group(1).strip(), value))
+            inner_at = parameter.end()
+        leftover = inner[inner_at:]
+        malformed = None
+        if leftover.strip():
+            malformed = f"text outside <parameter=K>...</parameter> in function {name or '?'}: {leftover.strip()[:40]!r}"
+        calls.append(ToolCall(name=name or None, arguments=inner, parameters=tuple(pairs), malformed=malformed))
+        at = function.end()
+    rest = head[at:]
+    if not calls or rest.strip():
+        shown = (rest if calls else head).strip()[:60]
+        return [
+            *calls,
+            ToolCall(
+                name=calls[0].name if calls else None,
+                arguments=head,
+                malformed=f"call text is not <function=NAME> <parameter=K>V</parameter>... </function>: {shown!r}",
+            ),
+        ]
+    return calls
+
+
+def _dsml_reader(block: str) -> Reader:
+    """DeepSeek-V3.2 (`function_calls`) and V4 (`tool_calls`) DSML blocks in an answer.
+
+    `<｜DSML｜BLOCK>` then `<｜DSML｜invoke name="NAME">` elements holding
+    `<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>` (string="true": raw
+    text; "false": JSON), as SGLang's deepseekv32_detector / deepseekv4_detector read them.
+    Only `｜DSML｜` is one token id: the tags around it are text.
+    """
+    dsml = "｜DSML｜"
+    section = re.compile(rf"<{dsml}{block}>(.*?)(</{dsml}{block}>|$)", re.DOTALL)
+    invoke = re.compile(rf'\s*<{dsml}invoke\s+name="([^"]*)"\s*(?:/>|>(.*?)</{dsml}invoke>)', re.DOTALL)
+    parameter = re.compile(
+        rf'\s*<{dsml}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>(.*?)</{dsml}parameter>', re.DOTALL
+    )
+
+    def read(head: str, body: str) -> list[ToolCall]:
+        calls: list[ToolCall] = []
+        found = section.search(head)
+        if found is None:
+            return [ToolCall(name=None, arguments=head, malformed=f"a {dsml} tag outside a <{dsml}{block}> block")]
+        inner = found.group(1)
+        problem = None if found.group(2) else f"<{dsml}{block}> is never closed"
+        if head[found.end():].strip():
+            problem = problem or f"text after </{dsml}{block}>: {head[found.end():].strip()[:40]!r}"
+        at = 0
+        while call := invoke.match(inner, at):
+            text = call.group(2) or ""
+            pairs: list[tuple[str, str]] = []
+            json_values: dict[str, str] = {}
+            inner_at = 0
+            while item := parameter.match(text, inner_at):
+                if item.group(2) == "true":
+                    pairs.append((item.group(1), item.group(3)))
+                else:
+                    json_values[item.group(1)] = item.group(3)
+                inner_at = item.end()
+            leftover = text[inner_at:]
+            malformed = f"text outside the parameter tags: {leftover.strip()[:40]!r}" if leftover.strip() else None
+            # string="false" values are JSON: joined into one object the JSON check judges.
+            arguments = "{" + ", ".join(f"{orjson.dumps(k).decode()}: {v}" for k, v in json_values.items()) + "}"
+            calls.append(ToolCall(name=call.group(1).strip() or None, arguments=arguments, malformed=malformed))
+            at = call.end()
+        if inner[at:].strip():
+            problem = problem or f"text inside <{dsml}{block}> that is not an invoke: {inner[at:].strip()[:40]!r}"
+        if problem or not calls:
+            calls.append(ToolCall(name=None, arguments=inner, malformed=problem or f"an empty <{dsml}{block}> block"))
+        return calls
+
+    return read
+
+
+# -- judging parameter values by their declared type --------------------------------------------
+
+# SGLang's qwen3_coder_detector `_convert_param_value` and glm4_moe_detector `parse_arguments`.
+_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
+_INTEGER_PREFIXES = ("int", "uint", "long", "short", "unsigned")
+_NUMBER_PREFIXES = ("num", "float")
+_BOOLEAN_TYPES = {"boolean", "bool", "binary"}
+
+
+def declared_type(schema: Any) -> str | None:
+    """The primary type a JSON-schema property declares, as SGLang infers it
+    (`infer_type_from_json_schema`): `type` (the first non-null of a list), anyOf/oneOf, enum,
+    allOf, `properties` (object), `items` (array). None when it declares none."""
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return kind
+    if isinstance(kind, list) and kind:
+        non_null = [t for t in kind if t != "null"]
+        return str(non_null[0]) if non_null else "string"
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if isinstance(branches, list):
+        types = [t for t in (declared_type(b) for b in branches) if t]
+        if types:
+            distinct = set(types)
+            if len(distinct) == 1:
+                return types[0]
+            if len(distinct) == 2 and "null" in distinct:
+                return next(t for t in types if t != "null")
+            return "string" if "string" in distinct else types[0]
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        kinds = {_json_kind(v) for v in enum}
+        return kinds.pop() if len(kinds) == 1 else "string"
+    if isinstance(schema.get("allOf"), list):
+        for branch in schema["allOf"]:
+            kind = declared_type(branch)
+            if kind and kind != "string":
+                return kind
+        return "string"
+    if "properties" in schema:
+        return "object"
+    if "items" in schema:
+        return "array"
+    return None
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return "string"
+
+
+def value_error(value: str, declared: str | None) -> str | None:
+    """Why a parameter written as text does not read as its declared type, or None.
+
+    A string is any text; `null` (any case) is every type's null; an undeclared parameter is
+    never an error. Booleans are accepted in any case (`True` is what Qwen's template writes for
+    a Python bool). Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
+    """
+    if declared is None:
+        return None
+    kind = declared.strip().lower()
+    text = value.strip()
+    if kind in _STRING_TYPES or kind == "null" or text.lower() == "null":
+        return None
+    if kind.startswith(_INTEGER_PREFIXES):
+        try:
+            int(text)
+        except ValueError:
+            return f"declared {declared}, not an integer"
+        return None
+    if kind.startswith(_NUMBER_PREFIXES):
+        try:
+            float(text)
+        except ValueError:
+            return f"declared {declared}, not a number"
+        return None
+    if kind in _BOOLEAN_TYPES:
+        return None if text.lower() in ("true", "false") else f"declared {declared}, not true or false"
+    wanted = dict if kind.startswith(("object", "dict")) else list if kind.startswith(("array", "arr", "list")) else None
+    if wanted is None:
+        return None  # a type SGLang has no conversion for: kept as text
+    parsed = _literal(text)
+    if not isinstance(parsed, wanted):
+        return f"declared {declared}, not a JSON {'object' if wanted is dict else 'array'}"
+    return None
+
+
+def _literal(text: str) -> Any:
+    """JSON, else a Python literal (SGLang's `safe_literal_eval` fallback), else None."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def parameter_types(tools: Any, name: str | None) -> dict[str, str | None] | None:
+    """Declared type of each parameter of the tool `name` in an OpenAI-style `tools` list.
+
+    None when the tool (or the list) is unknown: then nothing about its values is judged.
+    """
+    if not isinstance(tools, list) or name is None:
+        return None
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function", tool)
+        if isinstance(function, Mapping) and function.get("name") == name:
+            schema = function.get("parameters")
+            if not isinstance(schema, Mapping):
+                return None
+            properties = _properties(schema)
+            return {key: declared_type(value) for key, value in properties.items()}
+    return None
+
+
+def _properties(schema: Mapping) -> dict[str, Any]:
+    # Top-level properties, else those of anyOf/oneOf/allOf branches (SGLang's get_schema_properties).
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping):
+        return dict(properties)
+    merged: dict[str, Any] = {}
+    for keyword in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(keyword)
+        if isinstance(branches, list):
+            for branch in branches:
+                if isinstance(branch, Mapping):
+                    for key, value in _properties(branch).items():
+                        merged.setdefault(key, value)
+    return merged
 
 
 FORMATS: dict[str, ToolCallFormat] = {
@@ -138,7 +392,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         name="kimi",
         roles=("section_begin", "section_end", "call_begin", "argument_begin", "call_end"),
         grammar=r"(?:S(?:CAE)+s)*",
-        read_call=_kimi_call,
+        read=_kimi_call,
         has_call_ids=True,
         description="section( call-begin ID argument-begin JSON call-end )+ section-end",
     ),
@@ -146,28 +400,53 @@ FORMATS: dict[str, ToolCallFormat] = {
         name="deepseek-v3.1",
         roles=("section_begin", "section_end", "call_begin", "argument_begin", "call_end"),
         grammar=r"(?:S(?:CAE)+s)*",
-        read_call=_named_call,
+        read=_named_call,
         description="calls-begin( call-begin NAME sep JSON call-end )+ calls-end",
     ),
     "deepseek-r1": ToolCallFormat(
         name="deepseek-r1",
         roles=("section_begin", "section_end", "call_begin", "argument_begin", "call_end"),
         grammar=r"(?:S(?:CAE)+s)*",
-        read_call=_r1_call,
+        read=_r1_call,
         description="calls-begin( call-begin function sep NAME fenced-JSON call-end )+ calls-end",
     ),
     "qwen3": ToolCallFormat(
         name="qwen3",
         roles=("call_begin", "call_end"),
         grammar=r"(?:CE)*",
-        read_call=_qwen3_call,
+        read=_qwen3_call,
         description='( <tool_call> {"name": ..., "arguments": {...}} </tool_call> )*',
     ),
     "glm-4.5": ToolCallFormat(
         name="glm-4.5",
         roles=("call_begin", "call_end", "key_begin", "key_end", "value_begin", "value_end"),
         grammar=r"(?:C(?:KkVv)*E)*",
-        read_call=_glm_call,
+        read=_glm_call,
         description="( <tool_call> NAME ( <arg_key> k </arg_key> <arg_value> v </arg_value> )* </tool_call> )*",
+    ),
+    "qwen3-xml": ToolCallFormat(
+        name="qwen3-xml",
+        roles=("call_begin", "call_end"),
+        grammar=r"(?:CE)*",
+        read=_qwen_xml_call,
+        description="( <tool_call> <function=NAME> ( <parameter=K> V </parameter> )* </function> </tool_call> )*",
+    ),
+    "dsml-v3.2": ToolCallFormat(
+        name="dsml-v3.2",
+        roles=("tag",),
+        grammar=r"T*",
+        read=_dsml_reader("function_calls"),
+        unit="answer",
+        description='<｜DSML｜function_calls> ( <｜DSML｜invoke name="NAME"> ( <｜DSML｜parameter name="K" '
+        'string="true|false"> V </｜DSML｜parameter> )* </｜DSML｜invoke> )+ </｜DSML｜function_calls>',
+    ),
+    "dsml-v4": ToolCallFormat(
+        name="dsml-v4",
+        roles=("tag",),
+        grammar=r"T*",
+        read=_dsml_reader("tool_calls"),
+        unit="answer",
+        description='<｜DSML｜tool_calls> ( <｜DSML｜invoke name="NAME"> ( <｜DSML｜parameter name="K" '
+        'string="true|false"> V </｜DSML｜parameter> )* </｜DSML｜invoke> )+ </｜DSML｜tool_calls>',
     ),
 }

@@ -20,17 +20,37 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
 import polars as pl
 
 from audit.batch import Batch
+from audit.expressions import (  # noqa: F401  (the helpers rules build on, re-exported)
+    first_index_in,
+    first_index_of,
+    id_set,
+    nth_index_of,
+    truncated,
+)
 
 DOC_SECTIONS = ("What it checks", "Why it matters", "Example", "Fix")
 
 # What every rule's check returns: the rows it flags, where, and why.
 FINDING_COLUMNS = {"row": pl.UInt32, "position": pl.Int64, "message": pl.String}
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a rule expected beside what a flagged record holds, for a person to compare."""
+
+    rule: str
+    title: str
+    rows: tuple[tuple[str, str], ...]  # (label, value), expected first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "title": self.title, "rows": [{"label": k, "value": v} for k, v in self.rows]}
 
 
 class Severity(StrEnum):
@@ -59,6 +79,14 @@ class Rule:
     def check(self, batch: Batch) -> pl.DataFrame:
         """Findings for this batch: columns `row`, `position` (token index or null), `message`."""
         raise NotImplementedError
+
+    def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
+        """The comparison to show beside a record this rule flagged (`audit inspect`, HTML).
+
+        `row` is the record in `batch`, `position` where the finding points. None (the default)
+        when the finding's message says it all.
+        """
+        return None
 
     def check_file(self, identities: pl.DataFrame) -> pl.DataFrame:
         """For `file_level` rules: findings over the whole file's `line`, `id` columns
@@ -130,29 +158,3 @@ def findings_frame(
 ) -> pl.DataFrame:
     """Findings built from Python lists (for rules whose last step is per flagged record)."""
     return pl.DataFrame({"row": rows, "position": positions, "message": messages}, schema=FINDING_COLUMNS)
-
-
-def first_index_of(column: str, token_id: int) -> pl.Expr:
-    """Index of the first occurrence of `token_id` in a list column, null when absent."""
-    return pl.col(column).list.eval(pl.arg_where(pl.element() == token_id).first()).list.first()
-
-
-def nth_index_of(column: str, token_id: int, n: int) -> pl.Expr:
-    """Index of the n-th (0-based) occurrence of `token_id`, null when there are fewer."""
-    return pl.col(column).list.eval(pl.arg_where(pl.element() == token_id)).list.get(n, null_on_oob=True)
-
-
-def id_set(token_ids: Sequence[int]) -> pl.Expr:
-    """A set of ids to test membership against with `is_in`."""
-    return pl.lit(pl.Series(list(token_ids), dtype=pl.Int64)).implode()
-
-
-def first_index_in(column: str, token_ids: Sequence[int]) -> pl.Expr:
-    """Index of the first element that is any of `token_ids`, null when none is."""
-    wanted = id_set(token_ids)
-    return pl.col(column).list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
-
-
-def truncated() -> pl.Expr:
-    """The server stopped the output early: length limit or abort (the termination rules speak)."""
-    return pl.col("finish_type").is_in(["length", "abort"]).fill_null(False)

@@ -7,15 +7,9 @@ from typing import Any, ClassVar
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import (
-    RecordRule,
-    empty_findings,
-    findings_frame,
-    first_index_of,
-    id_set,
-    truncated,
-)
-from audit.checks.harmony import harmony_messages
+from audit.channels import harmony_messages
+from audit.checks.base import RecordRule, empty_findings, findings_frame, id_set, truncated
+from audit.response import response_bounds
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
 # only shorter ones are checked for whitespace-only tokens (a small decode).
@@ -105,34 +99,32 @@ class SegmentTooShort(RecordRule):
     parameters: ClassVar[dict[str, Any]] = {"min_reasoning_tokens": 1, "min_answer_tokens": 1}
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        profile = batch.profile
-        if profile.reasoning == "none":
+        if batch.profile.reasoning == "none":
             return self._harmony(batch)
         output = pl.col("output_ids")
-        # Trailing stop tokens are the end of turn, not answer content.
-        end = output.list.len() - _trailing_stops(id_set(profile.stop_ids))
-        segments: dict[str, tuple[pl.Expr, pl.Expr]] = {}
-        if profile.reasoning in ("prompt_opens", "model_opens"):
-            close = first_index_of("output_ids", profile.think_end)
-            if profile.reasoning == "prompt_opens":
-                start = pl.lit(0, dtype=pl.Int64)
-            else:
-                start = first_index_of("output_ids", profile.think_start).cast(pl.Int64) + 1
-            segments["reasoning"] = (start, close.cast(pl.Int64))
-            segments["answer"] = (close.cast(pl.Int64) + 1, end)
-        else:  # thinking off: everything before the end of turn is the answer
-            segments["answer"] = (pl.lit(0, dtype=pl.Int64), end)
-        frame = batch.records.with_row_index("row").filter(_finished()).select(
-            "row",
-            *[
-                output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name)
-                for name, (begin, stop_at) in segments.items()
-            ],
+        # A segment whose bounds are missing (no </think>) is left to the segmentation rules:
+        # only records whose answer was reached are judged.
+        bounds = response_bounds(batch)
+        segments = {
+            "reasoning": (pl.col("reasoning_start"), pl.col("reasoning_end")),
+            "answer": (pl.col("answer_start"), pl.col("answer_end")),
+        }
+        reached = pl.col("answer_start").is_not_null()
+        frame = (
+            pl.concat([batch.records.select("output_ids", "finish_type"), bounds], how="horizontal")
+            .with_row_index("row")
+            .filter(_finished() & reached)
+            .select(
+                "row",
+                *[
+                    output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name)
+                    for name, (begin, stop_at) in segments.items()
+                ],
+            )
         )
         minimum = self._minimum()
         rows: dict[int, str] = {}
         for name in segments:
-            # A segment whose bounds are missing (no </think>) is left to the segmentation rules.
             short = frame.filter(
                 pl.col(name).is_not_null() & (pl.col(name).list.len() < minimum[name] + _WHITESPACE_SLACK)
             ).select("row", name)
@@ -177,18 +169,6 @@ class SegmentTooShort(RecordRule):
 def _finished() -> pl.Expr:
     """The output was not cut (length, abort) and is not empty: a turn the model ended."""
     return (pl.col("output_ids").list.len() > 0) & ~truncated()
-
-
-def _trailing_stops(stop: pl.Expr) -> pl.Expr:
-    """How many stop tokens end the output (usually one)."""
-    return (
-        pl.col("output_ids")
-        .list.reverse()
-        .list.eval(pl.element().is_in(stop).cum_min())
-        .list.sum()
-        .fill_null(0)
-        .cast(pl.Int64)
-    )
 
 
 def _content_counts(batch: Batch, segments: pl.Series) -> list[int]:

@@ -18,122 +18,8 @@ import orjson
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, truncated
-
-LETTERS = {
-    "start": "B",
-    "channel": "H",
-    "constrain": "K",
-    "message": "M",
-    "end": "N",
-    "call": "L",
-    "return": "R",
-}
-# A finished output: messages ended by <|end|>, then one ended by <|return|> or <|call|>. The
-# leading B stands for the <|start|> the prompt already holds.
-_FINISHED = r"^(?:BHK?MN)*BHK?M[RL]$"
-# A cut output (length, abort): whole messages, then any prefix of one.
-_CUT = r"^(?:BHK?MN)*(?:B(?:H(?:K?(?:M[RL]?)?)?)?)?$"
-_RECIPIENT = re.compile(r"\bto=(\S+)")
-
-
-def channel_letters(batch: Batch) -> pl.Expr:
-    """Per record, "B" plus its harmony markers in order as letters, e.g. "BHMNBHMR"."""
-    markers = batch.profile.channel_markers
-    return pl.lit("B") + (
-        pl.col("output_ids")
-        .list.eval(
-            pl.element().replace_strict(
-                list(markers.values()), [LETTERS[r] for r in markers], default=None, return_dtype=pl.String
-            )
-        )
-        .list.drop_nulls()
-        .list.join("")
-    )
-
-
-def _grammar_ok(batch: Batch) -> pl.Series:
-    """Per record: do its harmony markers follow the message grammar? (one pass per batch)"""
-    return batch.shared(_match_grammar)
-
-
-def _match_grammar(batch: Batch) -> pl.Series:
-    letters = channel_letters(batch)
-    matches = pl.when(truncated()).then(letters.str.contains(_CUT)).otherwise(letters.str.contains(_FINISHED))
-    return batch.records.select(matches.alias("grammar_ok")).to_series()
-
-
-def harmony_messages(batch: Batch) -> pl.DataFrame:
-    """One row per complete message of every grammar-valid record, in order.
-
-    Columns: `row`, `index` (0-based message number), `channel_at` / `message_at` / `end_at`
-    (token indexes of its markers), `terminator` ("end" / "call" / "return"), `channel`
-    (the channel name), `recipient` (from `to=`, in the header or after the role), `constrained`
-    (a `<|constrain|>` in the header), `content_tokens`.
-    """
-    return batch.shared(_parse_messages)
-
-
-def _parse_messages(batch: Batch) -> pl.DataFrame:
-    markers = batch.profile.channel_markers
-    stops = [markers["end"], markers["call"], markers["return"]]
-
-    def at(ids: list[int]) -> pl.Expr:
-        return pl.col("output_ids").list.eval(pl.arg_where(pl.element().is_in(ids)))
-
-    frame = (
-        batch.records.with_row_index("row")
-        .filter(pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.len() > 0))
-        .select(
-            "row",
-            "output_ids",
-            h=at([markers["channel"]]),
-            m=at([markers["message"]]),
-            t=at(stops),
-            # The first message's <|start|> is in the prompt: -1 stands for it.
-            b=pl.concat_list(pl.lit([-1], dtype=pl.List(pl.Int64)), at([markers["start"]]).cast(pl.List(pl.Int64))),
-        )
-    )
-    # A cut record may end inside a message: keep only messages that reached their end marker.
-    complete = pl.col("t").list.len()
-    frame = frame.with_columns(
-        pl.col("h").list.head(complete), pl.col("m").list.head(complete), pl.col("b").list.head(complete)
-    ).filter(complete > 0)
-    messages = frame.explode("h", "m", "t", "b").with_columns(
-        pl.int_range(pl.len()).over("row").alias("index")
-    )
-    role_heads = messages.select(
-        pl.col("output_ids").list.slice(pl.col("b") + 1, pl.col("h") - pl.col("b") - 1)
-    ).to_series()
-    channel_heads = messages.select(
-        pl.col("output_ids").list.slice(pl.col("h") + 1, pl.col("m") - pl.col("h") - 1)
-    ).to_series()
-    terminator_ids = messages.select(pl.col("output_ids").list.get(pl.col("t"))).to_series().to_list()
-    tokenizer = batch.tokenizer
-    role_texts = tokenizer.decode_batch(role_heads.to_list())
-    channel_texts = tokenizer.decode_batch(channel_heads.to_list())
-    constrain = batch.profile.profile.channels.markers["constrain"]
-    names, recipients, constrained = [], [], []
-    for role, head in zip(role_texts, channel_texts, strict=True):
-        name = head.split("<|", 1)[0].split(maxsplit=1)
-        names.append(name[0] if name else "")
-        found = _RECIPIENT.search(head) or _RECIPIENT.search(role)
-        recipients.append(found.group(1).removesuffix(constrain) if found else None)
-        constrained.append(constrain in head)
-    kind = {markers["end"]: "end", markers["call"]: "call", markers["return"]: "return"}
-    return messages.select(
-        "row",
-        "index",
-        pl.col("h").cast(pl.Int64).alias("channel_at"),
-        pl.col("m").cast(pl.Int64).alias("message_at"),
-        pl.col("t").cast(pl.Int64).alias("end_at"),
-        (pl.col("t") - pl.col("m") - 1).cast(pl.Int64).alias("content_tokens"),
-    ).with_columns(
-        pl.Series("terminator", [kind[i] for i in terminator_ids], dtype=pl.String),
-        pl.Series("channel", names, dtype=pl.String),
-        pl.Series("recipient", recipients, dtype=pl.String),
-        pl.Series("constrained", constrained, dtype=pl.Boolean),
-    )
+from audit.channels import LETTERS, channel_letters, grammar_ok, harmony_messages
+from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in
 
 
 class ChannelRule(RecordRule):
@@ -171,7 +57,7 @@ class ChannelGrammar(ChannelRule):
     name = "channel-grammar"
 
     def violation(self, batch: Batch) -> pl.Expr:
-        return (pl.col("output_ids").list.len() > 0) & ~pl.lit(_grammar_ok(batch))
+        return (pl.col("output_ids").list.len() > 0) & ~pl.lit(grammar_ok(batch))
 
     def position(self, batch: Batch) -> pl.Expr:
         return first_index_in("output_ids", list(batch.profile.channel_markers.values()))

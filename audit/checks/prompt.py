@@ -7,7 +7,13 @@ from typing import ClassVar
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_of
+from audit.checks.base import (
+    Explanation,
+    RecordRule,
+    empty_findings,
+    findings_frame,
+    first_index_of,
+)
 
 
 def _ends_with(column: str, suffix: tuple[int, ...]) -> pl.Expr:
@@ -51,6 +57,23 @@ class PromptSuffix(RecordRule):
     def violation(self, batch: Batch) -> pl.Expr:
         accepted = [_ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
         return ~pl.any_horizontal(accepted) & (pl.col("input_ids").list.len() > 0)
+
+    def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
+        """The expected suffixes (text and ids) above the prompt's real ending."""
+        prompt = batch.records["input_ids"][row]
+        if prompt is None or prompt.is_empty():
+            return None
+        profile = batch.profile
+        rows = [
+            ("expected", f"{text!r}  {list(ids)}")
+            for text, ids in zip(profile.prompt_suffix_texts, profile.prompt_suffixes, strict=True)
+        ]
+        actual = prompt.tail(max(len(s) for s in profile.prompt_suffixes) + 2).to_list()
+        tokenizer = batch.tokenizer
+        text = tokenizer.decode_batch([actual])[0] if tokenizer.can_decode(actual) else "(ids outside the vocabulary)"
+        rows.append(("actual", f"{text!r}  {actual}"))
+        mode = "thinking" if profile.thinking else "no_thinking"
+        return Explanation(self.code, f"generation suffix ({profile.name}, {mode})", tuple(rows))
 
     def find(self, batch: Batch) -> pl.DataFrame:
         flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
 from audit.fastcodec import differing_sequences
 
 
@@ -17,6 +17,10 @@ def _first_difference(left: list[int] | str, right: list[int] | str) -> int:
         if a != b:
             return index
     return min(len(left), len(right))
+
+
+def _ids_with_pieces(ids: list[int], pieces: list[str]) -> str:
+    return "  ".join(f"{i}:{piece!r}" for i, piece in zip(ids, pieces, strict=True))
 
 
 def _folder(special_strings: tuple[str, ...]):
@@ -55,6 +59,25 @@ class RoundTrip(RecordRule):
 
     code = "RTR001"
     name = "round-trip-mismatch"
+
+    def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
+        """The decoded text around the first difference, with the saved and re-encoded ids."""
+        if not batch.decodable[row]:
+            return None
+        tokenizer = batch.tokenizer
+        ids = batch.records["output_ids"][row].to_list()
+        if not ids:
+            return None
+        again = tokenizer.encode_text(tokenizer.decode_batch([ids])[0])
+        at = position if position is not None else _first_difference(ids, again)
+        window = slice(max(0, at - 4), at + 8)
+        saved, fresh = ids[window], again[window]
+        rows = (
+            ("decoded", repr(tokenizer.decode_batch([saved])[0])),
+            ("saved ids", _ids_with_pieces(saved, tokenizer.pieces(saved))),
+            ("re-encoded", _ids_with_pieces(fresh, tokenizer.pieces(fresh))),
+        )
+        return Explanation(self.code, f"decode then encode, output_ids[{window.start}:{window.stop}]", rows)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         rows = batch.decodable_rows
@@ -102,6 +125,16 @@ class TextMismatch(RecordRule):
 
     code = "RTR002"
     name = "text-mismatch"
+
+    def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
+        """The `text` field beside the decoding of the ids, from just before they differ."""
+        text, decoded = batch.records["text"][row], batch.decoded_output[row]
+        if text is None or decoded is None:
+            return None
+        at = _first_difference(text, decoded)
+        start = max(0, at - 30)
+        rows = (("text field", repr(text[start : at + 50])), ("decoded ids", repr(decoded[start : at + 50])))
+        return Explanation(self.code, f"text vs decode(output_ids), from character {start}", rows)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         frame = batch.records.select("text", "output_ids").with_columns(

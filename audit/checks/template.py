@@ -128,26 +128,11 @@ class TemplateMismatch(RecordRule):
         return findings_frame(rows, positions, messages)
 
     def _sources(self, batch: Batch) -> list[tuple[int, dict[str, Any]]]:
-        """(row, prompt object) for each record whose source prompt is known."""
-        found: list[tuple[int, dict[str, Any]]] = []
-        prompts = batch.context.prompts
-        columns = batch.records.select("source", "id")
-        if prompts is None and columns["source"].null_count() == columns.height:
-            return found
-        for row, (source, sample_id) in enumerate(columns.iter_rows()):
-            prompt = None
-            if source is not None:
-                try:
-                    value = orjson.loads(source)
-                except orjson.JSONDecodeError:
-                    value = None
-                if isinstance(value, dict) and isinstance(value.get("messages"), list):
-                    prompt = value
-            if prompt is None and prompts is not None and sample_id is not None:
-                prompt = prompts.get(sample_id)
-            if prompt is not None:
-                found.append((row, prompt))
-        return found
+        """(row, prompt object) for each record whose source messages are known."""
+        if batch.context.prompts is None and batch.records["source"].null_count() == batch.height:
+            return []
+        found = ((row, batch.source_prompt(row)) for row in range(batch.height))
+        return [(row, prompt) for row, prompt in found if prompt and isinstance(prompt.get("messages"), list)]
 
     def _render_missing(
         self,

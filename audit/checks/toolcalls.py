@@ -1,141 +1,39 @@
-"""Tool calls: markers kept as their special ids, in grammar order, with readable calls inside."""
+"""Tool calls: markers kept as their ids, in grammar order, with readable calls in the answer."""
 
 from __future__ import annotations
 
 import re
 
-import numpy as np
-import orjson
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, findings_frame, first_index_in, id_set
-from audit.fastcodec import FlatIds
+from audit.checks.base import RecordRule, findings_frame
 from audit.toolcall_formats import ROLE_LETTERS
+from audit.toolcalls import tool_call_view
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
 
 
-def marker_letters(batch: Batch) -> pl.Expr:
-    """Per record, its tool-call markers in order as role letters, e.g. "SCAEs"."""
-    markers = batch.profile.tool_markers
-    ids = list(markers.values())
-    letters = [ROLE_LETTERS[role] for role in markers]
-    return (
-        pl.col("output_ids")
-        .list.eval(pl.element().replace_strict(ids, letters, default=None, return_dtype=pl.String))
-        .list.drop_nulls()
-        .list.join("")
-    )
-
-
-def _empty_call_head(batch: Batch) -> pl.Expr:
-    """A call begin followed at once by another marker: the call's id or name is missing."""
-    markers = batch.profile.tool_markers
-    others = id_set(list(markers.values()))
-    element = pl.element()
-    return (
-        pl.col("output_ids")
-        .list.eval(((element == markers["call_begin"]) & element.shift(-1).is_in(others)).any())
-        .list.first()
-        .fill_null(False)
-    )
-
-
-def _grammar_ok(batch: Batch) -> pl.Series:
-    """Per record: do its tool-call markers follow the family's grammar? (one pass per batch)"""
-    return batch.shared(_match_grammar)
-
-
-def _match_grammar(batch: Batch) -> pl.Series:
-    grammar = batch.profile.tool_calls.format.grammar
-    matches = marker_letters(batch).str.contains(f"^(?:{grammar})$") & ~_empty_call_head(batch)
-    return batch.records.select(matches.alias("grammar_ok")).to_series()
-
-
-def parsed_calls(batch: Batch) -> pl.DataFrame:
-    """One row per tool call of every grammar-valid record, its text decoded and read.
-
-    Columns: `row`, `head_at` / `body_at` (token index where the call's head and body start),
-    `name`, `call_id`, `arguments`, `arguments_error` (null when the arguments parse).
-    """
-    return batch.shared(_parse_calls)
-
-
-def _parse_calls(batch: Batch) -> pl.DataFrame:
-    spec = batch.profile.tool_calls
-    markers = batch.profile.tool_markers
-    has_arguments = "argument_begin" in markers
-
-    def at(role: str) -> pl.Expr:
-        return pl.col("output_ids").list.eval(pl.arg_where(pl.element() == markers[role]))
-
-    positions = {"c": at("call_begin"), "e": at("call_end")}
-    if has_arguments:
-        positions["a"] = at("argument_begin")
-    with_calls = batch.records.with_row_index("row").filter(
-        pl.lit(_grammar_ok(batch)) & (pl.col("output_ids").list.count_matches(markers["call_begin"]) > 0)
-    )
-    # One flat copy of these outputs; each call's head and body are slices of it, so memory
-    # follows the output's length, not its length times its number of calls.
-    flat = FlatIds.from_series(with_calls["output_ids"])
-    calls = with_calls.select(
-        pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"), "row", **positions
-    ).explode(list(positions))
-    base = flat.offsets[calls["sequence"].to_numpy()]
-    call_begin = calls["c"].to_numpy().astype(np.int64)
-    call_end = calls["e"].to_numpy().astype(np.int64)
-    head_end = calls["a"].to_numpy().astype(np.int64) if has_arguments else call_end
-    calls = calls.select("row").with_columns(
-        pl.Series("head_at", call_begin + 1, dtype=pl.Int64),
-        pl.Series("body_at", head_end + 1, dtype=pl.Int64),
-    )
-    values = flat.values
-    heads_ids = [values[s:t].tolist() for s, t in zip(base + call_begin + 1, base + head_end, strict=True)]
-    bodies_ids = (
-        [values[s:t].tolist() for s, t in zip(base + head_end + 1, base + call_end, strict=True)]
-        if has_arguments
-        else [[] for _ in range(calls.height)]
-    )
-    heads = batch.tokenizer.decode_batch(heads_ids)
-    bodies = batch.tokenizer.decode_batch(bodies_ids)
-    names, call_ids, arguments, errors = [], [], [], []
-    for head, body in zip(heads, bodies, strict=True):
-        call = spec.format.read_call(head, body)
-        names.append(call.name)
-        call_ids.append(call.call_id)
-        arguments.append(call.arguments)
-        errors.append(_json_error(call.arguments))
-    return calls.select("row", "head_at", "body_at").with_columns(
-        pl.Series("name", names, dtype=pl.String),
-        pl.Series("call_id", call_ids, dtype=pl.String),
-        pl.Series("arguments", arguments, dtype=pl.String),
-        pl.Series("arguments_error", errors, dtype=pl.String),
-    )
-
-
-def _json_error(text: str) -> str | None:
-    try:
-        orjson.loads(text.strip())
-    except orjson.JSONDecodeError as exc:
-        return str(exc)
-    return None
-
-
 class ToolCallRule(RecordRule):
     """A rule over tool calls: it applies when the profile names tool-call markers."""
+
+    # Parameters written as text are judged by the types the record's `tools` declare.
+    reads_source = True
 
     def applies(self, batch: Batch) -> bool:
         return batch.profile.tool_calls is not None and bool(batch.profile.tool_markers)
 
 
 class ToolMarkerGrammar(ToolCallRule):
-    """Tool-call markers unbalanced or out of the family's grammar order.
+    """Tool-call markers unbalanced or out of the family's grammar order, or a call's text malformed.
 
     What it checks:
-        The output's tool-call marker ids, read in order, follow the profile's grammar. Kimi:
-        section begin, then per call: call begin, call id, argument begin, arguments, call
-        end; then section end. Every call closed, every section closed.
+        In the answer (after `</think>`), the tool-call marker ids read in order follow the
+        profile's grammar. Kimi: section begin, then per call: call begin, call id, argument
+        begin, arguments, call end; then section end. Every call closed, every section closed.
+        Where part of a call's structure is text (Qwen3.5/3.6's `<function=NAME>` and
+        `<parameter=K>` tags, DeepSeek's DSML tags), that text follows the format too.
+        Markers inside the reasoning are text the model thinks with, not calls: not judged.
 
     Why it matters:
         A marker dropped or moved means the token stream is not one the model produced: a
@@ -154,45 +52,55 @@ class ToolMarkerGrammar(ToolCallRule):
     code = "TCL001"
     name = "tool-marker-grammar"
 
-    def violation(self, batch: Batch) -> pl.Expr:
-        return ~pl.lit(_grammar_ok(batch))
-
-    def position(self, batch: Batch) -> pl.Expr:
-        return first_index_in("output_ids", list(batch.profile.tool_markers.values()))
-
     def find(self, batch: Batch) -> pl.DataFrame:
-        found = super().find(batch)
-        if found.is_empty():
-            return found
-        flagged = batch.records.select(pl.all().gather(found["row"])).select(
-            marker_letters(batch).alias("letters"), _empty_call_head(batch).alias("empty_head")
-        )
+        view = tool_call_view(batch)
         expected = batch.profile.tool_calls.format.description
-        messages = [
-            "a call begins with no id or name before the next marker"
-            if empty_head
-            else "tool-call markers out of order: "
-            + " ".join(_ROLE_OF_LETTER[letter].replace("_", "-") for letter in letters)
-            + f"; expected {expected}"
-            for letters, empty_head in flagged.iter_rows()
-        ]
-        return found.with_columns(pl.Series("message", messages, dtype=pl.String))
-
-    def message(self, batch: Batch) -> pl.Expr:
-        return pl.lit("")  # replaced in check(), which names the markers
+        out_of_order = (
+            batch.records.with_row_index("row")
+            .with_columns(view.letters.alias("letters"), view.empty_head.alias("empty_head"))
+            .filter(~view.grammar_ok)
+        )
+        rows: list[int] = []
+        positions: list[int | None] = []
+        messages: list[str] = []
+        for row, letters, empty_head, at in out_of_order.select(
+            "row", "letters", "empty_head", view.first_marker.gather(out_of_order["row"]).alias("at")
+        ).iter_rows():
+            rows.append(row)
+            positions.append(at)
+            messages.append(
+                "a call begins with no id or name before the next marker"
+                if empty_head
+                else "tool-call markers out of order: "
+                + " ".join(_ROLE_OF_LETTER[letter].replace("_", "-") for letter in letters)
+                + f"; expected {expected}"
+            )
+        malformed = (
+            view.calls.filter(pl.col("malformed").is_not_null()).group_by("row", maintain_order=True).first()
+        )
+        for row, start, problem in malformed.select("row", "start", "malformed").iter_rows():
+            rows.append(row)
+            positions.append(start)
+            messages.append(f"tool call text out of the format ({problem}); expected {expected}")
+        return findings_frame(rows, positions, messages)
 
 
 class ToolArgumentsInvalidJson(ToolCallRule):
-    """Tool-call arguments that do not parse as JSON.
+    """Tool-call arguments that do not parse, as JSON or as the tool's declared parameter types.
 
     What it checks:
-        In every well-formed tool call, the text between argument begin and call end is one
-        JSON value (fenced JSON for DeepSeek-R1).
+        In every well-formed tool call of the answer, the arguments are one JSON value (fenced
+        JSON for DeepSeek-R1). Formats that write each parameter as text (Qwen3.5/3.6
+        `<parameter=K>`, GLM `<arg_value>`, DSML `string="true"`) are judged as SGLang's
+        detectors convert them, by the type the record's `tools` declare for the parameter
+        (from the line, or `--prompts`): a `string` is any text (`[WIP] fix` is fine), an
+        integer, number, boolean (`true`/`false` in any case), object or array must read as
+        one, and a parameter the tools do not declare is never an error.
 
     Why it matters:
-        The target model writes valid JSON arguments nearly always; broken JSON is the trace
+        The target model writes valid arguments nearly always; broken ones are the trace
         of truncation inside a call or of a parser that re-serialised the arguments and cut
-        them. Training on it teaches the drafter malformed calls.
+        them. Training on them teaches the drafter malformed calls.
 
     Example:
         <|tool_call_argument_begin|>{"city": "Paris"<|tool_call_end|>
@@ -206,14 +114,15 @@ class ToolArgumentsInvalidJson(ToolCallRule):
     name = "tool-arguments-invalid-json"
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        bad = parsed_calls(batch).filter(pl.col("arguments_error").is_not_null())
+        calls = tool_call_view(batch).calls
+        bad = calls.filter(pl.col("arguments_error").is_not_null() & pl.col("malformed").is_null())
         first = bad.group_by("row", maintain_order=True).first()
         return findings_frame(
             first["row"].to_list(),
             first["body_at"].to_list(),
             [
-                f"arguments of call {name or '?'} are not valid JSON ({error}): {args[:80]!r}"
-                for name, error, args in first.select("name", "arguments_error", "arguments").iter_rows()
+                f"arguments of call {name or '?'} {error}"
+                for name, error in first.select("name", "arguments_error").iter_rows()
             ],
         )
 
@@ -243,7 +152,7 @@ class ToolCallIdMalformed(ToolCallRule):
 
     def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.tool_calls
-        calls = parsed_calls(batch)
+        calls = tool_call_view(batch).calls.filter(pl.col("malformed").is_null())
         if spec.format.has_call_ids and spec.call_id_pattern:
             pattern = re.compile(spec.call_id_pattern)
             bad_mask = [not (cid and pattern.match(cid.strip())) for cid in calls["call_id"].to_list()]

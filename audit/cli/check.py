@@ -203,7 +203,9 @@ def check(
                 page = write_html(
                     result,
                     html_path(html, result.target, several=len(sessions) > 1),
-                    collect_samples(result, session.tokenizer, data_file=session.target.data_file),
+                    collect_samples(
+                        result, session.tokenizer, profile=session.profile, data_file=session.target.data_file
+                    ),
                 )
                 if output_format is OutputFormat.rich:
                     console.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)

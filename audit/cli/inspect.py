@@ -86,7 +86,14 @@ def inspect(
     except AuditError as exc:
         raise fail(str(exc)) from None
 
-    inspector = Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer, prompt_tail=prompt_tail)
+    inspector = Inspector(
+        session.target.data_file,
+        report.findings,
+        session.profile,
+        session.tokenizer,
+        prompt_tail=prompt_tail,
+        rules={configured.code: configured.rule for configured in session.rule_set.rules},
+    )
     if not inspector.entries:
         message = f"no findings in {report.target}: all {report.records} records pass every rule"
         if output_format is InspectFormat.json:

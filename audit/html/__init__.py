@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import re
 from html import escape
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.checks.base import Explanation
 from audit.errors import InputError
 from audit.files import write_atomically
 from audit.html import svg
 from audit.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
 from audit.report import Report, RuleResult
+from audit.segments import SEGMENT_ANSWER, SEGMENT_PROMPT, SEGMENT_REASONING, SEGMENT_TOOL_CALLS
 
 __all__ = ["Samples", "collect_samples", "html_path", "render_html", "samples_for_saved_report", "write_html"]
 
@@ -30,6 +33,7 @@ FINDINGS_SHOWN = 50
 # Blocks remote fetches and scripts even if escaping ever failed: the page needs neither.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
+SEGMENT_CLASSES = (SEGMENT_PROMPT, SEGMENT_REASONING, SEGMENT_ANSWER, SEGMENT_TOOL_CALLS)
 VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 
 
@@ -203,7 +207,9 @@ def _samples(report: Report, samples: Samples | None) -> str:
     legend = (
         '<p class="legend"><span class="tok">text</span> <span class="tok special">special token</span> '
         '<span class="tok unknown">not in vocabulary</span> <span class="tok hit">offending position</span> '
-        "· ↵ newline, ⇥ tab · hover a token for its index and id</p>"
+        "· underlined by segment: "
+        + " ".join(f'<span class="seg {seg}">{seg.replace("_", " ")}</span>' for seg in SEGMENT_CLASSES)
+        + " · ↵ newline, ⇥ tab · hover a token for its index and id</p>"
     )
     parts = [legend]
     for result in failing:
@@ -229,6 +235,8 @@ def _sample(sample: Sample) -> str:
         f'<div class="sample-head">line {sample.line}{named}'
         f" · {escape(where)} · {escape(sample.message)}</div>"
     )
+    if sample.explanation is not None:
+        head += _explanation(sample.explanation)
     if sample.note:
         return f'<div class="sample">{head}<p class="note">{escape(sample.note)}</p></div>'
     if sample.raw is not None:
@@ -239,17 +247,32 @@ def _sample(sample: Sample) -> str:
     spans = []
     if first > 0:
         spans.append(f'<span class="gap">… {_count(first, "token")} before</span>')
-    for token in sample.tokens:  # a window of ~40 tokens, not the record
-        css = token.kind + (" hit" if token.index == sample.position else "")
-        text = token.text.translate(VISIBLE) or "∅"
-        if token.kind == "unknown":
-            text = f"⟨{token.id}⟩"
-        spans.append(
-            f'<span class="tok {css}" title="{escape(str(sample.field))}[{token.index}] = {token.id}">{escape(text)}</span>'
-        )
+    # Consecutive tokens of one segment share an underlined group.
+    for segment, group in groupby(sample.tokens, key=lambda token: token.segment):  # a window of ~40 tokens
+        inner = []
+        for token in group:
+            css = token.kind + (" hit" if token.index == sample.position else "")
+            text = token.text.translate(VISIBLE) or "∅"
+            if token.kind == "unknown":
+                text = f"⟨{token.id}⟩"
+            inner.append(
+                f'<span class="tok {css}" title="{escape(str(sample.field))}[{token.index}] = {token.id}">'
+                f"{escape(text)}</span>"
+            )
+        css = segment if segment in SEGMENT_CLASSES else "prompt"
+        spans.append(f'<span class="seg {css}">{"".join(inner)}</span>')
     if last < sample.length - 1:
         spans.append(f'<span class="gap">… {_count(sample.length - 1 - last, "token")} after</span>')
     return f'<div class="sample">{head}<div class="tokens">{"".join(spans)}</div></div>'
+
+
+def _explanation(explanation: Explanation) -> str:
+    """What the rule expected beside what the record holds: a small table, every cell escaped."""
+    rows = "".join(
+        f'<tr><th>{escape(label)}</th><td><code>{escape(value.translate(VISIBLE))}</code></td></tr>'
+        for label, value in explanation.rows
+    )
+    return f'<table class="explain"><caption>{escape(explanation.title)}</caption>{rows}</table>'
 
 
 def _findings(report: Report) -> str:
@@ -328,6 +351,14 @@ svg .dots circle { fill: var(--accent); fill-opacity: 0.55; }
 .tok.special { background: #e7efff; border-color: #7a9ad6; color: #1d3f7a; font-weight: 600; }
 .tok.unknown { background: #fde7e7; border-color: var(--fail); color: var(--fail); }
 .tok.hit { outline: 2px solid var(--fail); outline-offset: 1px; background: #fff1c2; }
+.seg { display: inline-flex; flex-wrap: wrap; gap: 4px 2px; padding-bottom: 2px; border-bottom: 3px solid #c7ccd3; }
+.seg.reasoning { border-bottom-color: #b07ad6; } .seg.answer { border-bottom-color: #5aa469; }
+.seg.tool_calls { border-bottom-color: #d6a23a; } .seg.prompt { border-bottom-color: #c7ccd3; }
+.legend .seg { padding: 0 2px; }
+table.explain { font-size: 12px; margin: 4px 0 6px; border-collapse: collapse; }
+table.explain caption { text-align: left; color: var(--dim); }
+table.explain th { text-align: right; font-weight: 400; color: var(--dim); padding: 1px 8px 1px 0; vertical-align: top; }
+table.explain td code { white-space: pre-wrap; word-break: break-all; }
 .gap { color: var(--dim); font-style: italic; margin: 0 6px; white-space: nowrap; font-family: system-ui, sans-serif; }
 pre.raw { white-space: pre-wrap; word-break: break-all; background: var(--bg); border: 1px solid var(--line);
   border-radius: 6px; padding: 6px 8px; font-size: 12px; margin: 0; }

@@ -1,9 +1,11 @@
 """A few failing records per rule, cut to a window of tokens around the finding.
 
 The report's findings say line, field and position; this module streams the data file once,
-keeps only the lines it needs, and decodes the window ids in one batched tokenizer call. A
-30,000-token output becomes ~40 tokens around the offending position, so the page stays small
-however long the records or however many findings there are.
+keeps only the lines it needs, reads them with the audit's own reader, and decodes the window
+ids in one batched tokenizer call. A 30,000-token output becomes ~40 tokens around the
+offending position, so the page stays small however long the records or however many findings
+there are. Each output token carries its segment from the record view (`audit.segments`), and
+each sample what its rule wants shown beside it (`Rule.explain`), as `audit inspect` shows them.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 import polars as pl
 
-from audit.records import InputDigest, iter_line_blocks
+from audit.batch import AuditContext, Batch
+from audit.checks import RULES
+from audit.checks.base import Explanation
+from audit.errors import ConfigError
+from audit.profiles import ResolvedProfile, load_profile
+from audit.records import InputDigest, LineBlock, iter_line_blocks, parse_block, salvage_record
 from audit.report import Report
+from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.tokenizer import Tokenizer
 
 SAMPLES_PER_RULE = 3
@@ -33,6 +40,7 @@ class Token:
     id: int
     text: str
     kind: str  # "text" | "special" | "unknown" (not in the vocabulary)
+    segment: str = SEGMENT_PROMPT  # prompt, reasoning, answer, tool_calls
 
 
 @dataclass
@@ -49,6 +57,7 @@ class Sample:
     tokens: list[Token] = field(default_factory=list)
     raw: str | None = None  # the line's start, when it is not a readable record
     note: str = ""
+    explanation: Explanation | None = None  # what the rule wants shown beside the record
 
 
 @dataclass
@@ -63,6 +72,7 @@ def collect_samples(
     report: Report,
     tokenizer: Tokenizer,
     *,
+    profile: ResolvedProfile | None = None,
     data_file: Path | None = None,
     verify_sha256: bool = False,
     per_rule: int = SAMPLES_PER_RULE,
@@ -70,8 +80,9 @@ def collect_samples(
 ) -> Samples:
     """The first `per_rule` failing records of each rule that failed any, token windows decoded.
 
-    `verify_sha256` re-hashes the whole file and drops the samples if it changed since the
-    audit (for re-rendering an old report; a fresh check needs no second hash).
+    `profile` is the run's resolved profile (segments, roles, explanations); None resolves the
+    one the report names. `verify_sha256` re-hashes the whole file and drops the samples if it
+    changed since the audit (for re-rendering an old report; a fresh check needs no second hash).
     """
     path = Path(data_file or report.input["path"])
     chosen = _choose(report.findings, per_rule)
@@ -84,15 +95,57 @@ def collect_samples(
     if verify_sha256 and digest != report.input.get("sha256"):
         return Samples(unavailable=f"samples omitted: {path} changed since the audit (sha256 differs)")
 
-    specials = _special_ids(report, tokenizer)
+    profile = profile or _report_profile(report, tokenizer)
+    records = _records(lines, profile, tokenizer)
+    roles = token_roles(profile, tokenizer) if profile is not None else dict.fromkeys(tokenizer.special_ids, "")
     samples: list[Sample] = []
     for row in chosen.iter_rows(named=True):  # a handful of rows: rules x per_rule
-        samples.append(_cut(row, lines.get(row["line"]), window))
-    _decode(samples, tokenizer, specials)
+        samples.append(_cut(row, lines.get(row["line"]), records, window))
+    _decode(samples, tokenizer, frozenset(roles))
     by_rule: dict[str, list[Sample]] = {}
     for sample in samples:
         by_rule.setdefault(sample.rule, []).append(sample)
     return Samples(by_rule=by_rule)
+
+
+@dataclass
+class _Records:
+    """The sample lines read as records: one batch, its rows by line, each output's segments."""
+
+    batch: Batch | None
+    row_of: dict[int, int]
+    segments: list
+    readable: set[int]
+
+
+def _records(lines: dict[int, bytes], profile: ResolvedProfile | None, tokenizer: Tokenizer) -> _Records:
+    """The wanted lines through the audit's reader (salvaging what a broken line still holds)."""
+    frames, readable = [], set()
+    for number, raw in sorted(lines.items()):
+        parsed = parse_block(LineBlock(number, [raw]), keep_source=True)
+        if parsed.records.height == 1:
+            frames.append(parsed.records)
+            readable.add(number)
+        else:
+            frames.append(salvage_record(raw, number)[0])
+    frame = pl.concat([f for f in frames if f.height], how="vertical") if any(f.height for f in frames) else None
+    if frame is None or profile is None:
+        return _Records(None, {}, [], readable)
+    batch = Batch(frame, AuditContext(profile, tokenizer))
+    return _Records(batch, {line: i for i, line in enumerate(frame["line"].to_list())}, token_segments(batch), readable)
+
+
+def _report_profile(report: Report, tokenizer: Tokenizer) -> ResolvedProfile | None:
+    """The profile a saved report was audited with, resolved again (None when it cannot be)."""
+    recorded = report.profile or {}
+    source = recorded.get("source")
+    try:
+        named = source if source and Path(source).is_file() else recorded.get("name")
+        if not named:
+            return None
+        return load_profile(named).resolve(tokenizer, thinking=bool(recorded.get("thinking", True)))
+    except ConfigError:
+        return None
 
 
 def _choose(findings: pl.DataFrame, per_rule: int) -> pl.DataFrame:
@@ -120,7 +173,7 @@ def _read_lines(path: Path, wanted: set[int], *, full_pass: bool) -> tuple[dict[
     return found, digest.sha256 if digest is not None else ""
 
 
-def _cut(row: dict, raw: bytes | None, window: int) -> Sample:
+def _cut(row: dict, raw: bytes | None, records: _Records, window: int) -> Sample:
     sample = Sample(
         rule=row["rule"],
         line=row["line"],
@@ -132,19 +185,16 @@ def _cut(row: dict, raw: bytes | None, window: int) -> Sample:
     if raw is None:
         sample.note = "line not found in the data file"
         return sample
-    try:
-        record = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        record = None
     name = row["field"] or "output_ids"
-    ids = record.get(name) if isinstance(record, dict) else None
-    if ids is None and name == "input_ids" and isinstance(record, dict):
-        ids = record.get("prompt_ids")
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    batch, at = records.batch, records.row_of.get(row["line"])
+    ids = None if batch is None or at is None else batch.records[name][at]
+    if ids is None:
         sample.raw = raw[: RAW_EXCERPT * 4].decode("utf-8", errors="replace")[:RAW_EXCERPT]
         return sample
-    if sample.id is None and isinstance(record, dict) and record.get("id") is not None:
-        sample.id = str(record["id"])
+    ids = ids.to_list()
+    record_id = batch.records["id"][at]
+    if sample.id is None and record_id is not None:
+        sample.id = record_id
     sample.field = name
     sample.length = len(ids)
     position = row["position"]
@@ -153,7 +203,14 @@ def _cut(row: dict, raw: bytes | None, window: int) -> Sample:
     else:
         # No position (truncation, a count mismatch, a duplicate...): the end tells most.
         start, stop = max(0, len(ids) - 2 * window), len(ids)
-    sample.tokens = [Token(index, ids[index], "", "text") for index in range(start, stop)]
+    segments = records.segments[at] if name == "output_ids" else None
+    sample.tokens = [
+        Token(index, ids[index], "", "text", SEGMENT_PROMPT if segments is None else str(segments[index]))
+        for index in range(start, stop)
+    ]
+    rule = RULES.get(sample.rule)
+    if rule is not None and row["line"] in records.readable:
+        sample.explanation = rule().explain(batch, at, position)
     return sample
 
 
@@ -169,30 +226,14 @@ def _decode(samples: list[Sample], tokenizer: Tokenizer, specials: frozenset[int
                 t.id,
                 pieces.get(t.id, ""),
                 "unknown" if t.id not in known else "special" if t.id in specials else "text",
+                t.segment,
             )
             for t in sample.tokens
         ]
 
 
-def _special_ids(report: Report, tokenizer: Tokenizer) -> frozenset[int]:
-    """The tokenizer's special tokens plus the profile's (Qwen's </think> is not special)."""
-    ids: set[int] = set(getattr(tokenizer.hf, "all_special_ids", []) or [])
-    for token_id, added in (getattr(tokenizer.hf, "added_tokens_decoder", {}) or {}).items():
-        if getattr(added, "special", False):
-            ids.add(int(token_id))
-    profile = report.profile
-    for key in ("think_start", "think_end"):
-        if isinstance(profile.get(key), int):
-            ids.add(profile[key])
-    for key in ("end_of_turn", "eos"):
-        ids.update(i for i in profile.get(key) or [] if isinstance(i, int))
-    ids.update(i for i in (profile.get("tool_markers") or {}).values() if isinstance(i, int))
-    return frozenset(ids)
-
-
 def samples_for_saved_report(report: Report, *, trust_remote_code: bool = False) -> Samples:
     """Samples for a report read back from JSON: only if its data file and tokenizer are unchanged."""
-    from audit.errors import ConfigError
     from audit.tokenizer import load_tokenizer
 
     if _choose(report.findings, 1).is_empty():

@@ -1,0 +1,215 @@
+"""The record view: which segment every output token belongs to, computed once per batch.
+
+An output is reasoning, answer and tool calls (harmony families: messages on the analysis,
+final and commentary channels). The parts come from three core modules, each computed once per
+batch and shared through `Batch.shared`:
+
+* `audit.response`: where the reasoning ends and the answer begins (`response_bounds`);
+* `audit.toolcalls`: the tool calls read from the answer (`tool_call_view`);
+* `audit.channels`: harmony messages and their channels (`harmony_messages`).
+
+This module joins them into spans (`segment_spans`) and labels every token of every output
+with numpy over the flat ids (`token_segments`), for `audit inspect` and the HTML samples, and
+summarises each record for the engine's statistics (`record_summary`). Rules read the parts
+directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from audit.batch import Batch
+from audit.channels import harmony_messages
+from audit.profiles import ResolvedProfile
+from audit.response import response_bounds
+from audit.tokenizer import Tokenizer
+from audit.toolcalls import tool_call_view
+
+SEGMENT_PROMPT = "prompt"
+SEGMENT_REASONING = "reasoning"
+SEGMENT_ANSWER = "answer"
+SEGMENT_TOOL_CALLS = "tool_calls"
+# Painting order: a later segment wins where spans overlap; the answer is what is left.
+SEGMENTS = (SEGMENT_ANSWER, SEGMENT_REASONING, SEGMENT_TOOL_CALLS)
+
+# Roles of the tokens a profile names, and of the tokenizer's other special tokens.
+ROLE_THINK = "think"
+ROLE_RESPONSE = "response"
+ROLE_END_OF_TURN = "end_of_turn"
+ROLE_EOS = "eos"
+ROLE_TOOL = "tool"  # prefixed: tool:section_begin, tool:call_begin, ...
+ROLE_SPECIAL = "special"  # a special token of the tokenizer the profile gives no role
+
+SPANS_SCHEMA: dict[str, pl.DataType] = {
+    "row": pl.UInt32(),
+    "segment": pl.String(),
+    "start": pl.Int64(),
+    "end": pl.Int64(),  # exclusive
+}
+
+
+def token_roles(profile: ResolvedProfile, tokenizer: Tokenizer) -> dict[int, str]:
+    """id -> role for every token the profile names and the tokenizer's other special tokens."""
+    roles = dict.fromkeys(tokenizer.special_ids, ROLE_SPECIAL)
+    roles.update(dict.fromkeys(profile.eos, ROLE_EOS))
+    roles.update(dict.fromkeys(profile.end_of_turn, ROLE_END_OF_TURN))
+    roles.update({token_id: f"{ROLE_TOOL}:{role}" for role, token_id in profile.tool_markers.items()})
+    if profile.think_start is not None:
+        roles[profile.think_start] = ROLE_THINK
+    if profile.think_end is not None:
+        roles[profile.think_end] = ROLE_RESPONSE
+    return roles
+
+
+def segment_spans(batch: Batch) -> pl.DataFrame:
+    """Reasoning and tool-call spans of every output (`SPANS_SCHEMA`); the rest is answer.
+
+    The reasoning span holds the tokens that open and close it (`<think>`, `</think>`); a
+    reasoning never closed runs to the end. A tool-call span runs from the marker that opens a
+    section (or call) to the one that closes it, in the answer only; harmony messages are
+    spans of their channel's segment, from the `<|start|>` that opens them to their end marker.
+    """
+    if batch.profile.channels is not None:
+        return _harmony_spans(batch)
+    parts = [_reasoning_spans(batch)]
+    if batch.profile.tool_calls is not None and batch.profile.tool_markers:
+        parts.append(_tool_spans(batch))
+    return pl.concat([pl.DataFrame(schema=SPANS_SCHEMA), *parts], how="vertical")
+
+
+def token_segments(batch: Batch) -> list[np.ndarray]:
+    """Per record, the segment name of each output token (an array of strings), vectorised."""
+    lengths = batch.records["output_ids"].list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    codes = np.zeros(int(offsets[-1]), dtype=np.int8)  # 0: answer
+    spans = segment_spans(batch)
+    for code, segment in enumerate(SEGMENTS[1:], start=1):
+        mine = spans.filter(pl.col("segment") == segment).drop_nulls()
+        if mine.is_empty():
+            continue
+        rows = mine["row"].to_numpy().astype(np.int64)
+        starts = np.clip(mine["start"].to_numpy().astype(np.int64), 0, None) + offsets[rows]
+        ends = np.minimum(mine["end"].to_numpy().astype(np.int64), lengths[rows]) + offsets[rows]
+        # A difference array marks every covered position in one cumulative sum.
+        marks = np.zeros(len(codes) + 1, dtype=np.int64)
+        keep = ends > starts
+        np.add.at(marks, starts[keep], 1)
+        np.add.at(marks, ends[keep], -1)
+        codes[np.cumsum(marks[:-1]) > 0] = code
+    names = np.array(SEGMENTS, dtype=object)
+    return [names[codes[offsets[i] : offsets[i + 1]]] for i in range(len(lengths))]
+
+
+def record_summary(batch: Batch) -> pl.DataFrame:
+    """Per record: where the response token is (`response_at`) and how many tool calls it makes.
+
+    Calls are counted in the answer only: by their call-begin ids when the format has them (no
+    decoding), else from the calls read (`tool_call_view`).
+    """
+    bounds = response_bounds(batch)
+    markers = batch.profile.tool_markers
+    spec = batch.profile.tool_calls
+    if spec is None or not markers:
+        calls = pl.repeat(0, batch.height, dtype=pl.UInt32, eager=True)
+    elif spec.format.unit == "call" and "call_begin" in markers:
+        length = pl.col("output_ids").list.len().cast(pl.Int64)
+        start = pl.col("answer_start").fill_null(length)
+        calls = (
+            pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal")
+            .select(pl.col("output_ids").list.slice(start, length - start).list.count_matches(markers["call_begin"]))
+            .to_series()
+        )
+    else:
+        calls = tool_call_view(batch).per_record
+    return pl.DataFrame(
+        {"response_at": bounds["response_at"], "tool_calls": calls.fill_null(0).cast(pl.UInt32)}
+    )
+
+
+def _reasoning_spans(batch: Batch) -> pl.DataFrame:
+    bounds = response_bounds(batch).with_row_index("row")
+    # `<think>` written by the model belongs to its reasoning; so does the closing `</think>`.
+    opened_by_model = 1 if batch.profile.reasoning == "model_opens" else 0
+    length = batch.records["output_ids"].list.len().cast(pl.Int64).alias("length")
+    start = (pl.col("reasoning_start") - opened_by_model).clip(lower_bound=0)
+    end = (
+        pl.when(pl.col("response_at").is_not_null())
+        .then(pl.col("response_at") + 1)
+        .when(pl.col("answer_start").is_not_null())
+        .then(pl.col("answer_start"))
+        .otherwise(pl.col("length"))
+    )
+    return (
+        bounds.with_columns(length)
+        .filter(pl.col("reasoning_start").is_not_null())
+        .select("row", pl.lit(SEGMENT_REASONING).alias("segment"), start.alias("start"), end.alias("end"))
+        .cast(SPANS_SCHEMA)
+    )
+
+
+def _tool_spans(batch: Batch) -> pl.DataFrame:
+    """From each opening marker to its closing one, counted in the answer (balanced or not)."""
+    markers = batch.profile.tool_markers
+    spec = batch.profile.tool_calls
+    if spec.format.unit == "answer":
+        calls = tool_call_view(batch).calls
+        return calls.group_by("row", maintain_order=True).agg(
+            pl.col("start").min(), pl.col("end").max()
+        ).select("row", pl.lit(SEGMENT_TOOL_CALLS).alias("segment"), "start", "end").cast(SPANS_SCHEMA)
+    opening = markers.get("section_begin", markers.get("call_begin"))
+    closing = markers.get("section_end", markers.get("call_end"))
+    bounds = response_bounds(batch)
+    frame = pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal")
+    flat_ids = frame["output_ids"]
+    lengths = flat_ids.list.len().fill_null(0).to_numpy().astype(np.int64)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    values = flat_ids.explode(empty_as_null=False, keep_nulls=False).to_numpy().astype(np.int64)
+    owner = np.repeat(np.arange(len(lengths)), lengths)
+    position = np.arange(len(values), dtype=np.int64) - offsets[owner]
+    answer_from = frame["answer_start"].fill_null(pl.Series(lengths)).to_numpy().astype(np.int64)
+    in_answer = position >= answer_from[owner]
+    opens = ((values == opening) & in_answer).astype(np.int64)
+    closes = ((values == closing) & in_answer).astype(np.int64)
+    # Depth after each token, restarted per record: inside a call while depth > 0, closer included.
+    running = np.concatenate([[0], np.cumsum(opens - closes)])
+    depth = running[1:] - running[offsets[owner]]
+    inside = (depth > 0) | (closes > 0)
+    if not inside.any():
+        return pl.DataFrame(schema=SPANS_SCHEMA)
+    # Runs of covered positions become spans.
+    edges = np.diff(np.concatenate([[0], inside.astype(np.int8), [0]]))
+    run_starts, run_ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    rows = owner[run_starts]
+    return pl.DataFrame(
+        {
+            "row": rows.astype(np.uint32),
+            "segment": [SEGMENT_TOOL_CALLS] * len(rows),
+            "start": run_starts - offsets[rows],
+            "end": run_ends - offsets[rows],
+        },
+        schema=SPANS_SCHEMA,
+    )
+
+
+def _harmony_spans(batch: Batch) -> pl.DataFrame:
+    spec = batch.profile.channels
+    messages = harmony_messages(batch)
+    if messages.is_empty():
+        return pl.DataFrame(schema=SPANS_SCHEMA)
+    segment = (
+        pl.when(pl.col("terminator") == "call")
+        .then(pl.lit(SEGMENT_TOOL_CALLS))
+        .when(pl.col("channel") == spec.reasoning)
+        .then(pl.lit(SEGMENT_REASONING))
+        .when(pl.col("channel") == spec.tools)
+        .then(pl.lit(SEGMENT_TOOL_CALLS))
+        .otherwise(pl.lit(SEGMENT_ANSWER))
+    )
+    # A message starts after the previous one's end marker (its `<|start|>ROLE` is its own).
+    start = (pl.col("end_at").shift(1).over("row") + 1).fill_null(0)
+    return messages.select(
+        "row", segment.alias("segment"), start.alias("start"), (pl.col("end_at") + 1).alias("end")
+    ).cast(SPANS_SCHEMA)

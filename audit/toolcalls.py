@@ -1,0 +1,226 @@
+"""The tool calls of each output, read from its answer segment only, once per batch.
+
+Tool-call markers the model writes inside its reasoning are text it thinks with, not calls
+(SGLang's reasoning parsers split at `</think>` first), so the grammar is matched in the answer
+(`audit.response`): from the response token, or from the tool call that ended the reasoning in
+families whose profile allows it.
+
+Two levels, as the family's format (`audit.toolcall_formats`) says:
+
+1. **Ids.** The single-id markers of every answer become role letters matched against the
+   format's grammar: one vectorised regex over the batch, no decoding.
+2. **Text.** For answers whose markers are in order, only the calls' text is decoded (one
+   batched decode of flat slices), and the format reads each call once: name, call id,
+   arguments, and whether the text follows the format's own grammar (Qwen3.5/3.6's
+   `<function=...>`, DSML's tags). Arguments written as JSON must parse; parameters written as
+   text are judged by the types the record's `tools` declare (read only for records with
+   calls: from the line, or `--prompts`).
+
+The tool-call rules, the record statistics, `audit inspect` and the HTML samples read
+`tool_call_view(batch)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import polars as pl
+
+from audit.batch import Batch
+from audit.fastcodec import FlatIds
+from audit.response import response_bounds
+from audit.toolcall_formats import ROLE_LETTERS, ToolCall, parameter_types, value_error
+
+# One row per call (several per record), in output order.
+CALLS_SCHEMA: dict[str, pl.DataType] = {
+    "row": pl.UInt32(),
+    "start": pl.Int64(),  # token index where the call starts (its first marker)
+    "end": pl.Int64(),  # exclusive: just after its last marker
+    "head_at": pl.Int64(),  # where the call's name / id starts
+    "body_at": pl.Int64(),  # where its arguments start
+    "name": pl.String(),
+    "call_id": pl.String(),
+    "arguments": pl.String(),
+    "malformed": pl.String(),  # how the call's text breaks the format's grammar, or null
+    "arguments_error": pl.String(),  # why the arguments do not read, or null
+}
+
+
+@dataclass(frozen=True)
+class ToolCallView:
+    """The tool calls of a batch: per record the answer's markers, and per call what it says."""
+
+    letters: pl.Series  # per record: the answer's markers as role letters ("" when none)
+    grammar_ok: pl.Series  # per record: do those markers follow the format's grammar?
+    empty_head: pl.Series  # per record: a call begin followed at once by another marker
+    first_marker: pl.Series  # per record: index in output_ids of the answer's first marker, or null
+    calls: pl.DataFrame  # CALLS_SCHEMA, calls of grammar-valid records only
+
+    @property
+    def per_record(self) -> pl.Series:
+        """Number of calls read in each record (0 for records with none or out of grammar)."""
+        counts = self.calls.group_by("row").len()
+        full = np.zeros(len(self.letters), dtype=np.uint32)
+        full[counts["row"].to_numpy()] = counts["len"].to_numpy()
+        return pl.Series("tool_calls", full, dtype=pl.UInt32)
+
+
+def tool_call_view(batch: Batch) -> ToolCallView:
+    """The batch's tool calls (see the module docs), computed once and shared by every reader."""
+    return batch.shared(_view)
+
+
+def _answer_frame(batch: Batch) -> pl.DataFrame:
+    """Per record: the answer's ids (empty when there is none) and where the answer starts."""
+    bounds = response_bounds(batch)
+    length = pl.col("output_ids").list.len().cast(pl.Int64)
+    start = pl.col("answer_start").fill_null(length)
+    return pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal").select(
+        start.alias("answer_from"),
+        pl.col("output_ids").list.slice(start, length - start).alias("answer"),
+    )
+
+
+def _view(batch: Batch) -> ToolCallView:
+    profile = batch.profile
+    fmt = profile.tool_calls.format
+    markers = profile.tool_markers
+    answers = _answer_frame(batch)
+    element = pl.element()
+    letters = (
+        pl.col("answer")
+        .list.eval(
+            element.replace_strict(
+                list(markers.values()), [ROLE_LETTERS[r] for r in markers], default=None, return_dtype=pl.String
+            )
+        )
+        .list.drop_nulls()
+        .list.join("")
+        .fill_null("")
+    )
+    if "call_begin" in markers:
+        others = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
+        empty_head = (
+            pl.col("answer")
+            .list.eval(((element == markers["call_begin"]) & element.shift(-1).is_in(others)).any())
+            .list.first()
+            .fill_null(False)
+        )
+    else:
+        empty_head = pl.lit(False)
+    wanted = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
+    first_marker = pl.col("answer_from") + pl.col("answer").list.eval(
+        pl.arg_where(element.is_in(wanted)).first()
+    ).list.first().cast(pl.Int64)
+    judged = answers.select(
+        letters.alias("letters"), empty_head.alias("empty_head"), first_marker.alias("first_marker")
+    )
+    grammar_ok = judged["letters"].str.contains(f"^(?:{fmt.grammar})$") & ~judged["empty_head"]
+    view = ToolCallView(
+        letters=judged["letters"],
+        grammar_ok=grammar_ok.alias("grammar_ok"),
+        empty_head=judged["empty_head"],
+        first_marker=judged["first_marker"],
+        calls=pl.DataFrame(schema=CALLS_SCHEMA),
+    )
+    with_calls = answers.with_row_index("row").filter(grammar_ok & (judged["letters"] != ""))
+    if with_calls.is_empty():
+        return view
+    read = _read_calls if fmt.unit == "call" else _read_answers
+    calls = read(batch, with_calls)
+    return ToolCallView(view.letters, view.grammar_ok, view.empty_head, view.first_marker, _judge(batch, calls))
+
+
+def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, int, int, ToolCall]]:
+    """Formats whose calls sit between call begin and call end ids: slice, decode, read."""
+    markers = batch.profile.tool_markers
+    fmt = batch.profile.tool_calls.format
+    has_arguments = "argument_begin" in markers
+
+    def at(role: str) -> pl.Expr:
+        return pl.col("answer").list.eval(pl.arg_where(pl.element() == markers[role]))
+
+    positions = {"c": at("call_begin"), "e": at("call_end")}
+    if has_arguments:
+        positions["a"] = at("argument_begin")
+    frame = frame.filter(pl.col("answer").list.count_matches(markers["call_begin"]) > 0)
+    # One flat copy of these answers; heads and bodies are slices of it, so memory follows the
+    # answers' length, not the outputs' (reasoning is never copied).
+    flat = FlatIds.from_series(frame["answer"])
+    calls = frame.select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"), "row", "answer_from", **positions
+    ).explode(list(positions))
+    base = flat.offsets[calls["sequence"].to_numpy()]
+    call_begin = calls["c"].to_numpy().astype(np.int64)
+    call_end = calls["e"].to_numpy().astype(np.int64)
+    head_end = calls["a"].to_numpy().astype(np.int64) if has_arguments else call_end
+    heads = batch.tokenizer.decode_flat(FlatIds.slices(flat.values, base + call_begin + 1, base + head_end))
+    bodies = (
+        batch.tokenizer.decode_flat(FlatIds.slices(flat.values, base + head_end + 1, base + call_end))
+        if has_arguments
+        else [""] * calls.height
+    )
+    offset = calls["answer_from"].to_numpy().astype(np.int64)
+    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    rows = calls["row"].to_list()
+    for i, (head, body) in enumerate(zip(heads, bodies, strict=True)):
+        start = int(offset[i] + call_begin[i])
+        spans = (rows[i], start, int(offset[i] + call_end[i] + 1), start + 1, int(offset[i] + head_end[i] + 1))
+        read.extend((*spans, call) for call in fmt.read(head, body))
+    return read
+
+
+def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, int, int, ToolCall]]:
+    """Formats whose calls are delimited by text (DSML): decode each answer with markers, read it."""
+    fmt = batch.profile.tool_calls.format
+    wanted = pl.lit(pl.Series(list(batch.profile.tool_markers.values()), dtype=pl.Int64)).implode()
+    first = frame.select(
+        pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
+    ).to_series()
+    texts = batch.tokenizer.decode_flat(FlatIds.from_series(frame["answer"]))
+    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    lengths = frame["answer"].list.len().to_list()
+    for row, answer_from, at, length, text in zip(
+        frame["row"].to_list(), frame["answer_from"].to_list(), first.to_list(), lengths, texts, strict=True
+    ):
+        start = answer_from + at
+        read.extend((row, start, answer_from + length, start, start, call) for call in fmt.read(text, ""))
+    return read
+
+
+def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -> pl.DataFrame:
+    """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
+    columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
+    for row, start, end, head_at, body_at, call in read:
+        if call.parameters is None:
+            error = _json_error(call.arguments)
+        else:
+            tools = (batch.source_prompt(row) or {}).get("tools")
+            error = _parameters_error(call, parameter_types(tools, call.name))
+        for name, value in (
+            ("row", row), ("start", start), ("end", end), ("head_at", head_at), ("body_at", body_at),
+            ("name", call.name), ("call_id", call.call_id), ("arguments", call.arguments),
+            ("malformed", call.malformed), ("arguments_error", error),
+        ):
+            columns[name].append(value)
+    return pl.DataFrame(columns, schema=CALLS_SCHEMA)
+
+
+def _parameters_error(call: ToolCall, types: dict[str, str | None] | None) -> str | None:
+    if not types:
+        return None  # the tool is not declared: what its values should be is unknown
+    for key, value in call.parameters or ():
+        problem = value_error(value, types.get(key))
+        if problem:
+            return f"have parameter {key!r} {problem}: {value[:60]!r}"
+    return None
+
+
+def _json_error(text: str) -> str | None:
+    try:
+        orjson.loads(text.strip())
+    except orjson.JSONDecodeError as exc:
+        return f"are not valid JSON ({exc}): {text[:80]!r}"
+    return None
