@@ -39,7 +39,7 @@ _TOP_KEYS = {
     "tool_calls",
     "channels",
 }
-_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window"}
+_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking"}
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
 CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
@@ -94,6 +94,8 @@ class Profile:
     # The family's built-in prompt encoder (a name in audit.templating.RENDERERS), for models
     # that ship Python instead of a chat template; None: the tokenizer's chat template.
     encoder: str | None = None
+    # Tokens that open or close a tool result: the prompt's, never in a model's output.
+    tool_result: tuple[str, ...] = ()
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -157,6 +159,7 @@ class Profile:
             reasoning=reasoning,
             tool_markers=markers,
             channel_markers=channel_markers,
+            tool_result=tuple(token(t) for t in self.tool_result),
         )
 
 
@@ -187,6 +190,7 @@ class ResolvedProfile:
     reasoning: Reasoning
     tool_markers: dict[str, int]  # role -> id
     channel_markers: dict[str, int] = field(default_factory=dict)  # harmony role -> id
+    tool_result: tuple[int, ...] = ()
 
     @property
     def name(self) -> str:
@@ -223,6 +227,7 @@ class ResolvedProfile:
             "eos": list(self.eos),
             "prompt_suffixes": [list(s) for s in self.prompt_suffixes],
             "tool_markers": self.tool_markers,
+            **({"tool_result": list(self.tool_result)} if self.tool_result else {}),
             **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
         }
 
@@ -284,6 +289,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         think_end=tokens.get("think_end"),
         end_of_turn=end_of_turn,
         eos=string_list(tokens.get("eos", []), f"{where}: tokens.eos"),
+        tool_result=string_list(tokens.get("tool_result", []), f"{where}: tokens.tool_result"),
         prompt_suffixes={
             mode: string_list(value, f"{where}: generation_prompt.{mode}")
             for mode, value in prompt.items()

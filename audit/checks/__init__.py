@@ -21,7 +21,7 @@ from audit.checks.segmentation import (
     ToolCallInReasoning,
 )
 from audit.checks.template import TemplateMismatch
-from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated
+from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated, TurnJoined
 from audit.checks.toolcalls import (
     ToolArgumentsInvalidJson,
     ToolCallIdMalformed,
@@ -57,6 +57,7 @@ RULES: dict[str, type[Rule]] = {
         EndOfTurnMissing,
         Aborted,
         EmptyOutput,
+        TurnJoined,
         RepetitionLoop,
         SegmentTooShort,
     )

@@ -8,21 +8,28 @@ from audit.batch import Batch
 from audit.checks.base import (
     RecordRule,
     Severity,
+    empty_findings,
+    findings_frame,
     first_index_in,
     first_index_of,
     nth_index_of,
     truncated,
 )
+from audit.response import response_bounds, tool_entry_ids
 
 
 def _thinking(batch: Batch) -> bool:
     return batch.profile.reasoning in ("prompt_opens", "model_opens")
 
 
-def _tool_entry_ids(batch: Batch) -> list[int]:
-    """Ids that open a tool call: the section begin where the family has one, else call begin."""
-    markers = batch.profile.tool_markers
-    return [markers[role] for role in ("section_begin", "call_begin") if role in markers][:1]
+def _with_bounds(batch: Batch) -> pl.DataFrame:
+    """The records with their reasoning/answer bounds (`audit.response`) beside them."""
+    return pl.concat([batch.records, response_bounds(batch)], how="horizontal")
+
+
+def _call_ends_reasoning(batch: Batch) -> bool:
+    spec = batch.profile.tool_calls
+    return spec is not None and spec.may_end_reasoning and bool(tool_entry_ids(batch.profile))
 
 
 class ResponseTokenMissing(RecordRule):
@@ -53,14 +60,15 @@ class ResponseTokenMissing(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _thinking(batch)
 
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        return _with_bounds(batch)
+
     def violation(self, batch: Batch) -> pl.Expr:
         output = pl.col("output_ids")
-        missing = output.list.count_matches(batch.profile.think_end) == 0
-        # Only families known to enter a tool call straight from reasoning (Kimi) are excused:
-        # elsewhere a tool call with no </think> before it means the token was stripped.
-        spec = batch.profile.tool_calls
-        entry = _tool_entry_ids(batch) if spec is not None and spec.may_end_reasoning else []
-        in_tool_call = first_index_in("output_ids", entry).is_not_null() if entry else pl.lit(False)
+        missing = pl.col("response_at").is_null()
+        # Only families known to enter a tool call straight from reasoning (Kimi, Qwen3.5/3.6)
+        # are excused: elsewhere a tool call with no </think> before it means the token was stripped.
+        in_tool_call = pl.col("tool_entry").is_not_null() if _call_ends_reasoning(batch) else pl.lit(False)
         return missing & (output.list.len() > 0) & ~truncated() & ~in_tool_call
 
     def message(self, batch: Batch) -> pl.Expr:
@@ -164,15 +172,20 @@ class ThinkTokenInOutput(RecordRule):
 
 
 class ToolCallInReasoning(RecordRule):
-    """A tool-call section entered before `</think>`: the model called a tool while reasoning.
+    """A tool call entered with no `</think>` before it: the call ended the model's reasoning.
 
     What it checks:
-        When an output holds a tool call, `</think>` comes before it.
+        When an output holds a tool call (its section or call begin) and no `</think>` at all,
+        the call was entered straight from the reasoning. A call marker inside the reasoning
+        followed by `</think>` is text the model thinks with, not a call: not counted.
 
     Why it matters:
-        Kimi models sometimes enter `<|tool_calls_section_begin|>` straight from their
-        reasoning (Kimi-K2 issue 89). That is real model behaviour, so the record may be kept,
-        but a drafter trained on many such samples learns it as the norm; count it and decide.
+        Kimi and Qwen3.5/3.6 models sometimes open a tool call without closing their
+        reasoning (Kimi-K2 issue 89; SGLang's reasoning parsers end the reasoning there). That
+        is real model behaviour, so the record may be kept, but a drafter trained on many such
+        samples learns it as the norm; count it and decide. An output generated with thinking
+        off (its prompt closed the reasoning, or the model never opened it) has no reasoning
+        to be inside: the message says so, and PRM001 judges the prompt.
 
     Example:
         <think>... I should look up the weather.<|tool_calls_section_begin|><|tool_call_begin|>...
@@ -187,16 +200,36 @@ class ToolCallInReasoning(RecordRule):
     severity = Severity.WARNING
 
     def applies(self, batch: Batch) -> bool:
-        return _thinking(batch) and bool(_tool_entry_ids(batch))
+        return _thinking(batch) and bool(tool_entry_ids(batch.profile))
 
-    def violation(self, batch: Batch) -> pl.Expr:
-        entered = first_index_in("output_ids", _tool_entry_ids(batch))
-        closed = first_index_of("output_ids", batch.profile.think_end)
-        return entered.is_not_null() & (closed.is_null() | (closed > entered))
-
-    def position(self, batch: Batch) -> pl.Expr:
-        return first_index_in("output_ids", _tool_entry_ids(batch))
-
-    def message(self, batch: Batch) -> pl.Expr:
-        end = batch.profile.profile.think_end
-        return pl.lit(f"tool call entered before {end!r}, inside the reasoning")
+    def find(self, batch: Batch) -> pl.DataFrame:
+        profile = batch.profile
+        flagged = (
+            _with_bounds(batch)
+            .with_row_index("row")
+            .filter(pl.col("tool_entry").is_not_null() & pl.col("response_at").is_null())
+        )
+        if flagged.is_empty():
+            return empty_findings()
+        start, end = profile.profile.think_start, profile.profile.think_end
+        if profile.reasoning == "prompt_opens":
+            # The prompt's last think token says whether reasoning was open when the output began.
+            last = [
+                pl.col("input_ids").list.eval(pl.arg_where(pl.element() == token).last()).list.first()
+                for token in (profile.think_start, profile.think_end)
+            ]
+            reasoning_open = (last[0].is_not_null() & (last[1].is_null() | (last[0] > last[1]))).fill_null(False)
+            why_not = f"the prompt does not leave {start!r} open"
+        else:
+            reasoning_open = pl.col("reasoning_start").is_not_null()
+            why_not = f"the model never opened {start!r}"
+        rows, positions, messages = [], [], []
+        for row, entry, is_open in flagged.select("row", "tool_entry", reasoning_open.alias("open")).iter_rows():
+            rows.append(row)
+            positions.append(entry)
+            messages.append(
+                f"tool call entered before {end!r}: the call ended the reasoning"
+                if is_open
+                else f"tool call in an output with no reasoning ({why_not}): was it generated with thinking off?"
+            )
+        return findings_frame(rows, positions, messages)

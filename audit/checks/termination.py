@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, id_set
+from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, id_set
+from audit.response import trailing_stops
 
 
 class Truncated(RecordRule):
@@ -153,3 +154,71 @@ class EmptyOutput(RecordRule):
 
     def message(self, batch: Batch) -> pl.Expr:
         return pl.lit("output_ids is empty")
+
+
+class TurnJoined(RecordRule):
+    """More than one turn in one output: an end of turn with tokens after it, or a tool result.
+
+    What it checks:
+        The profile's end-of-turn and EOS ids appear only at the end of `output_ids` (the
+        stop token SGLang includes), never with other tokens after them; and no tool-result
+        marker the profile names (`tokens.tool_result`: `<tool_response>`, DeepSeek's
+        `<｜tool▁outputs▁begin｜>`, ...) appears in the output at all. For every family.
+
+    Why it matters:
+        A model's turn ends at its first stop token; a tool result is written by the
+        environment into the next prompt, never by the model. An output that goes on after its
+        end of turn, or holds a tool result, is several turns of an agentic trajectory joined
+        into one record (or a generation run with `ignore_eos`). The drafter would learn to
+        predict the environment's text and the next turn's prompt as if the model wrote them.
+
+    Example:
+        ...<｜tool▁calls▁end｜><｜end▁of▁sentence｜><｜tool▁outputs▁begin｜>SUNNY...
+        (the tool call, its result and the next answer saved as one output)
+
+    Fix:
+        Save one record per `/generate` call: the prompt of each turn (history, tool results
+        included) in `input_ids`, the model's own tokens up to its stop token in `output_ids`.
+    """
+
+    code = "TRM005"
+    name = "turn-joined"
+
+    def find(self, batch: Batch) -> pl.DataFrame:
+        profile = batch.profile
+        # The output's own trailing stop token(s) end it; any stop id before them does not.
+        body = pl.col("output_ids").list.len() - trailing_stops(profile.stop_ids)
+        stop_at = first_index_in("output_ids", list(profile.stop_ids))
+        result_at = first_index_in("output_ids", list(profile.tool_result)) if profile.tool_result else pl.lit(None)
+        flagged = (
+            batch.records.with_row_index("row")
+            .select(
+                "row",
+                pl.when(stop_at < body).then(stop_at).alias("stop_at"),
+                result_at.cast(pl.Int64).alias("result_at"),
+                pl.col("output_ids").list.len().alias("length"),
+                pl.col("output_ids"),
+            )
+            .filter(pl.col("stop_at").is_not_null() | pl.col("result_at").is_not_null())
+        )
+        if flagged.is_empty():
+            return empty_findings()
+        names = dict(zip(profile.end_of_turn + profile.eos, profile.profile.end_of_turn + profile.profile.eos, strict=True))
+        names.update(zip(profile.tool_result, profile.profile.tool_result, strict=True))
+        rows, positions, messages = [], [], []
+        for row, stop, result, length, ids in flagged.iter_rows():
+            rows.append(row)
+            if stop is not None and (result is None or stop < result):
+                positions.append(stop)
+                messages.append(
+                    f"end of turn {names.get(ids[stop], ids[stop])!r} at output_ids[{stop}] with "
+                    f"{length - stop - 1} tokens after it: two turns joined in one output"
+                )
+            else:
+                positions.append(result)
+                messages.append(
+                    f"tool-result marker {names.get(ids[result], ids[result])!r} at output_ids[{result}]: "
+                    "a tool result belongs to the next prompt, not to the model's output"
+                )
+        return findings_frame(rows, positions, messages)
+

@@ -8,6 +8,7 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, findings_frame
+from audit.response import response_bounds
 from audit.toolcall_formats import ROLE_LETTERS
 from audit.toolcalls import tool_call_view
 
@@ -172,16 +173,19 @@ class ToolCallIdMalformed(ToolCallRule):
 
 
 class ToolMarkerAsText(ToolCallRule):
-    """A tool-call marker present only as plain text: its string decoded, its special id gone.
+    """A tool-call marker present only as plain text: its string decoded, its id gone.
 
     What it checks:
         The decoded output does not contain a marker's string more often than the output
-        contains the marker's special id.
+        contains the marker's id. For formats whose calls hold text of their own
+        (Qwen3.5/3.6's `<function=NAME>`), the answer holds that text no more often than it
+        has calls: a call's text with its marker ids stripped is flagged too.
 
     Why it matters:
         This is exactly what a pipeline that decodes with `skip_special_tokens` or through
         a tool-call parser, then re-tokenises, leaves behind: `<|tool_call_begin|>` spelled
-        with ordinary BPE pieces. The model never emits that sequence.
+        with ordinary BPE pieces, or a call's body left without its markers. The model never
+        emits that sequence.
 
     Example:
         output_ids decode to "...<|tool_call_begin|>functions.f:0..." but contain no 163597.
@@ -194,11 +198,14 @@ class ToolMarkerAsText(ToolCallRule):
     name = "tool-marker-as-text"
 
     def frame(self, batch: Batch) -> pl.DataFrame:
-        return batch.records.with_columns(batch.decoded_output.alias("decoded"))
+        return pl.concat(
+            [batch.records.with_columns(batch.decoded_output.alias("decoded")), response_bounds(batch)],
+            how="horizontal",
+        )
 
     def _excess(self, batch: Batch) -> list[tuple[str, pl.Expr]]:
         spec = batch.profile.tool_calls
-        return [
+        excess = [
             (
                 spec.markers[role],
                 pl.col("decoded").str.count_matches(spec.markers[role], literal=True)
@@ -206,6 +213,17 @@ class ToolMarkerAsText(ToolCallRule):
             )
             for role, token_id in batch.profile.tool_markers.items()
         ]
+        call_begin = batch.profile.tool_markers.get("call_begin")
+        if spec.format.text_markers and call_begin is not None:
+            answer = _answer_text(batch)
+            length = pl.col("output_ids").list.len().cast(pl.Int64)
+            start = pl.col("answer_start").fill_null(length)
+            calls = pl.col("output_ids").list.slice(start, length - start).list.count_matches(call_begin)
+            excess.extend(
+                (f"{text} without {spec.markers['call_begin']}", answer.str.count_matches(text, literal=True) > calls)
+                for text in spec.format.text_markers
+            )
+        return excess
 
     def violation(self, batch: Batch) -> pl.Expr:
         return pl.any_horizontal([excess for _, excess in self._excess(batch)])
@@ -213,6 +231,28 @@ class ToolMarkerAsText(ToolCallRule):
     def message(self, batch: Batch) -> pl.Expr:
         names = [pl.when(excess).then(pl.lit(text)) for text, excess in self._excess(batch)]
         return pl.format(
-            "marker as plain text, not its special token: {}",
+            "marker as plain text, not its token: {}",
             pl.concat_list(names).list.drop_nulls().list.join(", "),
         )
+
+
+def _answer_text(batch: Batch) -> pl.Expr:
+    """The decoded answer: after the response token's text, from the entry of a call that ended
+    the reasoning, the whole output when thinking is off; empty when the reasoning never ended."""
+    profile = batch.profile
+    decoded = pl.col("decoded")
+    after_response = (
+        decoded.str.split(profile.profile.think_end).list.last() if profile.profile.think_end else decoded
+    )
+    entry = next(iter(profile.tool_calls.markers.values()))
+    from_entry = decoded.str.slice(decoded.str.find(entry, literal=True).fill_null(0))
+    return (
+        pl.when(pl.col("reasoning_start").is_null())
+        .then(decoded)
+        .when(pl.col("response_at").is_not_null())
+        .then(after_response)
+        .when(pl.col("answer_start").is_not_null())
+        .then(from_entry)
+        .otherwise(pl.lit(""))
+        .fill_null("")
+    )
