@@ -16,6 +16,7 @@ Keys of a case:
   prompt      the prompt ids, as text or pieces; default: the chat template's rendering of
               `messages` and `tools`, else of one user turn, for the profile and thinking mode
   messages    saved on the record, with `tools` (TPL001 renders them again)
+  tools       saved on the record (also alone): the declared types TCL002 judges values by
   finish      "stop" (default; `matched` is the stop id the output ends with, else the end
               of turn), "length", "abort", or "none" (no meta_info saved)
   matched     finish_reason.matched instead: an id, or a stop string
@@ -80,6 +81,7 @@ TOKENIZERS = {
     "kimi-k2-thinking": "kimi-k2.5-mini",
     "qwen3": "qwen3",
     "qwen3-thinking-2507": "qwen3",
+    "qwen3.6": "qwen-3.6",
     "deepseek-v3.1": "deepseek-v3.1",
     "deepseek-r1": "deepseek-r1",
     "glm-4.5": "glm-4.5v",
@@ -386,8 +388,8 @@ class Setup:
             record["text"] = spec["text"]
         if messages is not None:
             record["messages"] = messages
-            if tools:
-                record["tools"] = tools
+        if tools:
+            record["tools"] = tools  # the tool-call rules read the declared parameter types
         record.update(spec.get("fields", {}))
         for key in spec.get("drop", []):
             record.pop(key, None)

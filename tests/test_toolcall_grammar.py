@@ -18,6 +18,7 @@ from audit.batch import AuditContext
 from audit.engine import audit_file
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
+from audit.templating import prompt_ids as rendered_prompt_ids
 from audit.toolcall_formats import FORMATS, declared_type, parameter_types, value_error
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
@@ -58,8 +59,7 @@ def findings(context: AuditContext, tmp_path: Path, output: str, *, prompt: str 
     tokenizer = context.tokenizer
     messages = [{"role": "user", "content": "Open an issue for the flaky test."}]
     if prompt is None:
-        kwargs = {"enable_thinking": context.profile.thinking, "thinking": context.profile.thinking}
-        prompt_ids = tokenizer.render_prompt(messages, tools, **kwargs)
+        [prompt_ids] = rendered_prompt_ids(tokenizer, [messages], [tools], thinking=context.profile.thinking)
     else:
         prompt_ids = tokenizer.encode_text(prompt)
     output_ids = tokenizer.encode_text(output)
