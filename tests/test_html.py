@@ -125,6 +125,24 @@ def test_samples_mark_the_offending_token_in_a_window(checked: dict[str, Path]) 
     assert '<span class="tok unknown hit" title="output_ids[94] = 100000">⟨100000⟩</span>' in html
 
 
+def test_samples_show_segments_and_what_the_rule_explains(checked: dict[str, Path]) -> None:
+    html = checked["page"].read_text(encoding="utf-8")
+    samples = html.split('<section id="samples">')[1].split("</section>")[0]
+    # B1 line 42: a second </think> (SEG002) inside the answer; its window spans both segments.
+    seg002 = samples.split("<code>SEG002</code> response-token-repeated")[1].split('<div class="rule-samples">')[0]
+    assert '<span class="seg reasoning">' in seg002 and '<span class="seg answer">' in seg002
+    # The first </think> closes the reasoning: it is the reasoning group's last token.
+    reasoning = seg002.split('<span class="seg reasoning">')[1].split('<span class="seg ')[0]
+    assert re.findall(r">([^<]*)</span>", reasoning)[-1] == "&lt;/think&gt;"
+    # PRM001's sample carries the rule's own comparison: expected suffix beside the prompt's end.
+    prm001 = samples.split("<code>PRM001</code> prompt-suffix")[1].split('<div class="rule-samples">')[0]
+    assert '<table class="explain"><caption>generation suffix (kimi-k2.5, thinking)</caption>' in prm001
+    assert "<th>expected</th>" in prm001 and "<th>actual</th>" in prm001
+    # Prompt windows are one prompt group; tool-call segments show where a call is.
+    assert '<span class="seg prompt">' in prm001
+    assert '<span class="seg tool_calls">' in samples
+
+
 def test_report_json_carries_the_distributions(checked: dict[str, Path]) -> None:
     report = json.loads(checked["report"].read_text(encoding="utf-8"))
     shape = report["distributions"]

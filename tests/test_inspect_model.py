@@ -175,3 +175,84 @@ def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers
     assert (roles["<|im_assistant|>"], roles["<|im_middle|>"]) == ("special", "special")
     assert (roles["<|im_end|>"], roles["<think>"]) == ("end_of_turn", "think")
     assert view.output.tokens["segment"].unique().to_list() == ["reasoning"]  # never closed
+
+
+def _harmony_partition(directory: Path, harmony: Path, tokenizer) -> Path:
+    """gpt-oss records: an answer after analysis, and a tool call (finish stop)."""
+    from audit.templating import prompt_ids as render
+
+    [prompt] = render(tokenizer, [[{"role": "user", "content": "Weather in Paris?"}]], [None], thinking=True)
+    outputs = [
+        "<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>",
+        "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather"
+        " <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / "raw_responses.jsonl").open("w") as out:
+        for n, text in enumerate(outputs):
+            ids = tokenizer.encode_text(text)
+            out.write(json.dumps({"id": f"h-{n}", "input_ids": prompt, "output_ids": ids,
+                                  "meta_info": {"finish_reason": {"type": "stop", "matched": ids[-1]}}}) + "\n")
+    (directory / "generation.json").write_text(
+        json.dumps({"profile": "gpt-oss", "tokenizer": {"path": str(harmony)}, "thinking": True})
+    )
+    return directory
+
+
+def test_harmony_outputs_get_their_channels_as_segments(tmp_path: Path, real_tokenizer_dirs) -> None:
+    from tests.conftest import real_tokenizer
+
+    harmony, tokenizer = real_tokenizer(real_tokenizer_dirs, "harmony")
+    inspector = inspector_for(str(_harmony_partition(tmp_path / "oss", harmony, tokenizer)))
+    answer = inspector.view(1).output.tokens
+    by_piece = dict(zip(answer["piece"].to_list(), answer["segment"].to_list(), strict=False))
+    assert by_piece[" first"] == "reasoning" and by_piece["final"] == "answer"
+    assert answer["segment"][0] == "reasoning" and answer["segment"][-1] == "answer"
+    call = inspector.view(2).output.tokens
+    assert call["segment"][0] == "reasoning" and call["segment"][-1] == "tool_calls"
+    assert "tool_calls" in call.filter(pl.col("piece") == "city")["segment"].to_list()
+
+
+def test_inspect_shows_what_each_flagged_rule_explains(tmp_path: Path) -> None:
+    # The view asks the rule that flagged the record (`Rule.explain`), not a table of its own.
+    from audit.checks.base import Explanation
+    from audit.checks.prompt import PromptSuffix
+
+    class Explained(PromptSuffix):
+        def explain(self, batch, row, position):
+            ids = batch.records["input_ids"][row]
+            return Explanation(self.code, "custom", (("last id", str(ids[-1])), ("position", str(position))))
+
+    session = prepare(resolve_target("B1_glaive", PREPARED), CheckOptions())
+    report = check_target(session)
+    inspector = Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer,
+                          rules={"PRM001": Explained()})
+    (explained,) = inspector.view(20).comparisons
+    assert explained.title == "custom" and dict(explained.rows)["position"] == str(inspector.view(20).findings[0].position)
+    assert dict(explained.rows)["last id"] == str(inspector.view(20).prompt.tokens["id"][-1])
+
+
+def test_the_reader_normalises_the_prompt_ids_alias_for_inspect(tmp_path: Path) -> None:
+    clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
+    clean["prompt_ids"] = clean.pop("input_ids")
+    clean["output_ids"] = clean["output_ids"][:-1]  # TRM002: a finding to list
+    partition = tmp_path / "alias"
+    partition.mkdir()
+    (partition / "raw_responses.jsonl").write_text(json.dumps(clean) + "\n")
+    (partition / "generation.json").write_text(
+        json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}, "thinking": True})
+    )
+    view = inspector_for(str(partition)).view(1)
+    assert view.problem is None and view.prompt.total == len(clean["prompt_ids"])
+    assert view.prompt.tokens["id"].to_list() == clean["prompt_ids"][-view.prompt.height:]
+
+
+def test_special_ids_are_the_tokens_skip_special_tokens_drops(real_tokenizer_dirs) -> None:
+    from tests.conftest import real_tokenizer
+
+    _, qwen = real_tokenizer(real_tokenizer_dirs, "qwen3")
+    specials = qwen.special_ids
+    assert qwen.token_id("<|im_end|>") in specials and qwen.token_id("<|endoftext|>") in specials
+    assert qwen.token_id("<think>") not in specials and qwen.token_id("<tool_call>") not in specials
+    ids = [qwen.token_id(t) for t in ("<think>", "<|im_end|>")]
+    assert qwen.decode_batch_skipping_special([ids]) == ["<think>"]
