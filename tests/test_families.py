@@ -20,8 +20,8 @@ from audit.check import CheckOptions, check_target, prepare
 from audit.check import _tokenizer as _tokenizer_cache
 from audit.profiles import load_profile
 from audit.targets import resolve_target
-from audit.tokenizer import Tokenizer
 from audit.templating import prompt_ids
+from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     CORRUPTIONS,
     FamilySpec,

@@ -184,8 +184,10 @@ def _harmony_partition(directory: Path, harmony: Path, tokenizer) -> Path:
     [prompt] = render(tokenizer, [[{"role": "user", "content": "Weather in Paris?"}]], [None], thinking=True)
     outputs = [
         "<|channel|>analysis<|message|>Think first.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>",
-        "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather"
-        " <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+        (
+            "<|channel|>analysis<|message|>Call it.<|end|><|start|>assistant<|channel|>commentary"
+            " to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>"
+        ),
     ]
     directory.mkdir(parents=True, exist_ok=True)
     with (directory / "raw_responses.jsonl").open("w") as out:
