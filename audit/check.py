@@ -83,13 +83,13 @@ def prepare(target: Target, options: CheckOptions) -> Session:
             f"no tokenizer for {target.data_file}: pass --tokenizer DIR (a local Hugging Face "
             "tokenizer directory), or record it in the partition's generation.json"
         )
-    trust = options.trust_remote_code or bool(generation.trust_remote_code)
+    _refuse_recorded_trust(target, options, tokenizer_dir)
     if options.tokenizer is None and not tokenizer_dir.exists():
         raise ConfigError(
             f"{generation.path} records tokenizer {tokenizer_dir}, which does not exist: "
             "pass --tokenizer DIR, or fix the path in generation.json"
         )
-    tokenizer = _tokenizer(tokenizer_dir, trust)
+    tokenizer = _tokenizer(tokenizer_dir, options.trust_remote_code)
     _check_fingerprint(target, tokenizer)
 
     profile_name = options.profile or generation.profile
@@ -107,6 +107,21 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         rule_set=rule_set,
         options=options,
     )
+
+
+def _refuse_recorded_trust(target: Target, options: CheckOptions, tokenizer_dir: Path) -> None:
+    """Remote code runs only when the user asks for it, never because a data file says so.
+
+    generation.json is part of the data: it may record that the tokenizer needed its own code
+    when the data was generated, but only `--trust-remote-code` (`CheckOptions.trust_remote_code`)
+    lets that code run here. Recorded and not asked for: a configuration error, before any load.
+    """
+    if target.generation.trust_remote_code is True and not options.trust_remote_code:
+        raise ConfigError(
+            f"{target.generation.path} records trust_remote_code: true, but the tokenizer's own code "
+            f"runs only when you ask: pass --trust-remote-code if you trust {tokenizer_dir}, or set it "
+            "to false in generation.json if that tokenizer needs no code"
+        )
 
 
 def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:

@@ -168,7 +168,8 @@ def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers
     (partition / "generation.json").write_text(json.dumps(
         {"profile": "kimi-k2.5", "tokenizer": {"path": str(directory)}, "trust_remote_code": True}
     ))
-    inspector = inspector_for(str(partition))
+    # generation.json records the need; only the caller's own flag lets the code run.
+    inspector = inspector_for(str(partition), trust_remote_code=True)
     view = inspector.view(1)
     assert "SEG001" in inspector.entries[0].rules
     roles = dict(view.prompt.tokens.filter(pl.col("role").is_not_null()).select("piece", "role").iter_rows())

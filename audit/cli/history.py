@@ -13,7 +13,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from audit.cli.app import FailOn, FailOnOption, TrustOption, app, console, fail
+from audit.cli.app import FailOn, FailOnOption, TokenizerOption, TrustOption, app, console, fail
 from audit.cli.check import FormatOption, HtmlOption, emit
 from audit.errors import AuditError
 from audit.formats import OutputFormat
@@ -29,22 +29,30 @@ def report_command(
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     html: HtmlOption = None,
+    tokenizer: TokenizerOption = None,
     trust_remote_code: TrustOption = False,
 ) -> None:
     """Render saved reports again, in any --format. Exits 0 once rendered, 2 on an unreadable file.
 
     --html draws the page again; its samples come from the report's data file and tokenizer when
     both are still there and unchanged (checked by sha256), and are left out with a note otherwise.
+    --tokenizer DIR names the tokenizer instead of the path the report records; it is required with
+    --trust-remote-code, since a report is data and never chooses whose code runs.
     """
     from audit.history import load_report
 
+    if trust_remote_code and tokenizer is None:
+        raise fail(
+            "--trust-remote-code runs a tokenizer's own code: name that tokenizer with --tokenizer DIR "
+            "(the path a report records is data, not your choice)"
+        )
     try:
         reports = [load_report(path) for path in files]
         if html is not None:
             from audit.html import html_path, samples_for_saved_report, write_html
 
             for saved in reports:
-                samples = samples_for_saved_report(saved, trust_remote_code=trust_remote_code)
+                samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
                 write_html(saved, html_path(html, saved.target, several=len(reports) > 1), samples)
     except AuditError as exc:
         raise fail(str(exc)) from None

@@ -232,17 +232,24 @@ def _decode(samples: list[Sample], tokenizer: Tokenizer, specials: frozenset[int
         ]
 
 
-def samples_for_saved_report(report: Report, *, trust_remote_code: bool = False) -> Samples:
-    """Samples for a report read back from JSON: only if its data file and tokenizer are unchanged."""
+def samples_for_saved_report(
+    report: Report, *, tokenizer: Path | None = None, trust_remote_code: bool = False
+) -> Samples:
+    """Samples for a report read back from JSON: only if its data file and tokenizer are unchanged.
+
+    The tokenizer is `tokenizer` when given, else the directory the report records. A report is
+    data: its recorded directory is never loaded with remote code, whatever `trust_remote_code`.
+    """
     from audit.tokenizer import load_tokenizer
 
     if _choose(report.findings, 1).is_empty():
         return Samples()
     recorded = report.tokenizer
     try:
-        tokenizer = load_tokenizer(recorded["path"], trust_remote_code=trust_remote_code)
-    except (ConfigError, KeyError) as exc:
+        directory = tokenizer if tokenizer is not None else recorded["path"]
+        loaded = load_tokenizer(directory, trust_remote_code=trust_remote_code and tokenizer is not None)
+    except (ConfigError, KeyError, TypeError) as exc:
         return Samples(unavailable=f"samples omitted: {exc}")
-    if recorded.get("sha256") and tokenizer.fingerprint.sha256 != recorded["sha256"]:
-        return Samples(unavailable=f"samples omitted: the tokenizer in {recorded['path']} changed since the audit")
-    return collect_samples(report, tokenizer, verify_sha256=True)
+    if recorded.get("sha256") and loaded.fingerprint.sha256 != recorded["sha256"]:
+        return Samples(unavailable=f"samples omitted: the tokenizer in {directory} differs from the audit's")
+    return collect_samples(report, loaded, verify_sha256=True)
