@@ -135,7 +135,7 @@ def explain(rule: type[Rule]) -> Panel:
             parts.append(Text(body, style="green" if section == "Example" else ""))
     if rule.parameters:
         parts.append(Text(f"\nParameters (set under [rules.{rule.code}])", style="bold cyan"))
-        parts.append(Text("\n".join(f"{k} = {v!r}" for k, v in rule.parameters.items())))
+        parts.append(Text("\n".join(f"{k} = {v.describe()}" for k, v in rule.parameters.items())))
     return Panel(
         Group(*parts),
         title=Text(f"{rule.code} {rule.name}  ·  default severity {rule.severity.value}"),

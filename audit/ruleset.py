@@ -164,10 +164,10 @@ def _configure(rule_class: type[Rule], table: Any, where: str) -> ConfiguredRule
             fail = Threshold(count=0)
         else:
             warn = Threshold(count=0)
+    # Each rule declares its parameters with their ranges: a value out of range is named here, in
+    # the file and key, before it can crash a run or flag every record.
     parameters = {k: v for k, v in table.items() if k in rule_class.parameters}
-    for key, value in parameters.items():
-        default = rule_class.parameters[key]
-        expect(value, type(default), f"{where}.{key}")
+    rule_class.validate_parameters(parameters, where)
     return ConfiguredRule(
         rule=rule_class(**parameters), severity=severity, warn_above=warn, fail_above=fail
     )

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 import polars as pl
 
 from audit.batch import Batch
+from audit.config import expect
+from audit.errors import ConfigError
 from audit.expressions import (  # noqa: F401  (the helpers rules build on, re-exported)
     first_index_in,
     first_index_of,
@@ -58,6 +60,31 @@ class Severity(StrEnum):
     WARNING = "warning"
 
 
+# Counts of tokens above this make no sense for any model and overflow the list arithmetic.
+MAX_TOKEN_COUNT = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """A setting a rule set may override under `[rules.CODE]`: its default, type and valid range."""
+
+    default: int
+    minimum: int
+    maximum: int
+    help: str
+
+    def validate(self, value: Any, where: str) -> int:
+        """`value` if it is an integer in range, else a ConfigError naming `where` (file and key)."""
+        expect(value, type(self.default), where)
+        if not self.minimum <= value <= self.maximum:
+            raise ConfigError(f"{where}: must be between {self.minimum} and {self.maximum} ({self.help}), got {value!r}")
+        return value
+
+    def describe(self) -> str:
+        """`default, range: help` for `audit explain`."""
+        return f"{self.default!r}  ({self.minimum}..{self.maximum}) {self.help}"
+
+
 class Rule:
     """Base of every rule. Subclasses set the class attributes and implement `check`."""
 
@@ -70,11 +97,22 @@ class Rule:
     file_level: ClassVar[bool] = False
     # True for rules that read a record's raw line (`source`); the reader keeps it only then.
     reads_source: ClassVar[bool] = False
-    # Parameters a rule set may override under [rules.CODE], with their defaults.
-    parameters: ClassVar[dict[str, Any]] = {}
+    # Parameters a rule set may override under [rules.CODE]: default, type and valid range each.
+    parameters: ClassVar[dict[str, Parameter]] = {}
 
     def __init__(self, **parameters: Any):
-        self.options = {**self.parameters, **parameters}
+        self.options = self.validate_parameters(parameters, f"[rules.{self.code}]")
+
+    @classmethod
+    def validate_parameters(cls, given: Mapping[str, Any], where: str) -> dict[str, Any]:
+        """Every parameter's value (given, else its default), each checked against its range."""
+        for key in given:
+            if key not in cls.parameters:
+                raise ConfigError(f"{where}: unknown parameter {key!r} (known: {', '.join(cls.parameters) or 'none'})")
+        return {
+            key: spec.validate(given[key], f"{where}.{key}") if key in given else spec.default
+            for key, spec in cls.parameters.items()
+        }
 
     def check(self, batch: Batch) -> pl.DataFrame:
         """Findings for this batch: columns `row`, `position` (token index or null), `message`."""

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import polars as pl
 
 from audit.batch import Batch
 from audit.channels import harmony_messages
-from audit.checks.base import RecordRule, empty_findings, findings_frame, id_set, truncated
+from audit.checks.base import (
+    MAX_TOKEN_COUNT,
+    Parameter,
+    RecordRule,
+    empty_findings,
+    findings_frame,
+    id_set,
+    truncated,
+)
 from audit.response import response_bounds
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
@@ -39,7 +47,14 @@ class RepetitionLoop(RecordRule):
 
     code = "DEG001"
     name = "repetition-loop"
-    parameters: ClassVar[dict[str, Any]] = {"loop_max_period": 32, "loop_min_tokens": 64}
+    parameters: ClassVar[dict[str, Parameter]] = {
+        # One vectorised comparison per period: the upper bound keeps a rule set from asking for
+        # millions of them.
+        "loop_max_period": Parameter(32, 1, 1024, "longest n-gram looked for, in tokens"),
+        "loop_min_tokens": Parameter(
+            64, 1, MAX_TOKEN_COUNT, "how many final tokens must repeat to call it a loop"
+        ),
+    }
 
     def _loop_period(self, batch: Batch) -> pl.Expr:
         span = self.options["loop_min_tokens"]
@@ -96,7 +111,14 @@ class SegmentTooShort(RecordRule):
 
     code = "DEG002"
     name = "segment-too-short"
-    parameters: ClassVar[dict[str, Any]] = {"min_reasoning_tokens": 1, "min_answer_tokens": 1}
+    parameters: ClassVar[dict[str, Parameter]] = {
+        "min_reasoning_tokens": Parameter(
+            1, 0, MAX_TOKEN_COUNT, "fewest non-blank reasoning tokens; 0 accepts an empty one"
+        ),
+        "min_answer_tokens": Parameter(
+            1, 0, MAX_TOKEN_COUNT, "fewest non-blank answer tokens; 0 accepts an empty one"
+        ),
+    }
 
     def find(self, batch: Batch) -> pl.DataFrame:
         if batch.profile.reasoning == "none":
