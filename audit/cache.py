@@ -2,8 +2,8 @@
 
 A result is stored under a key made of everything that decides it:
 
-* the file's content (sha256; a stamp of size, mtime and inode saves re-hashing a file that
-  was not touched since it was last hashed),
+* the file's content: its sha256, hashed afresh on every lookup (size, mtime and inode can
+  all be restored after an edit; hashing costs a fraction of a second per 200 MB),
 * the rule set (every selected rule with its severity, thresholds and parameters),
 * the resolved profile and anything else in the audit context (e.g. `--prompts`),
 * the tokenizer's fingerprint (a hash of its files) and the decode/encode backend,
@@ -107,30 +107,22 @@ class AuditCache:
         root = getattr(options, "cache_dir", None)
         return cls(Path(root) if root is not None else default_cache_dir())
 
-    # -- content hash, with a cheap stamp first ------------------------------------------------
-    def content_sha256(self, path: Path) -> str:
-        """sha256 of the file; re-hashed only when its size, mtime or inode changed."""
-        stat = path.stat()
-        stamp = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
-        stamp_file = self.root / "stamps" / (hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
-        try:
-            known = json.loads(stamp_file.read_text())
-            if {k: known.get(k) for k in stamp} == stamp and isinstance(known.get("sha256"), str):
-                return known["sha256"]
-        except (OSError, ValueError):
-            pass
-        digest = hashlib.sha256()
+    # -- content hash -------------------------------------------------------------------------
+    @staticmethod
+    def content_sha256(path: Path) -> str:
+        """sha256 of the file, read in full every time: the cache trusts no file metadata."""
         with path.open("rb") as handle:
-            while chunk := handle.read(16 << 20):
-                digest.update(chunk)
-        sha256 = digest.hexdigest()
-        self._write_atomically(stamp_file, json.dumps({**stamp, "sha256": sha256}).encode())
-        return sha256
+            return hashlib.file_digest(handle, "sha256").hexdigest()
 
     def key(self, path: Path, context: AuditContext, rule_set: RuleSet) -> str:
         """The key of auditing `path` with this context and rule set."""
+        return self.key_for(self.content_sha256(path), context, rule_set)
+
+    @staticmethod
+    def key_for(sha256: str, context: AuditContext, rule_set: RuleSet) -> str:
+        """The key of auditing content with this sha256, context and rule set."""
         parts = {
-            "content": self.content_sha256(path),
+            "content": sha256,
             "rules": _describe_rules(rule_set),
             "context": _describe_context(context),
             "backend": "fast" if fast_paths_enabled() else "plain",
@@ -186,12 +178,3 @@ class AuditCache:
             staging.rename(target)
         except OSError:
             shutil.rmtree(locals().get("staging", results / ".none"), ignore_errors=True)
-
-    def _write_atomically(self, path: Path, data: bytes) -> None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-            tmp.write_bytes(data)
-            tmp.replace(path)
-        except OSError:
-            pass

@@ -171,5 +171,7 @@ def run_audit(session: Session, progress: ProgressCallback | None = None) -> Fil
             progress=progress,
         )
     if cache is not None and key is not None:
-        cache.store(key, audited)
+        # Stored under the content actually audited (the audit hashes what it reads), so a file
+        # edited between the lookup and the audit never files its findings under the old bytes.
+        cache.store(AuditCache.key_for(audited.sha256, session.context, session.rule_set), audited)
     return audited

@@ -14,6 +14,7 @@ from audit.cli.app import (
     ExitZeroOption,
     FailOn,
     FailOnOption,
+    NoCacheOption,
     ProfileOption,
     RulesOption,
     ThinkingOption,
@@ -60,6 +61,7 @@ def gate(
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
+    no_cache: NoCacheOption = False,
 ) -> None:
     """Split TARGET into the records training may use and the ones it must not.
 
@@ -72,7 +74,7 @@ def gate(
     from audit.targets import resolve_target
 
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
-    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules)
+    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache)
     fail_on_warning = fail_on is FailOn.warning
     try:
         session = prepare(resolve_target(target, root), options)
