@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
 import polars as pl
@@ -66,17 +68,16 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
-    # The raw JSON line, kept only when it carries `messages` or `tools` and a rule reads it
-    # (the template rule, the tool-call rules), so other runs never copy the prompt.
+    # The record's source prompt as JSON ({messages, tools, chat_template_kwargs}), kept only when
+    # it has `messages` or `tools` and a rule reads it (the template rule, the tool-call rules).
     "source": pl.String(),
 }
-
-# A line carrying its source prompt (messages, or the tools the tool-call rules read).
-_PROMPT_KEYS = (b'"messages"', b'"tools"')
 
 _LIST_FIELDS = ("input_ids", "prompt_ids", "output_ids")
 
 DEFAULT_BLOCK_BYTES = 32 << 20
+# At most this many lines per block, however short they are (see `iter_line_blocks`).
+MAX_BLOCK_LINES = 65_536
 
 
 @dataclass(frozen=True)
@@ -158,8 +159,12 @@ def iter_line_blocks(
                 continue
             lines = data[:cut].split(b"\n")
             carry = data[cut + 1 :]
-            yield LineBlock(next_line, lines)
-            next_line += len(lines)
+            # Many short lines make a block of many records: what the rules hold per record
+            # (decoded texts, findings) is then what bounds memory, so blocks are cut by count too.
+            for begin in range(0, len(lines), MAX_BLOCK_LINES):
+                part = lines[begin : begin + MAX_BLOCK_LINES]
+                yield LineBlock(next_line, part)
+                next_line += len(part)
     if carry:
         yield LineBlock(next_line, [carry], last_unterminated=True)
 
@@ -167,22 +172,37 @@ def iter_line_blocks(
 def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     """Parse a block's lines into a record frame; blank lines are skipped, bad lines reported.
 
+    Every line is first read by a strict JSON parser (orjson), which a training loader is as
+    likely to use as polars: a line it refuses, an object with a key given twice, or a field of
+    the wrong JSON type never becomes a record. The lines that pass are parsed by polars in one
+    call, and the token-id policy is applied to the id columns as list expressions.
     `keep_source=False` leaves the `source` column null (no rule in the run reads it).
     """
     numbered: list[tuple[int, bytes]] = []
+    sources: list[str | None] = []
+    unreadable: list[UnreadableLine] = []
     blank = 0
+    last = block.first_line + len(block.lines) - 1
     for offset, raw in enumerate(block.lines):
         text = raw.rstrip(b"\r")
-        if text.strip():
-            numbered.append((block.first_line + offset, text))
-        else:
+        if not text.strip():
             blank += 1
+            continue
+        line = block.first_line + offset
+        value, problem = _read_strictly(line, text, last_unterminated=block.last_unterminated and line == last)
+        if problem is not None:
+            unreadable.append(problem)
+            continue
+        numbered.append((line, text))
+        if keep_source:
+            sources.append(_source_prompt(value))
     frames: list[pl.DataFrame] = []
-    unreadable: list[UnreadableLine] = []
-    _parse_bisecting(numbered, frames, unreadable, block, keep_source)
+    _parse_lines(numbered, sources if keep_source else None, frames, unreadable)
     # One chunk per column: polars 2.1 panics ("i < self.len()") formatting string columns
     # taken from a multi-chunk struct after a filter; rechunking here costs well under 1 ms.
     records = pl.concat(frames, how="vertical").rechunk() if frames else empty_records()
+    records, refused = _apply_id_policy(records)
+    unreadable.extend(refused)
     return ParsedBlock(records=records, unreadable=unreadable, blank_lines=blank)
 
 
@@ -191,39 +211,252 @@ def empty_records() -> pl.DataFrame:
     return pl.DataFrame(schema=RECORD_COLUMNS)
 
 
-def _parse_bisecting(
+# -- the strict reading of one line ------------------------------------------------------------
+
+# A JSON escape that decodes to ":" (see `_may_repeat_keys`).
+_ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
+
+
+def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[Any, UnreadableLine | None]:
+    """The line's JSON value, or why it is not a record (polars is never asked about it then)."""
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError as err:
+        return None, _not_json(line, text, err, last_unterminated=last_unterminated)
+    if not isinstance(value, dict):
+        return None, UnreadableLine(line, f"a JSON {_json_type(value)}, expected an object", True)
+    if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
+        return None, UnreadableLine(line, repeated, False)
+    problem = _field_problem(value)
+    if problem is not None:
+        return None, UnreadableLine(line, problem, True)
+    return value, None
+
+
+def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> UnreadableLine:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return UnreadableLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", False)
+    if last_unterminated:
+        return UnreadableLine(
+            line, "last line is cut short with no newline: is the file still being written?", False
+        )
+    return UnreadableLine(line, f"not valid JSON: {err}", False)
+
+
+def _may_repeat_keys(text: bytes, value: Any) -> bool:
+    """A cheap test that is True for every line holding an object with a repeated key.
+
+    Each key is followed by one ":" outside strings. Written again without repeats
+    (`orjson.dumps` of the parsed value, which kept one value per key), the line has exactly as
+    many ":" as before, plus one per `\u003a` escape that decoded to ":". A repeated key takes
+    its ":" with it, so fewer means a repeat. Costs ~5% of an audit; only the rare lines it
+    flags (a repeat, or a `\\u003a` that was not an escape) get the careful parse.
+    """
+    escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS)
+    return orjson.dumps(value).count(b":") != text.count(b":") + escaped
+
+
+def _repeated_key(text: bytes) -> str | None:
+    """Parse `text` again noting every object's keys; the finding when one repeats, else None."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in items]
+        if len(set(keys)) != len(keys):
+            repeated.append(next(key for i, key in enumerate(keys) if key in keys[:i]))
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:
+        return "nested too deeply to check that no key repeats"
+    if not repeated:
+        return None
+    return (
+        f"key {json.dumps(repeated[0])} appears twice in one object: JSON readers disagree on "
+        "which value counts (polars keeps the first, json and orjson the last)"
+    )
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: its JSON type and a short excerpt."""
+    if value is None:
+        return "null"
+    text = orjson.dumps(value).decode() if not isinstance(value, float) else repr(value)
+    return f"{_json_type(value)} {text[:40]}{'…' if len(text) > 40 else ''}"
+
+
+def _field_problem(value: dict[str, Any]) -> str | None:
+    """What is wrong with the JSON types of the fields the audit reads, or None.
+
+    Polars would coerce some of them silently (an id `true`, `1.5` or `[1]` all become strings),
+    so their types are checked on the strictly parsed value. A few dict look-ups per record.
+    """
+    sample_id = value.get("id", "")
+    if not isinstance(sample_id, str) and not _is_int(sample_id):
+        # orjson reads integers beyond 64 bits as floats: such an id is not kept exactly either.
+        return f"id must be a string or an integer, got {_shown(sample_id)}"
+    for name in _LIST_FIELDS:
+        ids = value.get(name)
+        if ids is not None and not isinstance(ids, list):
+            return f"{name} must be a list of token ids, got {_json_type(ids)}"
+    text = value.get("text")
+    if text is not None and not isinstance(text, str):
+        return f"text must be a string (the server's decoded output), got {_shown(text)}"
+    for name in ("messages", "tools"):
+        prompt = value.get(name)
+        if prompt is not None and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
+            return f"{name} must be a list of objects, got {_shown(prompt)}"
+    meta = value.get("meta_info")
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        return f"meta_info must be an object, got {_shown(meta)}"
+    for name in ("prompt_tokens", "completion_tokens"):
+        count = meta.get(name)
+        if count is not None and not _is_int(count):
+            return f"meta_info.{name} must be an integer, got {_shown(count)}"
+    finish = meta.get("finish_reason")
+    if finish is None:
+        return None
+    if not isinstance(finish, dict):
+        return (
+            f"meta_info.finish_reason must be an object like SGLang's "
+            f"{{\"type\": \"stop\", ...}}, got {_shown(finish)}"
+        )
+    kind = finish.get("type")
+    if kind is None:
+        return "meta_info.finish_reason has no type (SGLang writes stop, length or abort)"
+    if not isinstance(kind, str):
+        shown = orjson.dumps(kind).decode()[:40]
+        return (
+            f"meta_info.finish_reason.type is '{shown}' (a JSON {_json_type(kind)}), not one SGLang "
+            "writes (stop, length, abort)"
+        )
+    matched = finish.get("matched")
+    if matched is not None and not (_is_int(matched) or isinstance(matched, str)):
+        return f"meta_info.finish_reason.matched must be a token id or a string, got {_shown(matched)}"
+    length = finish.get("length")
+    if length is not None and not _is_int(length):
+        return f"meta_info.finish_reason.length must be an integer, got {_shown(length)}"
+    message = finish.get("message")
+    if message is not None and not isinstance(message, str):
+        return f"meta_info.finish_reason.message must be a string, got {_shown(message)}"
+    return None
+
+
+def _id_list_problem(value: dict[str, Any]) -> str | None:
+    """The first element of an id list that is not an integer polars can hold, or None.
+
+    Per-element Python: only for the lines of a chunk polars refused (see `_parse_lines`).
+    """
+    for name in _LIST_FIELDS:
+        ids = value.get(name)
+        if not isinstance(ids, list):
+            continue
+        for index, token in enumerate(ids):
+            if token is not None and not (_is_int(token) and -(1 << 63) <= token < 1 << 63):
+                return f"{name}[{index}] = {_shown(token)} is not a token id (an integer from 0 to 2**32 - 1)"
+    return None
+
+
+def _source_prompt(value: dict[str, Any]) -> str | None:
+    """The record's source prompt as JSON (`messages`, `tools`, `chat_template_kwargs`), if any."""
+    if value.get("messages") is None and value.get("tools") is None:
+        return None
+    prompt = {key: value[key] for key in ("messages", "tools", "chat_template_kwargs") if key in value}
+    return orjson.dumps(prompt).decode()
+
+
+# -- polars over the lines that passed ----------------------------------------------------------
+
+
+def _parse_lines(
     numbered: list[tuple[int, bytes]],
+    sources: list[str | None] | None,
     frames: list[pl.DataFrame],
     unreadable: list[UnreadableLine],
-    block: LineBlock,
-    keep_source: bool,
 ) -> None:
+    """Parse the lines with polars in one call; when it refuses, find the refused lines directly."""
     if not numbered:
         return
     try:
-        raw = pl.read_ndjson(io.BytesIO(b"\n".join(text for _, text in numbered)), schema=RAW_SCHEMA)
-        if raw.height != len(numbered):
-            raise ValueError("row count differs from line count")
-    except Exception as exc:  # polars raises several types; the halves will tell which line
-        if len(numbered) == 1:
-            line, text = numbered[0]
-            last = block.last_unterminated and line == block.first_line + len(block.lines) - 1
-            unreadable.append(_diagnose(line, text, exc, last_line_unterminated=last))
-            return
-        middle = len(numbered) // 2
-        _parse_bisecting(numbered[:middle], frames, unreadable, block, keep_source)
-        _parse_bisecting(numbered[middle:], frames, unreadable, block, keep_source)
-        return
+        frames.append(_polars_frame(numbered, sources))
+    except Exception:  # polars raises several types; the lines are found below  # noqa: BLE001
+        _find_refused_lines(numbered, sources, frames, unreadable)
+
+
+def _find_refused_lines(
+    numbered: list[tuple[int, bytes]],
+    sources: list[str | None] | None,
+    frames: list[pl.DataFrame],
+    unreadable: list[UnreadableLine],
+) -> None:
+    # An id list polars cannot hold (a float, a boolean, a string, an integer beyond 64 bits):
+    # found per line, so many such lines cost one pass, not a bisection each.
+    keep: list[int] = []
+    for index, (line, text) in enumerate(numbered):
+        problem = _id_list_problem(orjson.loads(text))
+        if problem is None:
+            keep.append(index)
+        else:
+            unreadable.append(UnreadableLine(line, problem, True))
+    _parse_bisecting(
+        [numbered[i] for i in keep], None if sources is None else [sources[i] for i in keep], frames, unreadable
+    )
+
+
+def _polars_frame(numbered: list[tuple[int, bytes]], sources: list[str | None] | None) -> pl.DataFrame:
+    raw = pl.read_ndjson(io.BytesIO(b"\n".join(text for _, text in numbered)), schema=RAW_SCHEMA)
+    if raw.height != len(numbered):
+        raise ValueError("row count differs from line count")
     lines = pl.Series("line", [line for line, _ in numbered], dtype=pl.UInt32())
-    if keep_source:
-        source: pl.Series | pl.Expr = pl.Series(
-            "source",
-            [text.decode() if any(key in text for key in _PROMPT_KEYS) else None for _, text in numbered],
-            dtype=pl.String(),
-        )
+    if sources is not None:
+        source: pl.Series | pl.Expr = pl.Series("source", sources, dtype=pl.String())
     else:
         source = pl.lit(None, dtype=pl.String()).alias("source")
-    frames.append(_normalise(raw, lines).with_columns(source))
+    return _normalise(raw, lines).with_columns(source)
+
+
+def _parse_bisecting(
+    numbered: list[tuple[int, bytes]],
+    sources: list[str | None] | None,
+    frames: list[pl.DataFrame],
+    unreadable: list[UnreadableLine],
+) -> None:
+    """The last resort when polars refuses lines the checks above passed: halve until single."""
+    if not numbered:
+        return
+    try:
+        frames.append(_polars_frame(numbered, sources))
+        return
+    except Exception as exc:  # polars raises several types; the halves will tell which line  # noqa: BLE001
+        if len(numbered) == 1:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            unreadable.append(UnreadableLine(numbered[0][0], f"does not fit the record contract: {first}", True))
+            return
+    middle = len(numbered) // 2
+    for part in (slice(None, middle), slice(middle, None)):
+        _parse_bisecting(numbered[part], None if sources is None else sources[part], frames, unreadable)
 
 
 def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:
@@ -243,52 +476,71 @@ def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:
         finish.struct.field("message").alias("finish_message"),
         meta.struct.field("prompt_tokens").alias("prompt_tokens"),
         meta.struct.field("completion_tokens").alias("completion_tokens"),
+        # Kept until the id policy has looked at it (`_apply_id_policy`).
+        pl.col("prompt_ids").alias("_prompt_ids"),
+        pl.col("input_ids").alias("_input_ids"),
     )
 
 
-def _diagnose(line: int, text: bytes, exc: Exception, *, last_line_unterminated: bool) -> UnreadableLine:
-    """Say, for one line polars refused, what is wrong with it in terms a person can act on."""
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as err:
-        try:
-            text.decode("utf-8")
-        except UnicodeDecodeError as bad:
-            return UnreadableLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", False)
-        if last_line_unterminated:
-            return UnreadableLine(
-                line,
-                "last line is cut short with no newline: is the file still being written?",
-                False,
+# -- the token-id policy -------------------------------------------------------------------------
+
+# A token id is an integer in [0, 2**32): no tokenizer has more ids, and every training loader
+# stores them in 32 bits at most.
+TOKEN_ID_LIMIT = 1 << 32
+
+
+def _first_bad_id(column: str) -> pl.Expr:
+    element = pl.element()
+    bad = element.is_null() | (element < 0) | (element >= TOKEN_ID_LIMIT)
+    return pl.col(column).list.eval(pl.arg_where(bad).first()).list.first()
+
+
+def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[UnreadableLine]]:
+    """Records whose id lists hold a null, a negative id or one >= 2**32 leave the frame as INT002.
+
+    Vectorised: min, max and null counts per list, and the first offending index only for the
+    rows that have one. Also refused: `input_ids` and `prompt_ids` both given and different (a
+    loader could take either).
+    """
+    if records.is_empty():
+        return records.drop("_prompt_ids", "_input_ids", strict=False), []
+    checks = []
+    for column in ("_input_ids", "_prompt_ids", "output_ids"):
+        ids = pl.col(column)
+        checks.append(
+            ((ids.list.min() < 0) | (ids.list.max() >= TOKEN_ID_LIMIT) | ids.list.eval(pl.element().is_null().any()).list.first())
+            .fill_null(False)
+        )
+    both = pl.col("_input_ids").is_not_null() & pl.col("_prompt_ids").is_not_null()
+    differ = (both & (pl.col("_input_ids") != pl.col("_prompt_ids"))).fill_null(False)
+    flagged = records.select(pl.any_horizontal(*checks, differ)).to_series()
+    if not flagged.any():
+        return records.drop("_prompt_ids", "_input_ids"), []
+    bad = records.filter(flagged)
+
+    def describe(column: str, name: str) -> pl.Expr:
+        at = _first_bad_id(column)
+        value = pl.col(column).list.get(at.cast(pl.Int64), null_on_oob=True)
+        return pl.when(at.is_not_null()).then(
+            pl.format(
+                "{}[{}] = {} is not a token id (an integer from 0 to 2**32 - 1)",
+                pl.lit(name),
+                at,
+                pl.coalesce(value.cast(pl.String), pl.lit("null")),
             )
-        return UnreadableLine(line, f"not valid JSON: {err}", False)
-    if not isinstance(value, dict):
-        return UnreadableLine(line, f"a JSON {type(value).__name__}, expected an object", True)
-    for name in _LIST_FIELDS:
-        ids = value.get(name)
-        if ids is None:
-            continue
-        if not isinstance(ids, list):
-            return UnreadableLine(line, f"{name} must be a list of token ids, got {type(ids).__name__}", True)
-        wrong = next((v for v in ids if not isinstance(v, int) or isinstance(v, bool)), None)
-        if wrong is not None or any(isinstance(v, bool) for v in ids):
-            return UnreadableLine(line, f"{name} must hold integers only, found {wrong!r}", True)
-        if any(v >= 1 << 63 or v < -(1 << 63) for v in ids):
-            return UnreadableLine(line, f"{name} holds an integer too large for a token id", True)
-    meta = value.get("meta_info")
-    if meta is not None and not isinstance(meta, dict):
-        return UnreadableLine(line, f"meta_info must be an object, got {type(meta).__name__}", True)
-    if isinstance(meta, dict):
-        finish = meta.get("finish_reason")
-        if finish is not None and not isinstance(finish, dict):
-            return UnreadableLine(
-                line,
-                f"meta_info.finish_reason must be an object like SGLang's "
-                f"{{\"type\": \"stop\", ...}}, got {finish!r}",
-                True,
-            )
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return UnreadableLine(line, f"does not fit the record contract: {first}", True)
+        )
+
+    reasons = bad.select(
+        "line",
+        pl.coalesce(
+            describe("_input_ids", "input_ids"),
+            describe("_prompt_ids", "prompt_ids"),
+            describe("output_ids", "output_ids"),
+            pl.lit("input_ids and prompt_ids are both given and differ: a loader could take either"),
+        ).alias("reason"),
+    )
+    refused = [UnreadableLine(line, reason, True) for line, reason in reasons.iter_rows()]
+    return records.filter(~flagged).drop("_prompt_ids", "_input_ids"), refused
 
 
 def salvage_record(raw: bytes, line: int) -> tuple[pl.DataFrame, str]:
