@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from audit import __version__
-from audit.engine import FINDINGS_SCHEMA, STATS_SCHEMA, FileAudit
+from audit.engine import STATS_SCHEMA, FileAudit
 from audit.fastcodec import fast_paths_enabled
+from audit.findings import FindingsLog
 
 if TYPE_CHECKING:
     from audit.batch import AuditContext
@@ -43,7 +44,7 @@ CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".audit-cache")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 # Bumped when the stored layout changes.
-_LAYOUT = 1
+_LAYOUT = 2
 
 
 def default_cache_dir() -> Path:
@@ -136,23 +137,23 @@ class AuditCache:
         entry = self.root / "results" / key
         try:
             meta = json.loads((entry / "meta.json").read_text())
-            findings = pl.read_parquet(entry / "findings.parquet")
+            log = FindingsLog.load(entry, meta["findings"])
             stats = pl.read_parquet(entry / "stats.parquet")
-        except Exception:  # missing, partial or unreadable: audit again
+            if stats.schema != pl.Schema(STATS_SCHEMA):
+                return None
+            return FileAudit(
+                path=path,
+                sha256=meta["sha256"],
+                bytes=meta["bytes"],
+                lines=meta["lines"],
+                records=meta["records"],
+                output_tokens=meta["output_tokens"],
+                log=log,
+                seconds=meta["seconds"],
+                stats=stats,
+            )
+        except Exception:  # missing, partial or unreadable: audit again  # noqa: BLE001
             return None
-        if findings.schema != pl.Schema(FINDINGS_SCHEMA) or stats.schema != pl.Schema(STATS_SCHEMA):
-            return None
-        return FileAudit(
-            path=path,
-            sha256=meta["sha256"],
-            bytes=meta["bytes"],
-            lines=meta["lines"],
-            records=meta["records"],
-            output_tokens=meta["output_tokens"],
-            findings=findings,
-            seconds=meta["seconds"],
-            stats=stats,
-        )
 
     def store(self, key: str, audited: FileAudit) -> None:
         """Keep `audited` under `key`; a cache that cannot be written is skipped, not fatal."""
@@ -160,7 +161,7 @@ class AuditCache:
         try:
             results.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=results))
-            audited.findings.write_parquet(staging / "findings.parquet")
+            findings = audited.log.save(staging)
             audited.stats.write_parquet(staging / "stats.parquet")
             meta = {
                 "sha256": audited.sha256,
@@ -170,6 +171,7 @@ class AuditCache:
                 "output_tokens": audited.output_tokens,
                 "seconds": audited.seconds,
                 "source": str(audited.path),
+                "findings": findings,
             }
             (staging / "meta.json").write_text(json.dumps(meta))
             target = results / key

@@ -2,11 +2,13 @@
 
 Rules only say which rows break them; the engine numbers lines, attaches ids and
 severities, runs file-level rules at the end, and counts. Memory holds one block of records
-at a time plus the findings and the (line, id) pairs the duplicate check needs.
+at a time plus the (line, id) pairs the duplicate check needs and one small stats row per
+record; the findings go to disk block by block (`audit.findings`).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from audit.batch import AuditContext, Batch
+from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.records import (
     DEFAULT_BLOCK_BYTES,
     InputDigest,
@@ -24,16 +27,6 @@ from audit.records import (
 )
 from audit.ruleset import RuleSet
 from audit.segments import record_summary
-
-FINDINGS_SCHEMA: dict[str, pl.DataType] = {
-    "line": pl.UInt32(),
-    "id": pl.String(),
-    "rule": pl.String(),
-    "severity": pl.String(),
-    "position": pl.Int64(),
-    "field": pl.String(),
-    "message": pl.String(),
-}
 
 # One row per readable record: the shape of the data, for summaries and plots.
 STATS_SCHEMA: dict[str, pl.DataType] = {
@@ -59,9 +52,18 @@ class FileAudit:
     lines: int  # physical lines, blank ones included
     records: int  # non-blank lines, readable or not: the denominator of every rate
     output_tokens: int
-    findings: pl.DataFrame  # FINDINGS_SCHEMA, sorted by line then rule
+    log: FindingsLog  # every finding, in line order then rule, mostly on disk
     seconds: float
     stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
+
+    @property
+    def findings(self) -> pl.DataFrame:
+        """Every finding in one frame (FINDINGS_SCHEMA, by line then rule); memory grows with them."""
+        return self.log.collect()
+
+    @findings.setter
+    def findings(self, frame: pl.DataFrame) -> None:
+        self.log = FindingsLog.from_frame(frame)
 
 
 @dataclass
@@ -71,7 +73,7 @@ class ShardAudit:
     lines: int  # the last physical line number seen (0 when the range is empty)
     records: int
     output_tokens: int
-    findings: pl.DataFrame  # FINDINGS_SCHEMA, unsorted
+    parts: list[FindingsPart]  # one per block with findings, each sorted by line then rule
     identities: pl.DataFrame  # `line`, `id` of every readable record, for file-level rules
     stats: pl.DataFrame  # STATS_SCHEMA
 
@@ -87,8 +89,15 @@ def audit_file(
     """Run every rule of `rule_set` over `path` and return the findings."""
     started = time.perf_counter()
     digest = InputDigest()
-    shard = audit_shard(path, context, rule_set, digest=digest, block_bytes=block_bytes, progress=progress)
-    return finish_file(path, digest.sha256, digest.bytes, [shard], rule_set, started)
+    spill = FindingsLog.spill_directory()
+    try:
+        shard = audit_shard(
+            path, context, rule_set, digest=digest, block_bytes=block_bytes, progress=progress, spill=spill
+        )
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
+    return finish_file(path, digest.sha256, digest.bytes, [shard], rule_set, started, spill=spill)
 
 
 def audit_shard(
@@ -102,17 +111,19 @@ def audit_shard(
     digest: InputDigest | None = None,
     block_bytes: int = DEFAULT_BLOCK_BYTES,
     progress: ProgressCallback | None = None,
+    spill: Path | None = None,
 ) -> ShardAudit:
     """Run the record-level rules over the lines in bytes [start, end) of `path`.
 
     `first_line` is the physical line number at `start`, so findings carry file line numbers
-    whichever process audits the shard.
+    whichever process audits the shard. Each block's findings are written to `spill` (a
+    directory) as one part; with no directory they stay in memory.
     """
     if digest is None:
         digest = InputDigest()
     record_rules = [c for c in rule_set.rules if not c.rule.file_level]
     keep_source = any(c.rule.reads_source for c in record_rules)
-    parts: list[pl.DataFrame] = []
+    parts: list[FindingsPart] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
     lines = records = output_tokens = 0
@@ -121,12 +132,18 @@ def audit_shard(
         parsed = parse_block(block, keep_source=keep_source)
         lines = block.first_line + len(block.lines) - 1
         records += parsed.records.height + len(parsed.unreadable)
-        parts.append(_unreadable_findings(parsed.unreadable, rule_set))
+        found_here = [_unreadable_findings(parsed.unreadable, rule_set)]
         batch = Batch(parsed.records, context)
         for configured in record_rules:
             found = configured.rule.check(batch)
             if found.height:
-                parts.append(_locate(found, batch, configured.code, configured.severity.value, configured.rule.position_field))
+                found_here.append(
+                    _locate(found, batch, configured.code, configured.severity.value, configured.rule.position_field)
+                )
+        block_findings = pl.concat(found_here, how="vertical").sort("line", "rule", maintain_order=True)
+        if block_findings.height:
+            parts.append(spill_part(block_findings, lines, spill))
+        del found_here, block_findings
         identities.append(parsed.records.select("line", "id"))
         stats.append(record_stats(batch))
         output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
@@ -138,7 +155,7 @@ def audit_shard(
         lines=lines,
         records=records,
         output_tokens=output_tokens,
-        findings=pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *parts], how="vertical"),
+        parts=parts,
         identities=pl.concat([pl.DataFrame(schema=IDENTITY_SCHEMA), *identities], how="vertical"),
         stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
     )
@@ -148,16 +165,26 @@ IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String(
 
 
 def finish_file(
-    path: Path, sha256: str, size: int, shards: list[ShardAudit], rule_set: RuleSet, started: float
+    path: Path,
+    sha256: str,
+    size: int,
+    shards: list[ShardAudit],
+    rule_set: RuleSet,
+    started: float,
+    *,
+    spill: Path | None = None,
 ) -> FileAudit:
-    """Join the shards of a file (in file order), run the file-level rules, sort the findings."""
-    parts = [shard.findings for shard in shards]
+    """Join the shards of a file (in file order) and run the file-level rules.
+
+    `spill` is the directory the shards wrote their parts to: the log owns it from here on.
+    """
+    file_level: list[pl.DataFrame] = []
     file_rules = [c for c in rule_set.rules if c.rule.file_level]
     if file_rules:
         everyone = pl.concat([s.identities for s in shards], how="vertical")
         for configured in file_rules:
             found = configured.rule.check_file(everyone)
-            parts.append(
+            file_level.append(
                 found.join(everyone, on="line", how="left").select(
                     pl.col("line").cast(pl.UInt32),
                     "id",
@@ -169,8 +196,10 @@ def finish_file(
                 )
             )
 
-    findings = pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *parts], how="vertical").sort(
-        "line", "rule", maintain_order=True
+    log = FindingsLog(
+        [part for shard in shards for part in shard.parts],
+        pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *file_level], how="vertical"),
+        directory=spill,
     )
     return FileAudit(
         path=path,
@@ -179,7 +208,7 @@ def finish_file(
         lines=max((s.lines for s in shards), default=0),
         records=sum(s.records for s in shards),
         output_tokens=sum(s.output_tokens for s in shards),
-        findings=findings,
+        log=log,
         seconds=time.perf_counter() - started,
         stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *(s.stats for s in shards)], how="vertical"),
     )

@@ -28,6 +28,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Self
@@ -138,14 +139,19 @@ def open_temporary(directory: Path, name: str) -> Temporary:
     return Temporary(Path(temporary), os.fdopen(handle, "wb"))
 
 
-def write_atomically(path: Path, text: str) -> Path:
-    """Write `text` (UTF-8) to `path` durably, through a temporary file and a rename.
+def write_atomically(path: Path, text: str | Iterable[bytes]) -> Path:
+    """Write `text` (a str as UTF-8, or bytes pieces as they come) to `path` durably, through a
+    temporary file and a rename.
 
     On any failure the old file is left as it was and no temporary file remains.
     """
     temporary = open_temporary(path.parent, path.name)
     try:
-        temporary.file.write(text.encode("utf-8"))
+        if isinstance(text, str):
+            temporary.file.write(text.encode("utf-8"))
+        else:
+            for piece in text:
+                temporary.file.write(piece)
         temporary.commit(path)
     except BaseException:
         temporary.discard()

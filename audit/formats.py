@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
+
+import polars as pl
 
 from audit import __version__, inert
 from audit.report import SCHEMA_VERSION, Report, RuleResult
@@ -58,11 +60,25 @@ def failing_verdicts(fail_on_warning: bool) -> set[str]:
 
 def render(reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False) -> str:
     """Render `reports` in a machine format; the text ends with a newline."""
+    return b"".join(render_chunks(reports, fmt, fail_on_warning=fail_on_warning)).decode("utf-8")
+
+
+def render_chunks(
+    reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False
+) -> Iterator[bytes]:
+    """`render` as UTF-8 pieces: json and jsonl stream the findings, so memory does not follow them."""
     fmt = OutputFormat(fmt)
     if fmt is OutputFormat.json:
-        return render_json(reports)
+        for report in reports:
+            yield from report.json_chunks(indent=False)
+        return
     if fmt is OutputFormat.jsonl:
-        return render_jsonl(reports)
+        yield from jsonl_chunks(reports)
+        return
+    yield _render_text(reports, fmt, fail_on_warning=fail_on_warning).encode("utf-8")
+
+
+def _render_text(reports: Sequence[Report], fmt: OutputFormat, *, fail_on_warning: bool) -> str:
     if fmt is OutputFormat.junit:
         return render_junit(reports, fail_on_warning=fail_on_warning)
     if fmt is OutputFormat.sarif:
@@ -73,21 +89,29 @@ def render(reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warnin
 
 
 def render_json(reports: Sequence[Report]) -> str:
-    """Each report's JSON on one line: one document for one target, JSON lines for several."""
-    return "".join(json.dumps(r.to_json(), ensure_ascii=False) + "\n" for r in reports)
+    """Each report's JSON, one document per target (for several, one after the other)."""
+    return render(reports, OutputFormat.json)
 
 
 def render_jsonl(reports: Sequence[Report]) -> str:
     """One finding per line: schema_version, target, file, line, id, rule, severity, field,
     position, message."""
-    out = []
+    return render(reports, OutputFormat.jsonl)
+
+
+def jsonl_chunks(reports: Sequence[Report]) -> Iterator[bytes]:
+    """`render_jsonl` as pieces, one finding at a time."""
     for report in reports:
         data_file = report.input.get("path")
-        for finding in report.findings.iter_rows(named=True):
-            row = {"schema_version": FORMAT_SCHEMA_VERSION, "target": report.target, "file": data_file}
-            row.update(finding)
-            out.append(json.dumps(row, ensure_ascii=False) + "\n")
-    return "".join(out)
+        head = pl.struct(
+            pl.lit(FORMAT_SCHEMA_VERSION).alias("schema_version"),
+            pl.lit(report.target).alias("target"),
+            pl.lit(data_file, dtype=pl.String).alias("file"),
+            pl.all(),
+        )
+        for batch in report.log.batches():
+            rows = batch.select(head.struct.json_encode()).to_series().to_list()
+            yield "".join(row + "\n" for row in rows).encode()
 
 
 def rule_message(result: RuleResult, records: int) -> str:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +60,7 @@ from audit.files import (
     open_temporary,
     remove_leftover_temporaries,
 )
+from audit.findings import FindingsLog
 from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
 
@@ -141,17 +142,17 @@ def _write_split(
     """Write clean.jsonl, quarantine.jsonl and manifest.json: durably, the manifest last."""
     data_file = session.target.data_file
     severities = QUARANTINE_SEVERITIES[quarantine_on]
-    quarantined_lines = (
-        report.findings.filter(pl.col("severity").is_in(severities))["line"].unique().to_list()
-    )
-    findings_by_line = _findings_of(report.findings.filter(pl.col("line").is_in(quarantined_lines)))
 
     temporaries: list[Temporary] = []
     try:
         clean = _temporary(out_dir, CLEAN_FILE, temporaries)
         quarantine = _temporary(out_dir, QUARANTINE_FILE, temporaries)
         counts, digest = _split(
-            data_file, findings_by_line, clean.file, quarantine.file, session.options.block_bytes
+            data_file,
+            _quarantined(report.log, severities),
+            clean.file,
+            quarantine.file,
+            session.options.block_bytes,
         )
         clean.sync()
         quarantine.sync()
@@ -228,27 +229,41 @@ def _refuse_foreign_output(out_dir: Path, previous: dict[str, Any] | None, input
         )
 
 
-def _findings_of(findings: pl.DataFrame) -> dict[int, tuple[str | None, list[dict[str, Any]]]]:
-    """Per quarantined line: its id and its findings (memory: the findings, nothing more)."""
-    grouped: dict[int, tuple[str | None, list[dict[str, Any]]]] = {}
-    for row in findings.iter_rows(named=True):
-        record_id, found = grouped.setdefault(row["line"], (row["id"], []))
-        if record_id is None and row["id"] is not None:
-            grouped[row["line"]] = (row["id"], found)
-        found.append({name: row[name] for name in _FINDING_FIELDS})
-    return grouped
+def _quarantined(log: FindingsLog, severities: tuple[str, ...]) -> Iterator[tuple[int, bytes]]:
+    """(line, quarantine entry without its raw bytes) of each quarantined record, in line order.
+
+    Streamed from the findings log a part at a time; each entry's findings are encoded by polars
+    (`struct.json_encode`), so memory holds one part of findings, never a dict per finding.
+    """
+    for batch in log.batches():
+        entries = (
+            batch.group_by("line", maintain_order=True)
+            .agg(
+                pl.col("severity").is_in(severities).any().alias("quarantined"),
+                pl.col("id").drop_nulls().first().alias("id"),
+                pl.struct(*_FINDING_FIELDS).struct.json_encode().str.join(",").alias("findings"),
+            )
+            .filter("quarantined")
+        )
+        for line, record_id, findings in entries.select("line", "id", "findings").iter_rows():
+            head = b'{"line":%d,"id":%b,"findings":[%b],' % (line, orjson.dumps(record_id), findings.encode())
+            yield line, head
 
 
 def _split(
     data_file: Path,
-    findings_by_line: dict[int, tuple[str | None, list[dict[str, Any]]]],
+    quarantined: Iterator[tuple[int, bytes]],
     clean_out: IO[bytes],
     quarantine_out: IO[bytes],
     block_bytes: int,
 ) -> tuple[dict[str, int], InputDigest]:
-    """Stream the file once more and send each record to clean or quarantine, bytes untouched."""
+    """Stream the file once more and send each record to clean or quarantine, bytes untouched.
+
+    `quarantined` comes in line order, so the two streams are walked in step.
+    """
     digest = InputDigest()
     counts = {"records": 0, "clean": 0, "quarantined": 0, "blank_lines": 0, "lines": 0}
+    pending = next(quarantined, None)
     for block in iter_line_blocks(data_file, digest, block_bytes):
         clean: list[bytes] = []
         for offset, raw in enumerate(block.lines):
@@ -256,12 +271,14 @@ def _split(
                 counts["blank_lines"] += 1
                 continue
             line = block.first_line + offset
-            quarantined = findings_by_line.get(line)
-            if quarantined is None:
+            while pending is not None and pending[0] < line:
+                pending = next(quarantined, None)  # only if the file changed: caught by its hash
+            if pending is None or pending[0] != line:
                 clean.append(raw)
                 continue
-            quarantine_out.write(_quarantine_line(line, raw, *quarantined))
+            quarantine_out.write(pending[1] + _raw_field(raw) + b"}\n")
             counts["quarantined"] += 1
+            pending = next(quarantined, None)
         if clean:
             clean_out.write(b"\n".join(clean) + b"\n")
             counts["clean"] += len(clean)
@@ -270,13 +287,12 @@ def _split(
     return counts, digest
 
 
-def _quarantine_line(line: int, raw: bytes, record_id: str | None, findings: list[dict[str, Any]]) -> bytes:
-    entry: dict[str, Any] = {"line": line, "id": record_id, "findings": findings}
+def _raw_field(raw: bytes) -> bytes:
+    """The original line as `"raw": text`, or `"raw_base64": ...` when its bytes are not UTF-8."""
     try:
-        entry["raw"] = raw.decode("utf-8")
+        return b'"raw":' + orjson.dumps(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        entry["raw_base64"] = base64.b64encode(raw).decode("ascii")
-    return orjson.dumps(entry) + b"\n"
+        return b'"raw_base64":' + orjson.dumps(base64.b64encode(raw).decode("ascii"))
 
 
 def _temporary(out_dir: Path, name: str, temporaries: list[Temporary]) -> Temporary:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import shutil
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from audit.engine import (
     audit_shard,
     finish_file,
 )
+from audit.findings import FindingsLog
 
 if TYPE_CHECKING:
     from audit.check import CheckOptions, Session
@@ -89,7 +91,7 @@ def _start_worker(target: Target, options: CheckOptions) -> None:
     _WORKER_SESSION = prepare(target, options)
 
 
-def _audit_shard(shard: Shard) -> ShardAudit:
+def _audit_shard(shard: Shard, spill: Path) -> ShardAudit:
     session = _WORKER_SESSION
     assert session is not None, "worker used before its session was prepared"
     return audit_shard(
@@ -100,6 +102,7 @@ def _audit_shard(shard: Shard) -> ShardAudit:
         end=shard.end,
         first_line=shard.first_line,
         block_bytes=session.options.block_bytes,
+        spill=spill,
     )
 
 
@@ -115,6 +118,7 @@ def audit_file_parallel(
             path, session.context, session.rule_set, block_bytes=session.options.block_bytes, progress=progress
         )
     results: dict[int, ShardAudit] = {}
+    spill = FindingsLog.spill_directory()  # the workers write their findings' parts here
     threads = str(max(1, (os.cpu_count() or 1) // jobs))
     # Each worker gets its share of the cores: N workers x all cores would only thrash.
     saved = {name: os.environ.get(name) for name in ("POLARS_MAX_THREADS", "RAYON_NUM_THREADS")}
@@ -126,7 +130,7 @@ def audit_file_parallel(
             initializer=_start_worker,
             initargs=(session.target, session.options),
         ) as pool:
-            pending = {pool.submit(_audit_shard, shard): index for index, shard in enumerate(plan)}
+            pending = {pool.submit(_audit_shard, shard, spill): index for index, shard in enumerate(plan)}
             done_bytes = records = tokens = 0
             while pending:
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -138,13 +142,18 @@ def audit_file_parallel(
                     tokens += results[index].output_tokens
                     if progress is not None:
                         progress(records, tokens, done_bytes)
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
     finally:
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return finish_file(path, sha256, size, [results[i] for i in range(len(plan))], session.rule_set, started)
+    return finish_file(
+        path, sha256, size, [results[i] for i in range(len(plan))], session.rule_set, started, spill=spill
+    )
 
 
 def run_audit(session: Session, progress: ProgressCallback | None = None) -> FileAudit:

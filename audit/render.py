@@ -86,7 +86,7 @@ def verdict_line(report: Report) -> Text:
 
 def first_findings(report: Report, limit: int = 8) -> Table | None:
     """The first few error findings, so the table's numbers point at something concrete."""
-    shown = report.findings.head(limit)
+    shown = report.log.head(limit)
     if shown.is_empty():
         return None
     table = Table(title="first findings", title_justify="left", header_style="bold", show_lines=False)

@@ -6,19 +6,22 @@ rendering for people lives in `audit.render`, so this module knows nothing of te
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import orjson
 import polars as pl
 
 from audit import __version__
 from audit.distributions import summarize
-from audit.engine import FINDINGS_SCHEMA, FileAudit
+from audit.engine import FileAudit
 from audit.errors import InputError
 from audit.files import write_atomically
+from audit.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.ruleset import RuleSet
 
 SCHEMA_VERSION = 1
@@ -66,7 +69,11 @@ class RuleResult:
 
 @dataclass
 class Report:
-    """One audited input: what was read, with what, and what every rule concluded."""
+    """One audited input: what was read, with what, and what every rule concluded.
+
+    The findings stay in their log (`audit.findings`, mostly on disk); the counts a verdict
+    needs are computed once when the report is built.
+    """
 
     target: str
     input: dict[str, Any]
@@ -74,7 +81,7 @@ class Report:
     tokenizer: dict[str, Any]
     rule_set: dict[str, Any]
     results: list[RuleResult]
-    findings: pl.DataFrame
+    log: FindingsLog
     created_at: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     seconds: float = 0.0
     # The partition's shape (audit.distributions.summarize), for plots; None in older reports.
@@ -90,10 +97,16 @@ class Report:
         return int(self.input["records"])
 
     @property
+    def findings(self) -> pl.DataFrame:
+        """Every finding in one frame, by line then rule (memory grows with the findings: the
+        CLI streams them from `log` instead)."""
+        return self.log.collect()
+
+    @cached_property
     def failing_records(self) -> int:
         """Records with at least one error-severity finding: the ones a gate would quarantine."""
-        errors = self.findings.filter(pl.col("severity") == "error")
-        return errors["line"].n_unique() if errors.height else 0
+        errors = self.log.scan().filter(pl.col("severity") == "error")
+        return int(errors.select(pl.col("line").n_unique()).collect()[0, 0] or 0)
 
     def exit_code(self, *, fail_on_warning: bool = False) -> int:
         if self.verdict == "fail" or (fail_on_warning and self.verdict == "warn"):
@@ -101,6 +114,11 @@ class Report:
         return EXIT_PASSED
 
     def to_json(self) -> dict[str, Any]:
+        """The report as one JSON value (every finding as a dict: for small reports; files and
+        stdout get `json_chunks`, which streams them)."""
+        return {**self._head(), "findings": self.findings.to_dicts(), "distributions": self.distributions}
+
+    def _head(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "tool": {"name": "audit", "version": __version__},
@@ -115,18 +133,35 @@ class Report:
             "summary": {
                 "records": self.records,
                 "records_with_errors": self.failing_records,
-                "findings": self.findings.height,
+                "findings": self.log.height,
             },
             "results": [r.to_json() for r in self.results],
-            "findings": self.findings.to_dicts(),
-            "distributions": self.distributions,
         }
 
+    def json_chunks(self, *, indent: bool = True) -> Iterator[bytes]:
+        """The JSON report as UTF-8 pieces, findings streamed from the log a part at a time.
+
+        The same document as `to_json()`, key for key; memory holds one part of findings.
+        """
+        options = orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)
+        newline, pad = (b"\n", b" ") if indent else (b"", b"")
+        head = orjson.dumps(self._head(), option=options)
+        yield head[:-1].rstrip() + b"," + newline + pad + b'"findings": ['
+        separator = b"," + newline + pad + pad
+        first = True
+        for batch in self.log.batches():
+            # Encoded by polars a part at a time: the same objects as `to_json()`, key for key.
+            rows = batch.select(pl.struct(pl.all()).struct.json_encode()).to_series().to_list()
+            yield (newline + pad + pad if first else separator) + separator.join(r.encode() for r in rows)
+            first = False
+        distributions = orjson.dumps(self.distributions, option=orjson.OPT_NON_STR_KEYS)
+        yield newline + pad + b"]," + newline + pad + b'"distributions": ' + distributions + newline + b"}\n"
+
     def write_json(self, path: Path) -> Path:
-        """Write the JSON report atomically (temporary file, then rename)."""
+        """Write the JSON report atomically (temporary file, then rename), findings streamed."""
         if path.is_dir():
             raise InputError(f"report path {path} is a directory; name a file, e.g. {path / 'report.json'}")
-        return write_atomically(path, json.dumps(self.to_json(), ensure_ascii=False, indent=1) + "\n")
+        return write_atomically(path, self.json_chunks())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:
@@ -148,7 +183,7 @@ class Report:
                     example_lines=r.get("example_lines", []),
                 )
             )
-        findings = pl.DataFrame(data.get("findings", []), schema=FINDINGS_SCHEMA)
+        findings = FindingsLog.from_frame(pl.DataFrame(data.get("findings", []), schema=FINDINGS_SCHEMA))
         return cls(
             target=data["target"],
             input=data["input"],
@@ -156,7 +191,7 @@ class Report:
             tokenizer=data["tokenizer"],
             rule_set=data["rule_set"],
             results=results,
-            findings=findings,
+            log=findings,
             created_at=data["created_at"],
             seconds=data.get("seconds", 0.0),
             distributions=data.get("distributions"),
@@ -181,11 +216,21 @@ def build_report(
     tokenizer: dict[str, Any],
 ) -> Report:
     """Count each rule's failing records and judge them against the rule set's thresholds."""
+    # One lazy aggregate over the log: failing records and the first lines of each rule.
+    per_rule = {
+        rule: (failing, lines)
+        for rule, failing, lines in audited.log.scan()
+        .group_by("rule")
+        .agg(
+            pl.col("line").n_unique().alias("failing"),
+            pl.col("line").unique().bottom_k(EXAMPLE_LINES).sort().alias("lines"),
+        )
+        .collect()
+        .iter_rows()
+    }
     results = []
     for configured in rule_set.rules:
-        mine = audited.findings.filter(pl.col("rule") == configured.code)
-        failing_lines = mine["line"].unique(maintain_order=True)
-        failing = failing_lines.len()
+        failing, example_lines = per_rule.get(configured.code, (0, []))
         results.append(
             RuleResult(
                 code=configured.code,
@@ -198,7 +243,7 @@ def build_report(
                 fail_above=configured.fail_above.to_json() if configured.fail_above else None,
                 threshold=configured.threshold_text,
                 verdict=configured.verdict(failing, audited.records),
-                example_lines=failing_lines.head(EXAMPLE_LINES).to_list(),
+                example_lines=list(example_lines),
             )
         )
     return Report(
@@ -215,7 +260,7 @@ def build_report(
         tokenizer=tokenizer,
         rule_set={"path": str(rule_set.source), "sha256": rule_set.sha256},
         results=results,
-        findings=audited.findings,
+        log=audited.log,
         seconds=audited.seconds,
         distributions=summarize(audited.stats),
     )

@@ -40,7 +40,7 @@ from audit.cli.app import (
 )
 from audit.cli.progress import audit_progress
 from audit.errors import AuditError, InputError
-from audit.formats import OutputFormat, render, step_summary, summary_rows
+from audit.formats import OutputFormat, render_chunks, step_summary, summary_rows
 from audit.report import Report
 from audit.render import VERDICT_STYLE, plain
 
@@ -80,7 +80,8 @@ def emit(
 ) -> None:
     """Print `reports` in `output_format`; rich prints per-report tables and, for several, a summary."""
     if output_format is not OutputFormat.rich:
-        sys.stdout.write(render(reports, output_format, fail_on_warning=fail_on_warning))
+        for chunk in render_chunks(reports, output_format, fail_on_warning=fail_on_warning):
+            sys.stdout.write(chunk.decode("utf-8"))  # streamed: a million findings never sit in memory
         sys.stdout.flush()
         if output_format is OutputFormat.github and (summary := os.environ.get("GITHUB_STEP_SUMMARY")):
             try:

@@ -276,10 +276,9 @@ def _explanation(explanation: Explanation) -> str:
 
 
 def _findings(report: Report) -> str:
-    findings = report.findings
-    if findings.is_empty():
+    if report.log.is_empty():
         return '<p class="note">No findings.</p>'
-    shown = findings.head(FINDINGS_SHOWN)
+    shown = report.log.head(FINDINGS_SHOWN)
     rows = []
     for f in shown.iter_rows(named=True):
         where = "" if f["position"] is None else f"{f['field']}[{f['position']}]"
@@ -288,7 +287,7 @@ def _findings(report: Report) -> str:
             f"<td><code>{escape(f['rule'])}</code></td><td>{escape(where)}</td>"
             f"<td>{escape(f['message'] or '')}</td></tr>"
         )
-    more = findings.height - shown.height
+    more = report.log.height - shown.height
     tail = f'<p class="note">… and {more:,} more findings in the JSON report.</p>' if more > 0 else ""
     return (
         '<table class="findings"><thead><tr><th>line</th><th>id</th><th>rule</th><th>where</th>'

@@ -19,6 +19,7 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.errors import ConfigError
+from audit.findings import FindingsLog, empty_findings_frame
 from audit.profiles import ResolvedProfile, load_profile
 from audit.records import InputDigest, LineBlock, iter_line_blocks, parse_block, salvage_record
 from audit.report import Report
@@ -85,7 +86,7 @@ def collect_samples(
     changed since the audit (for re-rendering an old report; a fresh check needs no second hash).
     """
     path = Path(data_file or report.input["path"])
-    chosen = _choose(report.findings, per_rule)
+    chosen = _choose(report.log, per_rule)
     if chosen.is_empty():
         return Samples()
     if not path.is_file():
@@ -148,12 +149,20 @@ def _report_profile(report: Report, tokenizer: Tokenizer) -> ResolvedProfile | N
         return None
 
 
-def _choose(findings: pl.DataFrame, per_rule: int) -> pl.DataFrame:
-    """The first findings (by line) of each rule, one per record."""
+def _choose(log: FindingsLog, per_rule: int) -> pl.DataFrame:
+    """The first findings (by line) of each rule, one per record; the log is read a part at a time."""
+    chosen = empty_findings_frame()
+    for batch in log.batches():
+        chosen = _first_per_rule(pl.concat([chosen, _first_per_rule(batch, per_rule)]), per_rule)
+    return chosen
+
+
+def _first_per_rule(findings: pl.DataFrame, per_rule: int) -> pl.DataFrame:
     return (
         findings.unique(subset=["rule", "line"], keep="first", maintain_order=True)
         .group_by("rule", maintain_order=True)
         .head(per_rule)
+        .select(list(findings.columns))
     )
 
 
@@ -242,7 +251,7 @@ def samples_for_saved_report(
     """
     from audit.tokenizer import load_tokenizer
 
-    if _choose(report.findings, 1).is_empty():
+    if _choose(report.log, 1).is_empty():
         return Samples()
     recorded = report.tokenizer
     try:
