@@ -15,7 +15,13 @@ between them:
   check -RTR001   the same without the round-trip rule
   memory          peak RSS of `audit check` on N/4 and N records
 
-and prints records/s, ids/s and the ratios the project is judged on. The check runs include
+    python benchmarks/bench_check.py --bad-records 1000000      # memory under many findings
+
+measures instead peak RSS and time of `audit check` and `audit gate` over N short records that
+each break several rules (a million make ~54 MB and three million findings): memory must follow
+the input, not the findings (judged: under 1.5 GB for a million).
+
+It prints records/s, ids/s and the ratios the project is judged on. The check runs include
 process start-up and tokenizer loading; the baselines time only their work loop.
 """
 
@@ -212,6 +218,32 @@ def audit_check(partition: Path, *extra: str) -> dict:
     return {"seconds": seconds, "rss_kib": rss, **summary}
 
 
+def bad_records(count: int) -> None:
+    """Peak RSS of `check` and `gate` over `count` short records, every one with findings."""
+    directory = HERE / ".data" / f"bad-{count}"
+    data = directory / "raw_responses.jsonl"
+    if not data.is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        with data.open("w") as out:
+            for n in range(count):  # no generation suffix, no </think>, no end of turn: 3 findings
+                out.write(f'{{"id":"r{n}","input_ids":[1,2],"output_ids":[3,4]}}\n')
+    tokenizer = ROOT / "fixtures" / "tokenizers" / "kimi-k2.5-mini"
+    common = ["--profile", "kimi-k2.5", "--tokenizer", str(tokenizer), "--no-cache"]
+    print(f"{count:,} short bad records, {data.stat().st_size / 1e6:.0f} MB", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "AUDIT_CACHE_DIR": str(Path(tmp) / "cache")}
+        runs = {
+            "audit check": ["check", str(data), "--report", str(Path(tmp) / "report.json")],
+            "audit gate": ["gate", str(data), "--out", str(Path(tmp) / "gated")],
+        }
+        print(f"{'what':14s} {'seconds':>8s} {'peak RSS':>9s}  (judged: < 1500 MB)")
+        for name, argv in runs.items():
+            seconds, rss, result = _child([PYTHON, "-m", "audit", *argv, *common], env)
+            if result.returncode != 1:
+                raise SystemExit(f"{name} exited {result.returncode}, expected 1:\n{result.stderr}")
+            print(f"{name:14s} {seconds:8.1f} {rss / 1024:7.0f} MB", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", default="deepseek-v3.1", help="deepseek-v3.1 (real), deepseek-mini, kimi-mini")
@@ -219,11 +251,15 @@ def main() -> None:
     parser.add_argument("--words", type=int, nargs=2, default=(1100, 2100), help="reasoning words per record")
     parser.add_argument("--jobs", type=int, default=0, help="also time `audit check --jobs N`")
     parser.add_argument("--skip-round-trip", action="store_true", help="skip the slow tokenizers baseline")
+    parser.add_argument("--bad-records", type=int, default=0, help="measure memory over N short bad records")
     parser.add_argument("--measure", nargs=3, metavar=("KIND", "FILE", "TOKENIZER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
         kind, data, tok = args.measure
         print(json.dumps(MEASURES[kind](Path(data), Path(tok))))
+        return
+    if args.bad_records:
+        bad_records(args.bad_records)
         return
 
     sys.path.insert(0, str(HERE))

@@ -28,14 +28,19 @@ from typer.testing import CliRunner
 
 import audit.files
 from audit import inert
+from audit.check import CheckOptions, check_target, prepare
 from audit.cli import app
-from audit.errors import InputError
+from audit.engine import audit_file
+from audit.errors import ConfigError, InputError
 from audit.files import LOCK_FILE, lock_output, open_temporary, write_atomically
 from audit.formats import render as render_format
 from audit.formats import step_summary
+from audit.gate import gate_target, iter_quarantine
 from audit.history import diff_reports, load_report
 from audit.html import render_html
 from audit.render import first_findings, report_table, verdict_line
+from audit.targets import resolve_target
+from tests import tiktoken_remote_code
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
 
 runner = CliRunner()
@@ -814,3 +819,529 @@ def test_generation_json_is_durable(tmp_path, sync_log, slow_server):
     # The append-only output: its lines synced, and its name in the directory once created.
     assert ("fsync", str(out.resolve())) in sync_log
     assert ("fsync", str(out.parent.resolve())) in sync_log
+
+
+# == Hostile records: what the audit reads, trusts and keeps ======================================
+# Remote code, token ids, repeated keys, the cache, rule parameters and memory under millions of
+# findings; then hypothesis fuzzing of the reader, the rules and the gate.
+
+CLEAN = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()
+TOKENIZER_ARGS = list(KIMI)
+
+
+def record(index: int = 1) -> dict:
+    """A clean record of the shipped sample, as a dict to break."""
+    return json.loads(CLEAN[index])
+
+
+def consistent(value: dict) -> dict:
+    """The record with its meta_info counts following its id lists (so only the change under test
+    is wrong)."""
+    meta = value.get("meta_info")
+    if isinstance(meta, dict):
+        for count, name in (("prompt_tokens", "input_ids"), ("completion_tokens", "output_ids")):
+            if isinstance(value.get(name), list):
+                meta[count] = len(value[name])
+    return value
+
+
+def data_file(tmp_path: Path, middle: bytes | str | dict, name: str = "raw_responses.jsonl") -> Path:
+    """A file of three lines: clean, `middle`, clean."""
+    if isinstance(middle, dict):
+        middle = json.dumps(middle)
+    if isinstance(middle, str):
+        middle = middle.encode()
+    path = tmp_path / name
+    path.write_bytes(CLEAN[0] + b"\n" + middle + b"\n" + CLEAN[2] + b"\n")
+    return path
+
+
+def findings_of(path: Path, *extra: str) -> list[tuple[int, str]]:
+    result = cli("check", str(path), *TOKENIZER_ARGS, "--no-cache", "--format", "json", *extra)
+    assert result.exit_code in (0, 1), result.output
+    return [(f["line"], f["rule"]) for f in json.loads(result.stdout)["findings"]]
+
+
+def gate_cli(path: Path, out: Path, *extra: str):
+    return cli("gate", str(path), "--out", str(out), *TOKENIZER_ARGS, "--format", "json", *extra)
+
+
+def clean_lines(out: Path) -> list[bytes]:
+    return (out / "clean.jsonl").read_bytes().splitlines()
+
+
+# == 1. Remote code runs only when the user says so ==============================================
+
+
+@pytest.fixture(scope="module")
+def marked_remote_code(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A remote-code tokenizer whose code, when it runs, leaves a marker file."""
+    directory = tiktoken_remote_code.build(tmp_path_factory.mktemp("remote-code") / "tok")
+    marker = directory.parent / "code-ran"
+    module = directory / "tokenization_tiny.py"
+    module.write_text(module.read_text() + f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+    return directory, marker
+
+
+def remote_partition(tmp_path: Path, tokenizer: Path) -> Path:
+    partition = tmp_path / "P1"
+    partition.mkdir()
+    (partition / "raw_responses.jsonl").write_bytes(CLEAN[0] + b"\n")
+    (partition / "generation.json").write_text(
+        json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(tokenizer)}, "trust_remote_code": True})
+    )
+    return partition
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["check"],
+        ["gate", "--out", "{tmp}/gated"],
+        ["inspect", "--print"],
+        ["watch", "--once"],
+    ],
+    ids=["check", "gate", "inspect", "watch"],
+)
+def test_generation_json_never_turns_on_remote_code(tmp_path, marked_remote_code, command):
+    tokenizer, marker = marked_remote_code
+    marker.unlink(missing_ok=True)
+    partition = remote_partition(tmp_path, tokenizer)
+    args = [part.format(tmp=tmp_path) for part in command]
+    result = cli(args[0], str(partition), *args[1:])
+    assert_one_line_error(result, "records trust_remote_code: true")
+    assert "--trust-remote-code" in result.output
+    assert not marker.exists(), "the tokenizer's code ran without --trust-remote-code"
+    assert not (tmp_path / "gated").exists()
+
+
+def test_the_python_api_refuses_recorded_trust_too(tmp_path, marked_remote_code):
+    tokenizer, marker = marked_remote_code
+    marker.unlink(missing_ok=True)
+    target = resolve_target(str(remote_partition(tmp_path, tokenizer)), PREPARED)
+    with pytest.raises(ConfigError, match="trust_remote_code"):
+        prepare(target, CheckOptions())
+    assert not marker.exists()
+    # The caller's own argument is what lets it run.
+    session = prepare(target, CheckOptions(trust_remote_code=True))
+    assert marker.exists() and check_target(session).records == 1
+
+
+def test_an_explicit_tokenizer_without_the_flag_runs_no_code(tmp_path, marked_remote_code):
+    tokenizer, marker = marked_remote_code
+    marker.unlink(missing_ok=True)
+    result = cli("check", str(data_file(tmp_path, CLEAN[1])), "--profile", "kimi-k2.5", "--tokenizer", str(tokenizer))
+    assert_one_line_error(result, "--trust-remote-code")
+    assert not marker.exists()
+
+
+def test_a_saved_report_never_chooses_whose_code_runs(tmp_path):
+    report = tmp_path / "r.json"
+    cli("check", str(data_file(tmp_path, CLEAN[1])), *TOKENIZER_ARGS, "--report", str(report))
+    result = cli("report", str(report), "--html", str(tmp_path / "r.html"), "--trust-remote-code")
+    assert_one_line_error(result, "--tokenizer DIR")
+    assert not (tmp_path / "r.html").exists()
+
+
+# == 2. One policy for token ids ==================================================================
+
+NOT_TOKEN_IDS = {
+    "null": None,
+    "negative": -1,
+    "fraction": 1.5,
+    "float-integer": 5.0,
+    "boolean": True,
+    "2**32": 2**32,
+    "2**63": 2**63,
+    "2**70": 2**70,
+    "string": "12",
+    "nested": [12],
+    "object": {"id": 12},
+}
+
+
+@pytest.mark.parametrize("field", ["input_ids", "output_ids", "prompt_ids"])
+@pytest.mark.parametrize("where", ["middle", "last"])
+@pytest.mark.parametrize("value", list(NOT_TOKEN_IDS.values()), ids=list(NOT_TOKEN_IDS))
+def test_a_value_that_is_not_a_token_id_is_int002_on_its_line(tmp_path, field, where, value):
+    broken = record()
+    if field == "prompt_ids":
+        broken["prompt_ids"] = broken.pop("input_ids")
+    ids = broken[field]
+    ids.insert(3 if where == "middle" else len(ids), value)
+    path = data_file(tmp_path, consistent(broken))
+    assert findings_of(path) == [(2, "INT002")]
+    result = gate_cli(path, tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert clean_lines(tmp_path / "out") == [CLEAN[0], CLEAN[2]]
+
+
+def test_nan_and_infinity_are_not_json(tmp_path):
+    line = json.dumps(consistent(record())).replace('"output_ids": [', '"output_ids": [NaN, ')
+    assert findings_of(data_file(tmp_path, line)) == [(2, "INT001")]
+    line = json.dumps(record()).replace('"input_ids": [', '"input_ids": [Infinity, ')
+    assert findings_of(data_file(tmp_path, line, "b.jsonl")) == [(2, "INT001")]
+
+
+@pytest.mark.parametrize("sample_id", [1.5, True, None, [1], {"a": 1}, 2**70], ids=repr)
+def test_a_sample_id_that_is_not_a_string_or_an_integer_is_int002(tmp_path, sample_id):
+    path = data_file(tmp_path, dict(record(), id=sample_id))
+    assert findings_of(path) == [(2, "INT002")]
+
+
+def test_ids_of_different_json_types_that_print_alike_are_duplicates(tmp_path):
+    first, second = dict(record(0), id=7), dict(record(1), id="7")
+    path = tmp_path / "raw.jsonl"
+    path.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    assert findings_of(path) == [(2, "INT004")]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r.__setitem__("text", 5), "text must be a string"),
+        (lambda r: r.__setitem__("messages", "hi"), "messages must be a list"),
+        (lambda r: r.__setitem__("tools", {"a": 1}), "tools must be a list"),
+        (lambda r: r["meta_info"].__setitem__("prompt_tokens", "287"), "prompt_tokens must be an integer"),
+        (lambda r: r["meta_info"]["finish_reason"].__setitem__("type", None), "has no type"),
+        (lambda r: r["meta_info"]["finish_reason"].__setitem__("matched", [1]), "matched must be"),
+        (lambda r: r.__setitem__("meta_info", [1]), "meta_info must be an object"),
+        (lambda r: r.__setitem__("prompt_ids", [1, 2]), "input_ids and prompt_ids"),
+    ],
+    ids=["text", "messages", "tools", "prompt_tokens", "finish-type", "matched", "meta_info", "both-prompts"],
+)
+def test_wrong_json_types_that_polars_would_coerce_are_int002(tmp_path, change, says):
+    broken = record()
+    change(broken)
+    result = cli("check", str(data_file(tmp_path, broken)), *TOKENIZER_ARGS, "--format", "json")
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["line"], finding["rule"]) == (2, "INT002") and says in finding["message"]
+
+
+def test_every_command_reads_bad_ids_alike(tmp_path):
+    # check, inspect and watch see the same finding; none of them crashes on the line.
+    partition = tmp_path / "P"
+    partition.mkdir()
+    broken = consistent(record())
+    broken["output_ids"].append(None)
+    data_file(partition, broken)
+    (partition / "generation.json").write_text(
+        json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}})
+    )
+    assert findings_of(partition) == [(2, "INT002")]
+    shown = cli("inspect", str(partition), "--print", "--format", "json")
+    assert shown.exit_code == 0, shown.output
+    assert [r["line"] for r in json.loads(shown.stdout)["records"]] == [2]
+    watched = cli("watch", str(partition), "--once")
+    assert watched.exit_code == 1 and "INT002" in watched.output
+
+
+def test_the_generator_canary_reads_bad_ids_alike(kimi_context, default_rules):
+    from audit.generate import audit_lines
+
+    broken = consistent(record())
+    broken["input_ids"].insert(2, -7)
+    lines = [CLEAN[0] + b"\n", json.dumps(broken).encode() + b"\n"]
+    report = audit_lines(lines, kimi_context, default_rules, target="canary", first_line=11)
+    assert [(f["line"], f["rule"]) for f in report.findings.to_dicts()] == [(12, "INT002")]
+
+
+def test_jobs_read_bad_ids_alike(tmp_path, monkeypatch):
+    import audit.parallel
+
+    monkeypatch.setattr(audit.parallel, "MIN_SHARD_BYTES", 1)  # shard even a small file
+    broken = consistent(record())
+    broken["output_ids"][5] = None
+    lines = [CLEAN[0], json.dumps(broken).encode(), *CLEAN[2:8]]
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    target = resolve_target(str(path), PREPARED)
+    options = {"profile": "kimi-k2.5", "tokenizer": KIMI_TOKENIZER, "cache": False}
+    one = check_target(prepare(target, CheckOptions(**options)))
+    two = check_target(prepare(target, CheckOptions(jobs=2, **options)))
+    assert [(f["line"], f["rule"]) for f in two.findings.to_dicts()] == [(2, "INT002")]
+    assert two.findings.equals(one.findings)
+
+
+# == 3. A key given twice is unreadable ===========================================================
+
+
+def _dup(line: str, key: str, value: str) -> str:
+    return line[:-1] + f', "{key}": {value}' + "}"
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        _dup(json.dumps(record()), "output_ids", "[1, 2, 3]"),
+        _dup(json.dumps(record()), "input_ids", "[1, 2, 3]"),
+        _dup(json.dumps(record()), "id", '"another"'),
+        _dup(json.dumps(record()), "text", '"x"'),
+        _dup(json.dumps(record()), "output\\u005fids", "[1]"),  # the same key, spelled with an escape
+        json.dumps(record()).replace('"finish_reason": {', '"finish_reason": {"type": "abort", '),
+        json.dumps(record()).replace('"meta_info": {', '"meta_info": {"finish_reason": null, '),
+        json.dumps(record()).replace('"role": "user"', '"role": "user", "role": "system"'),
+    ],
+    ids=["output_ids", "input_ids", "id", "text", "escaped", "finish_reason.type", "meta_info", "messages"],
+)
+def test_an_object_with_a_repeated_key_is_int001_and_quarantined(tmp_path, line):
+    path = data_file(tmp_path, line)
+    result = cli("check", str(path), *TOKENIZER_ARGS, "--format", "json", "--no-cache")
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["line"], finding["rule"]) == (2, "INT001")
+    assert "appears twice" in finding["message"]
+    assert gate_cli(path, tmp_path / "out").exit_code == 1
+    assert clean_lines(tmp_path / "out") == [CLEAN[0], CLEAN[2]]
+    [quarantined] = iter_quarantine(tmp_path / "out" / "quarantine.jsonl")
+    assert quarantined["raw_bytes"] == line.encode()
+
+
+def test_escaped_colons_alone_are_not_a_repeated_key(tmp_path):
+    # The cheap test counts ":"; a ":" written as an escape, or a literal "\\u003a" in a string
+    # (which is not an escape), sends the line to the careful parse, which finds no repeat.
+    line = CLEAN[1].decode()
+    assert '\\": ' in line
+    line = line.replace('\\": ', '\\"\\u003a ', 1)[:-1] + ', "note": "\\\\u003a"}'
+    value = json.loads(line)
+    assert value["messages"] == record()["messages"] and value["note"] == "\\u003a"
+    assert findings_of(data_file(tmp_path, line)) == []
+
+
+# == 7. The cache cannot lie ======================================================================
+
+
+def test_a_same_size_edit_with_its_mtime_restored_is_audited_again(tmp_path):
+    path = data_file(tmp_path, CLEAN[1])
+    assert findings_of(path, "--no-cache") == []
+    first = cli("check", str(path), *TOKENIZER_ARGS, "--format", "json")  # stores the result
+    assert first.exit_code == 0
+    stat = path.stat()
+    original = path.read_bytes()
+    start = len(CLEAN[0]) + 1  # the second line
+    at = original.index(b'163586],"text"', start)
+    edited = original[:at] + b"163580" + original[at + 6 :]  # its end of turn is gone
+    assert len(edited) == len(original)
+    path.write_bytes(edited)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    again = cli("check", str(path), *TOKENIZER_ARGS, "--format", "json")
+    assert again.exit_code == 1, "the cache returned the old verdict for new bytes"
+    assert (2, "TRM002") in [(f["line"], f["rule"]) for f in json.loads(again.stdout)["findings"]]
+    gated = gate_cli(path, tmp_path / "out")
+    assert gated.exit_code == 1 and clean_lines(tmp_path / "out") == [CLEAN[0], CLEAN[2]]
+
+
+def test_gate_takes_no_cache(tmp_path):
+    result = gate_cli(data_file(tmp_path, CLEAN[1]), tmp_path / "out", "--no-cache")
+    assert result.exit_code == 0, result.output
+    assert len(clean_lines(tmp_path / "out")) == 3
+
+
+# == 8. Rule parameters are range-checked when the rule set loads ================================
+
+
+@pytest.mark.parametrize(
+    ("table", "key"),
+    [
+        ("[rules.DEG001]\nloop_max_period = 0", "loop_max_period"),
+        ("[rules.DEG001]\nloop_max_period = 100000", "loop_max_period"),
+        ("[rules.DEG001]\nloop_min_tokens = -5", "loop_min_tokens"),
+        ("[rules.DEG001]\nloop_min_tokens = 0", "loop_min_tokens"),
+        ("[rules.DEG001]\nloop_min_tokens = true", "loop_min_tokens"),
+        ("[rules.DEG002]\nmin_answer_tokens = -1", "min_answer_tokens"),
+        ("[rules.DEG002]\nmin_reasoning_tokens = 1.5", "min_reasoning_tokens"),
+        ("[rules.DEG002]\nmin_reasoning_tokens = 9223372036854775807", "min_reasoning_tokens"),
+    ],
+)
+def test_a_rule_parameter_out_of_range_is_one_line_naming_file_and_key(tmp_path, table, key):
+    rules = tmp_path / "rules.toml"
+    rules.write_text(table + "\n")
+    result = cli("check", str(data_file(tmp_path, CLEAN[1])), *TOKENIZER_ARGS, "--rules", str(rules))
+    assert_one_line_error(result, f"[rules.{table[7:13]}].{key}")
+    assert str(rules.name) in result.output
+
+
+def test_rules_declare_their_parameters_and_the_constructor_checks_them():
+    from audit.checks import RULES
+    from audit.checks.base import Parameter
+
+    for rule in RULES.values():
+        assert all(isinstance(spec, Parameter) and spec.help for spec in rule.parameters.values())
+        rule()  # the defaults are valid
+    with pytest.raises(ConfigError, match="loop_max_period"):
+        RULES["DEG001"](loop_max_period=0)
+
+
+# == 10. Memory follows the input, not the findings ==============================================
+
+
+def test_findings_spilled_in_parts_read_back_in_line_order(tmp_path, monkeypatch, kimi_context, default_rules):
+    # Tiny blocks and parts force the path a million findings take: parts on disk, duplicate ids
+    # (found at the end) merged back by line; report, jsonl and gate all read the same order.
+    import audit.findings
+
+    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 1)
+    broken = consistent(record())
+    broken["output_ids"] = broken["output_ids"][:-1]
+    lines = [CLEAN[0], json.dumps(broken).encode(), CLEAN[0], CLEAN[2], json.dumps(broken).encode(), CLEAN[3]]
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    spilled = audit_file(path, kimi_context, default_rules, block_bytes=64)
+    assert any(isinstance(part.source, Path) for part in spilled.log.parts)
+    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 10**9)
+    kept = audit_file(path, kimi_context, default_rules)
+    assert spilled.findings.equals(kept.findings)
+    assert spilled.findings["line"].to_list() == sorted(spilled.findings["line"].to_list())
+    assert {(f["line"], f["rule"]) for f in kept.findings.to_dicts()} >= {(3, "INT004"), (5, "INT004")}
+
+    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 1)
+    target = resolve_target(str(path), PREPARED)
+    session = prepare(target, CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False))
+    result = gate_target(session, tmp_path / "out")
+    written = json.loads(result.report.write_json(tmp_path / "r.json").read_text())
+    assert written == json.loads(json.dumps(result.report.to_json()))
+    assert [f["line"] for f in written["findings"]] == kept.findings["line"].to_list()
+    quarantined = list(iter_quarantine(tmp_path / "out" / "quarantine.jsonl"))
+    assert [q["line"] for q in quarantined] == [2, 3, 5]
+    assert [q["raw_bytes"] for q in quarantined] == [lines[1], lines[2], lines[4]]
+
+
+# == Fuzzing: the reader, the rules and the gate, with hypothesis ================================
+# Random JSON in every field, random bytes, repeated keys, random token ids around the special
+# ones, random line endings. Whatever comes: no crash, a finding at the line of every line known
+# to be bad, and the gate's clean + quarantine give back the input byte for byte.
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=6),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=4), children, max_size=3),
+    max_leaves=5,
+)
+FIELDS = ("id", "input_ids", "prompt_ids", "output_ids", "text", "meta_info", "messages", "tools")
+# Ids the rules care about (Kimi's specials: think, response, end of turn, EOS, tool markers),
+# ordinary ones, and ones outside the vocabulary.
+TOKEN_IDS = st.sampled_from([163606, 163607, 163586, 163585, 163595, 163596, 163597, 163598, 163599]) | st.integers(
+    0, 3000
+) | st.sampled_from([163839, 170000, 2**32 - 1])
+FINISH = st.none() | st.fixed_dictionaries(
+    {"type": st.sampled_from(["stop", "length", "abort"])},
+    optional={"matched": st.sampled_from([163586, "</s>"]), "length": st.integers(0, 9)},
+)
+
+
+def _is_token_list(value) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32 for v in value
+    )
+
+
+def _known_bad(field: str, value, base: dict) -> bool:
+    """True when setting `field` to `value` must give the line a finding (the contract says so)."""
+    if field == "id":
+        return not (isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**64))
+    if field in ("input_ids", "output_ids"):
+        return value is None or not _is_token_list(value) or (field == "input_ids" and not value)
+    if field == "prompt_ids":
+        return value is not None and (not _is_token_list(value) or value != base["input_ids"])
+    if field == "text":
+        return value is not None and not isinstance(value, str)
+    if field == "meta_info":
+        return value is not None and not isinstance(value, dict)
+    return value is not None and not (isinstance(value, list) and all(isinstance(m, dict) for m in value))
+
+
+@st.composite
+def hostile_lines(draw) -> tuple[bytes, bool]:
+    """One line (without its newline) and whether it is known to be bad."""
+    base = record(draw(st.integers(0, 5)))
+    kind = draw(st.sampled_from(["clean", "field", "ids", "bytes", "repeated-key"]))
+    if kind == "clean":
+        return json.dumps(base).encode(), False
+    if kind == "field":
+        field = draw(st.sampled_from(FIELDS))
+        value = draw(JSON_VALUES)
+        bad = _known_bad(field, value, base)
+        base[field] = value
+        return consistent(base) and json.dumps(base).encode(), bad
+    if kind == "ids":
+        base["output_ids"] = draw(st.lists(TOKEN_IDS, max_size=40))
+        base["meta_info"] = {"finish_reason": draw(FINISH)}
+        if draw(st.booleans()):
+            base["meta_info"]["completion_tokens"] = draw(st.integers(0, 50))
+        base["text"] = draw(st.none() | st.text(max_size=10))
+        return json.dumps(base).encode(), False
+    if kind == "bytes":
+        raw = draw(st.binary(max_size=60)).replace(b"\n", b"")
+        return raw, bool(raw.strip())
+    key = draw(st.sampled_from(sorted(base)))
+    return json.dumps(base).encode()[:-1] + b', "' + key.encode() + b'": ' + json.dumps(draw(JSON_VALUES)).encode() + b"}", True
+
+
+@st.composite
+def hostile_files(draw) -> tuple[bytes, dict[int, bool]]:
+    """A file of hostile lines with random line endings; line number -> known bad."""
+    lines = draw(st.lists(hostile_lines(), min_size=1, max_size=8))
+    data, bad = b"", {}
+    for number, (line, known_bad) in enumerate(lines, start=1):
+        data += line + draw(st.sampled_from([b"\n", b"\r\n"]))
+        bad[number] = known_bad
+    if draw(st.booleans()):
+        data = data.rstrip(b"\n")  # the last line may have no newline
+    return data, bad
+
+
+def _gate(data: bytes, directory: Path):
+    path = directory / "raw_responses.jsonl"
+    path.write_bytes(data)
+    session = prepare(
+        resolve_target(str(path), PREPARED), CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
+    )
+    return path, gate_target(session, directory / "out")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_files())
+def test_fuzz_every_bad_line_has_a_finding_and_the_gate_loses_nothing(tmp_path_factory, case):
+    data, known_bad = case
+    directory = tmp_path_factory.mktemp("fuzz")
+    lines = data.split(b"\n")
+    records = {n: line for n, line in enumerate(lines, start=1) if line.strip()}
+    if not records:  # nothing to audit: one error, nothing written
+        with pytest.raises(InputError, match="nothing to audit"):
+            _gate(data, directory)
+        assert not any((directory / "out").glob("*.json*"))
+        return
+    _, result = _gate(data, directory)
+
+    findings = result.report.findings
+    flagged = set(findings["line"].to_list())
+    assert flagged <= set(records), "a finding on a line that is not a record"
+    for number, bad in known_bad.items():
+        if bad and number in records:
+            assert number in flagged, f"line {number} is bad and has no finding: {records[number][:200]!r}"
+
+    # clean + quarantine are the input's records, byte for byte, each where it belongs.
+    errors = set(findings.filter(findings["severity"] == "error")["line"].to_list())
+    quarantined = {entry["line"]: entry["raw_bytes"] for entry in iter_quarantine(directory / "out" / "quarantine.jsonl")}
+    assert set(quarantined) == errors
+    assert all(quarantined[n] == records[n] for n in quarantined)
+    assert clean_lines_kept(directory / "out") == [records[n] for n in sorted(records) if n not in errors]
+
+
+def clean_lines_kept(out: Path) -> list[bytes]:
+    data = (out / "clean.jsonl").read_bytes()
+    assert data == b"" or data.endswith(b"\n")
+    return data.split(b"\n")[:-1] if data else []
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(hostile_lines(), min_size=1, max_size=6), st.sampled_from([64, 1 << 20]))
+def test_fuzz_the_block_size_never_changes_the_findings(kimi_context, default_rules, tmp_path_factory, lines, block_bytes):
+    path = tmp_path_factory.mktemp("fuzz") / "raw.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line, _ in lines))
+    whole = audit_file(path, kimi_context, default_rules)
+    blocks = audit_file(path, kimi_context, default_rules, block_bytes=block_bytes)
+    assert blocks.findings.equals(whole.findings)
+    assert whole.records == sum(1 for line, _ in lines if line.strip())
