@@ -175,6 +175,10 @@ class AuditCache:
             }
             (staging / "meta.json").write_text(json.dumps(meta))
             target = results / key
+            if (target / "meta.json").is_file():
+                # The same key is the same result, and another run may be reading it right now.
+                shutil.rmtree(staging, ignore_errors=True)
+                return
             if target.exists():
                 shutil.rmtree(target, ignore_errors=True)
             staging.rename(target)

@@ -294,7 +294,8 @@ def _json_type(value: Any) -> str:
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """A JSON integer that fits the 64 bits polars reads counts into."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
 
 
 def _shown(value: Any) -> str:
@@ -312,7 +313,7 @@ def _field_problem(value: dict[str, Any]) -> str | None:
     so their types are checked on the strictly parsed value. A few dict look-ups per record.
     """
     sample_id = value.get("id", "")
-    if not isinstance(sample_id, str) and not _is_int(sample_id):
+    if not isinstance(sample_id, str) and not (isinstance(sample_id, int) and not isinstance(sample_id, bool)):
         # orjson reads integers beyond 64 bits as floats: such an id is not kept exactly either.
         return f"id must be a string or an integer, got {_shown(sample_id)}"
     for name in _LIST_FIELDS:
