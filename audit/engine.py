@@ -249,5 +249,7 @@ def _unreadable_findings(unreadable: list[UnreadableLine], rule_set: RuleSet) ->
     rows = []
     for item in unreadable:
         if item.rule in rule_set:
-            rows.append((item.line, None, item.rule, rule_set[item.rule].severity.value, None, None, item.reason))
+            rows.append(
+                (item.line, None, item.rule, rule_set[item.rule].severity.value, item.position, item.field, item.reason)
+            )
     return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")

@@ -87,6 +87,8 @@ class UnreadableLine:
     line: int
     reason: str
     contract: bool  # True: valid JSON that breaks the record contract; False: not JSON at all
+    field: str | None = None  # the id list a bad token id is in, and its index there
+    position: int | None = None
 
     @property
     def rule(self) -> str:
@@ -366,8 +368,8 @@ def _field_problem(value: dict[str, Any]) -> str | None:
     return None
 
 
-def _id_list_problem(value: dict[str, Any]) -> str | None:
-    """The first element of an id list that is not an integer polars can hold, or None.
+def _id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:
+    """(field, index, reason) of the first element of an id list polars cannot hold, or None.
 
     Per-element Python: only for the lines of a chunk polars refused (see `_parse_lines`).
     """
@@ -376,8 +378,8 @@ def _id_list_problem(value: dict[str, Any]) -> str | None:
         if not isinstance(ids, list):
             continue
         for index, token in enumerate(ids):
-            if token is not None and not (_is_int(token) and -(1 << 63) <= token < 1 << 63):
-                return f"{name}[{index}] = {_shown(token)} is not a token id (an integer from 0 to 2**32 - 1)"
+            if token is not None and not _is_int(token):
+                return name, index, f"{name}[{index}] = {_shown(token)} {NOT_A_TOKEN_ID}"
     return None
 
 
@@ -421,7 +423,8 @@ def _find_refused_lines(
         if problem is None:
             keep.append(index)
         else:
-            unreadable.append(UnreadableLine(line, problem, True))
+            name, at, reason = problem
+            unreadable.append(UnreadableLine(line, reason, True, name, at))
     _parse_bisecting(
         [numbered[i] for i in keep], None if sources is None else [sources[i] for i in keep], frames, unreadable
     )
@@ -489,6 +492,7 @@ def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:
 # A token id is an integer in [0, 2**32): no tokenizer has more ids, and every training loader
 # stores them in 32 bits at most.
 TOKEN_ID_LIMIT = 1 << 32
+NOT_A_TOKEN_ID = "is not a token id (integers only, from 0 to 2**32 - 1)"
 
 
 def _first_bad_id(column: str) -> pl.Expr:
@@ -524,24 +528,36 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Unreadab
         at = _first_bad_id(column)
         value = pl.col(column).list.get(at.cast(pl.Int64), null_on_oob=True)
         return pl.when(at.is_not_null()).then(
-            pl.format(
-                "{}[{}] = {} is not a token id (an integer from 0 to 2**32 - 1)",
-                pl.lit(name),
-                at,
-                pl.coalesce(value.cast(pl.String), pl.lit("null")),
+            pl.struct(
+                pl.lit(name).alias("field"),
+                at.cast(pl.Int64).alias("position"),
+                pl.format(
+                    "{}[{}] = {} " + NOT_A_TOKEN_ID,
+                    pl.lit(name),
+                    at,
+                    pl.coalesce(value.cast(pl.String), pl.lit("null")),
+                ).alias("reason"),
             )
         )
 
+    both = pl.struct(
+        pl.lit(None, dtype=pl.String).alias("field"),
+        pl.lit(None, dtype=pl.Int64).alias("position"),
+        pl.lit("input_ids and prompt_ids are both given and differ: a loader could take either").alias("reason"),
+    )
     reasons = bad.select(
         "line",
         pl.coalesce(
             describe("_input_ids", "input_ids"),
             describe("_prompt_ids", "prompt_ids"),
             describe("output_ids", "output_ids"),
-            pl.lit("input_ids and prompt_ids are both given and differ: a loader could take either"),
-        ).alias("reason"),
+            both,
+        ).struct.unnest(),
     )
-    refused = [UnreadableLine(line, reason, True) for line, reason in reasons.iter_rows()]
+    refused = [
+        UnreadableLine(line, reason, True, field, position)
+        for line, field, position, reason in reasons.select("line", "field", "position", "reason").iter_rows()
+    ]
     return records.filter(~flagged).drop("_prompt_ids", "_input_ids"), refused
 
 

@@ -12,11 +12,14 @@ from audit.contract import FINISH_TYPES, in_vocabulary
 
 
 class UnreadableLine(Rule):
-    """A line that cannot be read as JSON: bad syntax, bytes that are not UTF-8, or cut short.
+    """A line that cannot be read as JSON: bad syntax, not UTF-8, cut short, or a key given twice.
 
     What it checks:
-        Every non-blank line of the file parses as one JSON value. The reader reports the
-        line and the reason; the rest of the file is still audited.
+        Every non-blank line of the file parses as one JSON value for a strict parser (no
+        NaN, Infinity, byte order mark or lone surrogate), with no object holding a key twice:
+        polars keeps the first value and json/orjson the last, so such a line has no single
+        reading. The reader reports the line and the reason; the rest of the file is still
+        audited.
 
     Why it matters:
         A line nobody can read is a sample silently missing from training, and often the
@@ -24,9 +27,11 @@ class UnreadableLine(Rule):
 
     Example:
         {"id": "glaive-7", "input_ids": [163587, 1234, 16
+        {"id": "glaive-8", "output_ids": [1, 2], ..., "output_ids": [1, 2, 3]}
 
     Fix:
-        Write each record with one `write()` of a complete line and flush it; on resume,
+        Serialise each record from a dict (a key cannot repeat there) with a standard JSON
+        writer, and write it with one `write()` of a complete line and flush it; on resume,
         drop a partial last line before appending. If the file is still being written,
         audit it again when the generator has finished.
     """
@@ -52,9 +57,11 @@ class RecordContract(ContractRule):
     """A record that breaks the input contract: a field missing, of the wrong type, or empty.
 
     What it checks:
-        `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of
-        integers, the prompt is not empty, and `meta_info` has SGLang's shape. Lines that
-        are JSON but of the wrong shape are reported here with the field that is wrong.
+        `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of token
+        ids (integers from 0 to 2**32 - 1: no null, negative, fraction, boolean or string),
+        the prompt is not empty, the `id` is a string or an integer, and `text`, `messages`,
+        `tools` and `meta_info` have SGLang's JSON types. Lines that are JSON but of the wrong
+        shape are reported here with the field that is wrong (and for a bad id, its index).
 
     Why it matters:
         A record without its prompt or output ids cannot become a training sequence; a
@@ -93,8 +100,9 @@ class TokenOutOfVocabulary(ContractRule):
     """A token id that the tokenizer in use does not have.
 
     What it checks:
-        Every id in `input_ids` and `output_ids` is one the tokenizer can decode:
-        non-negative, below the vocabulary size, and not in a hole of the id space.
+        Every id in `input_ids` and `output_ids` is one the tokenizer can decode: below the
+        vocabulary size and not in a hole of the id space. (A value that is no token id at
+        all, e.g. negative or null, is INT002's.)
 
     Why it matters:
         Ids outside the vocabulary were not produced by this model with this tokenizer:
