@@ -106,7 +106,7 @@ class Report:
     def failing_records(self) -> int:
         """Records with at least one error-severity finding: the ones a gate would quarantine."""
         errors = self.log.scan().filter(pl.col("severity") == "error")
-        return int(errors.select(pl.col("line").n_unique()).collect()[0, 0] or 0)
+        return int(errors.select(pl.col("line").n_unique()).collect(engine="streaming")[0, 0] or 0)
 
     def exit_code(self, *, fail_on_warning: bool = False) -> int:
         if self.verdict == "fail" or (fail_on_warning and self.verdict == "warn"):
@@ -225,7 +225,7 @@ def build_report(
             pl.col("line").n_unique().alias("failing"),
             pl.col("line").unique().bottom_k(EXAMPLE_LINES).sort().alias("lines"),
         )
-        .collect()
+        .collect(engine="streaming")  # the parts are read as they are needed, not all at once
         .iter_rows()
     }
     results = []
