@@ -32,6 +32,9 @@ import ast
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
+from re import _constants as sre_constants  # the parsed form of a pattern (stable since 3.11)
+from re import _parser as sre_parser
 from typing import Any, Literal
 
 import orjson
@@ -87,6 +90,67 @@ class ToolCallFormat:
     # Text every call holds exactly once inside its markers (Qwen3.5/3.6: "<function="): found
     # in an answer more often than there are calls, it is a call whose marker ids were stripped.
     text_markers: tuple[str, ...] = ()
+
+    @cached_property
+    def cut_grammar(self) -> str:
+        """The prefixes of `grammar`: what an output cut by the token limit (or an abort) may hold."""
+        return prefix_pattern(self.grammar)
+
+
+def prefix_pattern(grammar: str) -> str:
+    """A regex matching exactly the prefixes of the strings `grammar` matches (the empty one too).
+
+    The grammars are small regexes over role letters (letters, groups, repeats, alternatives):
+    the prefix of a sequence is a prefix of its first item, or that whole item then a prefix of
+    the rest; of a repeat, whole repetitions then a prefix of one more.
+    """
+    return _prefix(list(sre_parser.parse(grammar)))
+
+
+def _prefix(items: list) -> str:
+    if not items:
+        return ""
+    first, rest = items[0], items[1:]
+    if not rest:
+        return _prefix_item(first)
+    return f"(?:{_prefix_item(first)}|{_whole([first])}{_prefix(rest)})"
+
+
+def _prefix_item(item: tuple) -> str:
+    op, value = item
+    if op is sre_constants.LITERAL:
+        return f"(?:{re.escape(chr(value))})?"
+    if op is sre_constants.SUBPATTERN:
+        return _prefix(list(value[-1]))
+    if op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+        _, most, body = value
+        whole = _whole(list(body))
+        times = "*" if most is sre_constants.MAXREPEAT else f"{{0,{most - 1}}}"
+        return f"(?:{whole}){times}{_prefix(list(body))}"
+    if op is sre_constants.BRANCH:
+        return "(?:" + "|".join(_prefix(list(branch)) for branch in value[1]) + ")"
+    raise ValueError(f"a tool-call grammar holds only letters, groups, repeats and |, not {op}")
+
+
+def _whole(items: list) -> str:
+    """The items as a regex again."""
+    out = []
+    for op, value in items:
+        if op is sre_constants.LITERAL:
+            out.append(re.escape(chr(value)))
+        elif op is sre_constants.SUBPATTERN:
+            out.append(f"(?:{_whole(list(value[-1]))})")
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT):
+            least, most, body = value
+            times = "*" if most is sre_constants.MAXREPEAT else f"{{{least},{most}}}"
+            if most is sre_constants.MAXREPEAT and least:
+                times = f"{{{least},}}"
+            out.append(f"(?:{_whole(list(body))}){times}")
+        elif op is sre_constants.BRANCH:
+            out.append("(?:" + "|".join(_whole(list(branch)) for branch in value[1]) + ")")
+        else:
+            raise ValueError(f"a tool-call grammar holds only letters, groups, repeats and |, not {op}")
+    return "".join(out)
 
 
 # -- JSON arguments ---------------------------------------------------------------------------

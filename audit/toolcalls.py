@@ -54,6 +54,8 @@ class ToolCallView:
 
     letters: pl.Series  # per record: the answer's markers as role letters ("" when none)
     grammar_ok: pl.Series  # per record: do those markers follow the format's grammar?
+    # per record: are they a prefix of the grammar? (what an output cut by length or abort may hold)
+    prefix_ok: pl.Series
     empty_head: pl.Series  # per record: a call begin followed at once by another marker
     first_marker: pl.Series  # per record: index in output_ids of the answer's first marker, or null
     calls: pl.DataFrame  # CALLS_SCHEMA, calls of grammar-valid records only
@@ -121,9 +123,11 @@ def _view(batch: Batch) -> ToolCallView:
         letters.alias("letters"), empty_head.alias("empty_head"), first_marker.alias("first_marker")
     )
     grammar_ok = judged["letters"].str.contains(f"^(?:{fmt.grammar})$") & ~judged["empty_head"]
+    prefix_ok = judged["letters"].str.contains(f"^(?:{fmt.cut_grammar})$") & ~judged["empty_head"]
     view = ToolCallView(
         letters=judged["letters"],
         grammar_ok=grammar_ok.alias("grammar_ok"),
+        prefix_ok=prefix_ok.alias("prefix_ok"),
         empty_head=judged["empty_head"],
         first_marker=judged["first_marker"],
         calls=pl.DataFrame(schema=CALLS_SCHEMA),
@@ -133,7 +137,9 @@ def _view(batch: Batch) -> ToolCallView:
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
     calls = read(batch, with_calls)
-    return ToolCallView(view.letters, view.grammar_ok, view.empty_head, view.first_marker, _judge(batch, calls))
+    return ToolCallView(
+        view.letters, view.grammar_ok, view.prefix_ok, view.empty_head, view.first_marker, _judge(batch, calls)
+    )
 
 
 def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, int, int, ToolCall]]:

@@ -275,3 +275,19 @@ def test_declared_types_come_from_the_prompts_file_when_the_record_has_no_tools(
     # (TPL001 also compares the prompt with the file's messages; only TCL002 matters here.)
     assert "TCL002" in [r for r, _, _ in findings(context, tmp_path, output, tools=None, with_messages=False)]
     assert findings(qwen36, tmp_path, output, tools=None, with_messages=False) == []
+
+
+@pytest.mark.parametrize(("name", "whole", "never"), [
+    ("kimi", "SCAECAEsSCAEs", ["E", "SE", "SCAs", "SCAEsE", "CAE"]),
+    ("glm-4.5", "CKkVvKkVvECE", ["K", "CKV", "CKkVvEE", "Ck"]),
+    ("qwen3-xml", "CECECE", ["E", "CC", "CEE"]),
+    ("dsml-v3.2", "TTTT", []),
+])
+def test_a_cut_output_may_hold_any_prefix_of_the_grammar_and_nothing_else(name, whole, never) -> None:
+    import re
+
+    fmt = FORMATS[name]
+    cut = re.compile(f"^(?:{fmt.cut_grammar})$")
+    assert re.match(f"^(?:{fmt.grammar})$", whole)
+    assert all(cut.match(whole[:k]) for k in range(len(whole) + 1))
+    assert not [letters for letters in never if cut.match(letters)]

@@ -7,7 +7,7 @@ import re
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, findings_frame
+from audit.checks.base import RecordRule, findings_frame, truncated
 from audit.response import response_bounds
 from audit.toolcall_formats import ROLE_LETTERS
 from audit.toolcalls import tool_call_view
@@ -32,6 +32,8 @@ class ToolMarkerGrammar(ToolCallRule):
         In the answer (after `</think>`), the tool-call marker ids read in order follow the
         profile's grammar. Kimi: section begin, then per call: call begin, call id, argument
         begin, arguments, call end; then section end. Every call closed, every section closed.
+        An output cut by the token limit or an abort may stop inside a call: what it has must
+        be in order (the cut is TRM001's or TRM003's).
         Where part of a call's structure is text (Qwen3.5/3.6's `<function=NAME>` and
         `<parameter=K>` tags, DeepSeek's DSML tags), that text follows the format too.
         Markers inside the reasoning are text the model thinks with, not calls: not judged.
@@ -56,10 +58,13 @@ class ToolMarkerGrammar(ToolCallRule):
     def find(self, batch: Batch) -> pl.DataFrame:
         view = tool_call_view(batch)
         expected = batch.profile.tool_calls.format.description
+        # An output cut by the token limit or an abort may stop inside a call: the markers it
+        # has must be a prefix of the grammar (the cut itself is TRM001's or TRM003's).
+        cut = batch.records.select(truncated()).to_series()
         out_of_order = (
             batch.records.with_row_index("row")
             .with_columns(view.letters.alias("letters"), view.empty_head.alias("empty_head"))
-            .filter(~view.grammar_ok)
+            .filter(~view.grammar_ok & ~(cut & view.prefix_ok))
         )
         rows: list[int] = []
         positions: list[int | None] = []
