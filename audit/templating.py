@@ -18,6 +18,7 @@ entry: a function from (tokenizer, messages, tools, thinking, extra kwargs) to t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,13 +63,71 @@ def thinking_kwargs(thinking: bool) -> dict[str, Any]:
 def _render_chat_template(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
 ) -> str:
-    return tokenizer.hf.apply_chat_template(
-        messages,
-        tools=tools or None,
-        add_generation_prompt=True,
-        tokenize=False,
-        **{**thinking_kwargs(thinking), **extra},
-    )
+    def render(conversation: Messages) -> str:
+        return tokenizer.hf.apply_chat_template(
+            conversation,
+            tools=tools or None,
+            add_generation_prompt=True,
+            tokenize=False,
+            **{**thinking_kwargs(thinking), **extra},
+        )
+
+    try:
+        return render(messages)
+    except Exception as refused:  # jinja raises many types; render_prompts reports the first
+        # Templates take history tool-call arguments in one form: Qwen3.5/3.6, GLM and
+        # MiniMax iterate a mapping (a JSON string raises), DeepSeek-R1/V3.1 concatenate a
+        # string (a mapping raises). Serving stacks parse string arguments first (SGLang's
+        # normalize_assistant_tool_call_arguments); render the form the template accepts.
+        other = other_argument_form(messages)
+        if other is None:
+            raise
+        try:
+            return render(other)
+        except Exception:  # noqa: BLE001 (the first refusal is the one to report)
+            raise refused from None
+
+
+def other_argument_form(messages: Messages) -> Messages | None:
+    """The messages with every assistant tool call's arguments in the other form: JSON strings
+    parsed to objects, or objects written as JSON strings. None when there are no arguments to
+    turn, or a string does not parse to an object."""
+    calls = [
+        call["function"]
+        for message in messages
+        if isinstance(message, dict) and isinstance(message.get("tool_calls"), list)
+        for call in message["tool_calls"]
+        if isinstance(call, dict) and isinstance(call.get("function"), dict) and "arguments" in call["function"]
+    ]
+    if not calls:
+        return None
+    to_objects = any(isinstance(function["arguments"], str) for function in calls)
+    turned: dict[int, Any] = {}
+    for function in calls:
+        value = function["arguments"]
+        if to_objects and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return None
+            if not isinstance(value, dict):
+                return None
+        elif not to_objects:
+            value = json.dumps(value, ensure_ascii=False)
+        turned[id(function)] = value
+    return [_with_arguments(message, turned) for message in messages]
+
+
+def _with_arguments(message: Any, turned: dict[int, Any]) -> Any:
+    if not (isinstance(message, dict) and isinstance(message.get("tool_calls"), list)):
+        return message
+    calls = []
+    for call in message["tool_calls"]:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and id(function) in turned:
+            call = {**call, "function": {**function, "arguments": turned[id(function)]}}
+        calls.append(call)
+    return {**message, "tool_calls": calls}
 
 
 RENDERERS: dict[str, PromptRenderer] = {

@@ -20,7 +20,7 @@ from audit.check import CheckOptions, check_target, prepare
 from audit.check import _tokenizer as _tokenizer_cache
 from audit.profiles import load_profile
 from audit.targets import resolve_target
-from audit.templating import prompt_ids
+from audit.templating import prompt_ids, render_prompts
 from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     CORRUPTIONS,
@@ -129,13 +129,34 @@ def test_the_spec_writes_tool_calls_as_the_template_renders_them(workdir: Path, 
     spec = SPECS[spec_name]
     _, tokenizer = spec_tokenizer(spec, workdir)
     arguments = {"city": "Paris", "days": 3, "options": {"units": "metric"}, "detailed": True, "note": "[WIP] a"}
-    written = arguments if spec.arguments == "object" else json.dumps(arguments)
-    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": written}}
+    call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"},
     ]
-    rendered = tokenizer.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    [rendered] = render_prompts(tokenizer, [messages], [None], thinking=True)
     sample = Sample(messages=messages, tools=None, reasoning="", answer=None, arguments=arguments)
     assert call_text(spec, sample) in rendered, (call_text(spec, sample), rendered)
+
+
+@pytest.mark.parametrize(
+    "spec_name", [name for name, spec in SPECS.items() if spec.real_template and "call" in spec.shapes]
+)
+def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: Path, spec_name: str) -> None:
+    """Arguments as a JSON string or as an object: the template is given the form it accepts
+    (Qwen3.5/3.6 and GLM iterate a mapping, DeepSeek concatenates a string), as SGLang parses
+    strings first: a clean record never fails on the form its messages use."""
+    spec = SPECS[spec_name]
+    _, tokenizer = spec_tokenizer(spec, workdir)
+    arguments = {"city": "Paris", "days": 3, "detailed": True}
+
+    def conversation(written: object) -> list[dict]:
+        call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": written}}
+        return [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"}]
+
+    as_object, as_string = render_prompts(
+        tokenizer, [conversation(arguments), conversation(json.dumps(arguments))], [None, None], thinking=True
+    )
+    assert isinstance(as_object, str) and as_object == as_string
