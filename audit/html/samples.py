@@ -21,7 +21,8 @@ from audit.checks.base import Explanation
 from audit.errors import ConfigError
 from audit.findings import FindingsLog, empty_findings_frame
 from audit.profiles import ResolvedProfile, load_profile
-from audit.records import InputDigest, LineBlock, iter_line_blocks, parse_block, salvage_record
+from audit.record_lines import read_record
+from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.tokenizer import Tokenizer
@@ -123,12 +124,10 @@ def _records(lines: dict[int, bytes], profile: ResolvedProfile | None, tokenizer
     """The wanted lines through the audit's reader (salvaging what a broken line still holds)."""
     frames, readable = [], set()
     for number, raw in sorted(lines.items()):
-        parsed = parse_block(LineBlock(number, [raw]), keep_source=True)
-        if parsed.records.height == 1:
-            frames.append(parsed.records)
+        frame, problem = read_record(raw, number)
+        frames.append(frame)
+        if problem is None:
             readable.add(number)
-        else:
-            frames.append(salvage_record(raw, number)[0])
     frame = pl.concat([f for f in frames if f.height], how="vertical") if any(f.height for f in frames) else None
     if frame is None or profile is None:
         return _Records(None, {}, [], readable)

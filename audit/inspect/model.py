@@ -29,7 +29,7 @@ from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
 from audit.contract import in_vocabulary
 from audit.profiles import ResolvedProfile
-from audit.records import LineBlock, parse_block, salvage_record
+from audit.record_lines import LineIndex, read_record
 from audit.segments import (  # noqa: F401  (the names the renderers use, re-exported)
     ROLE_END_OF_TURN,
     ROLE_EOS,
@@ -177,39 +177,6 @@ def record_entries(findings: pl.DataFrame) -> list[RecordEntry]:
     ]
 
 
-class LineIndex:
-    """Byte offsets of every line of a file, found in one streamed pass, to re-read any line."""
-
-    def __init__(self, path: Path, chunk_bytes: int = 16 << 20):
-        self.path = path
-        starts = [np.zeros(1, dtype=np.int64)]
-        offset = 0
-        with path.open("rb") as handle:
-            while chunk := handle.read(chunk_bytes):
-                newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == 0x0A)
-                starts.append(newlines.astype(np.int64) + offset + 1)
-                offset += len(chunk)
-        self.size = offset
-        self._starts = np.concatenate(starts)
-        # A trailing newline starts no line.
-        if len(self._starts) > 1 and self._starts[-1] == self.size:
-            self._starts = self._starts[:-1]
-
-    @property
-    def lines(self) -> int:
-        return len(self._starts)
-
-    def read(self, line: int) -> bytes:
-        """The bytes of physical line `line` (1-based), without its newline."""
-        if not 1 <= line <= self.lines:
-            raise IndexError(line)
-        start = int(self._starts[line - 1])
-        end = int(self._starts[line]) - 1 if line < self.lines else self.size
-        with self.path.open("rb") as handle:
-            handle.seek(start)
-            return handle.read(end - start)
-
-
 class Inspector:
     """Records with findings, and the token-by-token view of any line of the data file."""
 
@@ -283,12 +250,7 @@ class Inspector:
         ]
         # The audit's own reader: the same normalisation (the `prompt_ids` alias, finish
         # reasons) as the rules saw; a line it refuses shows what can be salvaged, and why.
-        parsed = parse_block(LineBlock(line, [raw.rstrip(b"\r")]), keep_source=True)
-        problem = None
-        if parsed.records.height == 1:
-            records = parsed.records
-        else:
-            records, problem = salvage_record(raw, line)
+        records, problem = read_record(raw, line)
         record_id = next((m for m in mine["id"].to_list() if m is not None), None)
         if records.is_empty():
             empty = pl.Series("id", [], dtype=pl.Int64)
