@@ -32,6 +32,12 @@ BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
 # Bytes gathered per numpy step while decoding: bounds the index array (8 bytes per byte).
 _DECODE_CHUNK_TOKENS = 1 << 19
 
+# Building the fastokens encoder costs ~0.8 s on a 128k vocabulary, about what `tokenizers`
+# takes to encode 4 million characters (~1M ids). A run encodes with `tokenizers` until it has
+# encoded that much, then builds fastokens: a small partition never pays for it, a large one
+# loses at most that much.
+FAST_ENCODER_AFTER_CHARS = 4_000_000
+
 
 def fast_paths_enabled() -> bool:
     """False when the user asked for the plain tokenizer backend (the reference)."""
@@ -95,12 +101,25 @@ class ByteDecoder:
     """id -> bytes table of a byte-level tokenizer; decodes whole batches with numpy."""
 
     def __init__(self, pieces: list[bytes | None]):
-        lengths = np.array([len(p) if p is not None else 0 for p in pieces], dtype=np.int64)
-        self.known = np.array([p is not None for p in pieces], dtype=bool)
+        self._set(
+            np.frombuffer(b"".join(p or b"" for p in pieces), dtype=np.uint8),
+            np.array([len(p) if p is not None else 0 for p in pieces], dtype=np.int64),
+            np.array([p is not None for p in pieces], dtype=bool),
+        )
+
+    @classmethod
+    def from_arrays(cls, table: np.ndarray, lengths: np.ndarray, known: np.ndarray) -> ByteDecoder:
+        """A table stored earlier: all pieces' bytes, each id's byte length, which ids exist."""
+        decoder = cls.__new__(cls)
+        decoder._set(table, lengths, known)
+        return decoder
+
+    def _set(self, table: np.ndarray, lengths: np.ndarray, known: np.ndarray) -> None:
+        self.table = table
         self.lengths = lengths
-        self.starts = np.zeros(len(pieces), dtype=np.int64)
+        self.known = known
+        self.starts = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=self.starts[1:])
-        self.table = np.frombuffer(b"".join(p or b"" for p in pieces), dtype=np.uint8)
 
     def decode_bytes(self, flat: FlatIds) -> tuple[bytes, np.ndarray]:
         """All sequences' bytes concatenated, and per-sequence byte offsets."""

