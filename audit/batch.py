@@ -18,6 +18,10 @@ from audit.profiles import ResolvedProfile
 from audit.tokenizer import Tokenizer
 
 
+# What a record's own line contributes to its source prompt.
+_PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
+
+
 @dataclass
 class AuditContext:
     """Everything fixed for a run: the resolved profile and the tokenizer in use."""
@@ -67,7 +71,8 @@ class Batch:
             if isinstance(value, dict) and (
                 isinstance(value.get("messages"), list) or isinstance(value.get("tools"), list)
             ):
-                return value
+                # Only the prompt's fields: the line's id lists would stay in memory with it.
+                return {name: value[name] for name in _PROMPT_FIELDS if name in value}
         sample_id = self.records["id"][row]
         prompts = self.context.prompts
         if prompts is not None and sample_id is not None:

@@ -22,6 +22,10 @@ from audit.templating import RenderFailure, encode_prompts, get_renderer, render
 # Tokens of context shown on each side of the first difference.
 _CONTEXT = 6
 
+# Rendered prompts kept across blocks, in ids: repeated prompts are rendered once, and memory
+# stays bounded however many distinct prompts a file holds (the oldest go first).
+_KEPT_RENDERED_IDS = 250_000
+
 
 class TemplateMismatch(RecordRule):
     """Prompt ids that differ from the chat template's rendering of the record's messages.
@@ -62,6 +66,7 @@ class TemplateMismatch(RecordRule):
         # Rendered prompt ids (or why the renderer refused) by (tokenizer, renderer, thinking,
         # messages+tools+kwargs as JSON bytes).
         self._rendered: dict[tuple[int, str, bool, bytes], list[int] | str] = {}
+        self._rendered_ids = 0
 
     def applies(self, batch: Batch) -> bool:
         return get_renderer(batch.profile.prompt_renderer).available(batch.tokenizer)
@@ -125,6 +130,7 @@ class TemplateMismatch(RecordRule):
                     f"({len(saved_list)} ids saved, {len(rendered)} rendered): saved "
                     f"{texts[2 * index]!r}, template {texts[2 * index + 1]!r}"
                 )
+        self._forget_oldest()
         return findings_frame(rows, positions, messages)
 
     def _sources(self, batch: Batch) -> list[tuple[int, dict[str, Any]]]:
@@ -167,6 +173,14 @@ class TemplateMismatch(RecordRule):
         if completed:
             encoded = encode_prompts(batch.tokenizer, list(completed.values()))
             self._rendered.update(zip(completed, encoded, strict=True))
+            self._rendered_ids += sum(map(len, encoded))
+
+    def _forget_oldest(self) -> None:
+        """Drop the oldest renderings beyond the kept budget (between blocks, never within one)."""
+        while self._rendered_ids > _KEPT_RENDERED_IDS and self._rendered:
+            rendered = self._rendered.pop(next(iter(self._rendered)))
+            if not isinstance(rendered, str):
+                self._rendered_ids -= len(rendered)
 
 
 def _ends_with_any(ids: list[int], suffixes: tuple[tuple[int, ...], ...]) -> bool:
