@@ -335,3 +335,29 @@ def test_real_deepseek_v31_state_round_trips_its_backend(tmp_path: Path, monkeyp
     assert warm.decode_batch(ids) == cold.decode_batch(ids) == texts
     assert warm.vocab_size == cold.vocab_size and warm.known_ids == cold.known_ids
     assert warm.special_token_strings == cold.special_token_strings
+
+
+def test_tpl001_keeps_a_bounded_number_of_renderings(tmp_path: Path, monkeypatch, kimi_tokenizer) -> None:
+    """Memory does not grow with the number of distinct prompts: old renderings are dropped
+    between blocks, and the findings are those of an unbounded run."""
+    from audit.checks import template
+
+    rules = tmp_path / "rules.toml"
+    rules.write_text('select = ["TPL001"]\n')
+    data = _with_template_drift("B1_glaive", tmp_path) / "raw_responses.jsonl"
+    context = AuditContext(load_profile("kimi-k2.5").resolve(kimi_tokenizer), kimi_tokenizer)
+
+    def run(budget: int):
+        monkeypatch.setattr(template, "_KEPT_RENDERED_IDS", budget)
+        rule_set = load_rule_set(rules)
+        findings = audit_file(data, context, rule_set, block_bytes=4096).findings
+        (configured,) = rule_set.rules
+        return findings, configured.rule
+
+    bounded, rule = run(50)
+    kept = sum(len(r) for r in rule._rendered.values() if not isinstance(r, str))
+    assert kept <= 50 and rule._rendered_ids == kept
+    unbounded, everything = run(10**9)
+    assert len(everything._rendered) > len(rule._rendered)
+    assert_frame_equal(bounded, unbounded)
+    assert "TPL001" in set(bounded["rule"])
