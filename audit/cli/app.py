@@ -11,10 +11,12 @@ Each command lives in its own module of this package and registers itself on `ap
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -141,6 +143,22 @@ def root(
     """Gate LLM-generated token data before it trains an EAGLE-3 drafter."""
 
 
+def _exit_without_teardown(code: int) -> NoReturn:
+    """Exit once the command is done, skipping the interpreter's teardown.
+
+    Freeing every object one by one (the tokenizer's tables, polars frames, modules) takes a
+    tenth of a second, a sixth of a small audit. Exit handlers still run and the output is
+    flushed first, so nothing the command wrote is lost.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`audit check | head`) or stream
+            pass
+    os._exit(code)
+
+
 def main() -> None:
     """Entry point: run the app; an unexpected failure is one line and exit 2, never a traceback."""
     try:
@@ -148,7 +166,9 @@ def main() -> None:
     except KeyboardInterrupt:
         errors.print("audit: interrupted")
         sys.exit(130)
-    except SystemExit:
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            _exit_without_teardown(exc.code or 0)
         raise
     except BaseException as exc:  # the last guard (polars panics derive from BaseException)
         errors.print(
