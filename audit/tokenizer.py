@@ -257,8 +257,12 @@ class Tokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts, special-token strings recognised, no BOS/EOS added."""
         if self._fast is not None:
-            encodings = self._fast.encode_batch(list(texts), add_special_tokens=False)
-            return [e.ids for e in encodings]
+            # `encode_batch_fast` gives the same ids without tracking offsets: ~1.7x faster and
+            # lighter; the reference backend keeps the classic call.
+            encode = self._fast.encode_batch
+            if fast_paths_enabled() and hasattr(self._fast, "encode_batch_fast"):
+                encode = self._fast.encode_batch_fast
+            return [e.ids for e in encode(list(texts), add_special_tokens=False)]
         if self._tiktoken is not None:
             return self._tiktoken.encode_batch(list(texts), allowed_special="all")
         return [self.hf.encode(t, add_special_tokens=False) for t in texts]
