@@ -27,7 +27,6 @@ import importlib.util
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from audit.fastcodec import ByteDecoder
+from audit.files import open_temporary
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 _MAGIC = b"audit-tokenizer-state\n"
@@ -193,14 +193,13 @@ def load_state(key: str) -> TokenizerState | None:
 
 def store_state(key: str, state: TokenizerState) -> None:
     """Keep `state` under `key`: written beside its place and renamed in; skipped when unwritable."""
-    directory = cache_dir()
+    path = cache_dir() / f"{key}.bin"
     temporary = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
-        with os.fdopen(handle, "wb") as out:
-            out.write(state.to_bytes())
-        os.replace(temporary, directory / f"{key}.bin")
+        temporary = open_temporary(path.parent, path.name)
+        temporary.file.write(state.to_bytes())
+        # A cache need not survive a power cut (a damaged file fails its checksum and is rebuilt).
+        temporary.commit(path, sync_directory=False)
     except OSError:
         if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.discard()
