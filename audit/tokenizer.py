@@ -177,11 +177,16 @@ class Tokenizer:
 
     @cached_property
     def _chat_template(self) -> ChatTemplate | None:
-        """The transformers-free renderer, where it was shown to render as transformers does."""
+        """The transformers-free renderer, where it was shown to render as transformers does
+        and fast paths are on (chosen on first use, like the byte table)."""
+        return self._verified_template if fast_paths_enabled() else None
+
+    @cached_property
+    def _verified_template(self) -> ChatTemplate | None:
         if self._state is not None:
             stored = self._state.extra.get("chat_template")
             return None if stored is None else ChatTemplate.from_dict(stored)
-        if not fast_paths_enabled() or not self.has_chat_template:
+        if not self.has_chat_template:
             return None
         return _verified_chat_template(self.hf)
 
@@ -270,9 +275,12 @@ class Tokenizer:
     # -- flat, vectorised batches (the round trip's fast path) -----------------------------------
     @cached_property
     def byte_decoder(self) -> ByteDecoder | None:
-        """The id -> bytes table, when the tokenizer is byte-level and fast paths are on."""
-        if not fast_paths_enabled():
-            return None
+        """The id -> bytes table, when the tokenizer is byte-level and fast paths are on (chosen
+        on first use)."""
+        return self._byte_table if fast_paths_enabled() else None
+
+    @cached_property
+    def _byte_table(self) -> ByteDecoder | None:
         if self._state is not None:
             return self._state.byte_decoder()
         if self._fast is not None:
@@ -336,8 +344,8 @@ class Tokenizer:
 
     def state(self) -> TokenizerState:
         """What `audit.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
-        decoder = self.byte_decoder
-        template = self._chat_template
+        decoder = self._byte_table
+        template = self._verified_template
         return TokenizerState(
             kind="backend" if self._fast is not None else "remote",
             vocab_size=self.vocab_size,
