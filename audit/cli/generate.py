@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import sys
 import time
@@ -234,6 +233,8 @@ def generate(
             ),
             soft_wrap=True,
         )
+    import asyncio  # here, not at import: every other command would pay for it at start-up
+
     events = _make_events(console, live=sys.stderr.isatty())
     generator = Generator(plan, events)
 
