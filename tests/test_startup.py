@@ -78,6 +78,24 @@ def test_a_warm_start_loads_neither_transformers_nor_fastokens_and_finds_the_sam
     assert {"RTR001", "TPL001"} <= rules  # the round trip and the template were both exercised
 
 
+def test_a_warm_cli_run_imports_only_what_the_audit_needs(tmp_path: Path) -> None:
+    """`audit check` as a user runs it: after the first run, no transformers, no fastokens for a
+    small file, and not the hypothesis that pandera would pull in where it is installed."""
+    env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-X", "importtime", "-m", "audit", "check", str(PREPARED / "D1_deepseek"),
+            "--report", str(tmp_path / "r.json"), "--no-cache", "--format", "json"]
+    first = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+    again = subprocess.run(argv, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+    assert first.returncode == again.returncode == 1, again.stderr[-2000:]
+    assert json.loads(first.stdout)["results"] == json.loads(again.stdout)["results"]
+
+    def imported(run: subprocess.CompletedProcess) -> set[str]:
+        return {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
+
+    assert "transformers" in imported(first)
+    assert {"transformers", "fastokens", "hypothesis"}.isdisjoint(imported(again))
+
+
 def _state_file(cache: Path) -> Path:
     (found,) = (cache / "tokenizers").glob("*.bin")
     return found
