@@ -1,3 +1,60 @@
-"""audit: gate LLM-generated token data before it trains an EAGLE-3 drafter."""
+"""audit: gate LLM-generated token data before it trains an EAGLE-3 drafter.
+
+The public Python API is what `__all__` names, importable from `audit` itself:
+
+    import audit
+    report = audit.check_target("B1_glaive")          # a Report: verdict, findings, to_json()
+    result = audit.gate("B1_glaive", "gated/B1_glaive")
+
+Every submodule (`audit.engine`, `audit.records`, `audit.cli`, ...) is internal: importable,
+documented, tested, but free to change between versions. ARCHITECTURE.md maps them. Names are
+loaded on first use, so `import audit` costs nothing until one is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
+
+# Public name -> the internal module that defines it.
+_EXPORTS = {
+    "check_target": "audit.api",
+    "gate": "audit.api",
+    "Report": "audit.report",
+    "RuleResult": "audit.report",
+    "Verdict": "audit.verdict",
+    "GateResult": "audit.gating",
+    "iter_quarantine": "audit.gating",
+    "AuditError": "audit.errors",
+    "ConfigError": "audit.errors",
+    "InputError": "audit.errors",
+}
+
+__all__ = [
+    "AuditError",
+    "ConfigError",
+    "GateResult",
+    "InputError",
+    "Report",
+    "RuleResult",
+    "Verdict",
+    "__version__",
+    "check_target",
+    "gate",
+    "iter_quarantine",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'audit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -23,8 +23,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +32,7 @@ import polars as pl
 from audit import __version__
 from audit.engine import STATS_SCHEMA, FileAudit
 from audit.fastcodec import fast_paths_enabled
+from audit.files import write_directory_atomically
 from audit.findings import FindingsLog
 
 if TYPE_CHECKING:
@@ -157,12 +156,10 @@ class AuditCache:
 
     def store(self, key: str, audited: FileAudit) -> None:
         """Keep `audited` under `key`; a cache that cannot be written is skipped, not fatal."""
-        results = self.root / "results"
-        try:
-            results.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".tmp-", dir=results))
-            findings = audited.log.save(staging)
-            audited.stats.write_parquet(staging / "stats.parquet")
+
+        def fill(entry: Path) -> None:
+            findings = audited.log.save(entry)
+            audited.stats.write_parquet(entry / "stats.parquet")
             meta = {
                 "sha256": audited.sha256,
                 "bytes": audited.bytes,
@@ -173,14 +170,10 @@ class AuditCache:
                 "source": str(audited.path),
                 "findings": findings,
             }
-            (staging / "meta.json").write_text(json.dumps(meta))
-            target = results / key
-            if (target / "meta.json").is_file():
-                # The same key is the same result, and another run may be reading it right now.
-                shutil.rmtree(staging, ignore_errors=True)
-                return
-            if target.exists():
-                shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
+            (entry / "meta.json").write_text(json.dumps(meta))
+
+        try:
+            # The same key is the same result, and another run may be reading it: kept as it is.
+            write_directory_atomically(self.root / "results" / key, fill, complete="meta.json")
         except OSError:
-            shutil.rmtree(locals().get("staging", results / ".none"), ignore_errors=True)
+            pass

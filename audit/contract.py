@@ -2,8 +2,9 @@
 
 Parsing already fixes the column types; the contract adds what a type cannot say: a prompt
 that is present and non-empty, ids inside the tokenizer's vocabulary, and `meta_info` counts
-that equal the list lengths. Each check is named after the rule that reports it, so a
-failure case maps straight onto a finding.
+that equal the list lengths. Each check is named after the kind of problem it finds
+(`PROBLEMS`); the rule that reports a kind names it (`Rule.problem`), so a failure case maps
+straight onto a finding.
 """
 
 from __future__ import annotations
@@ -12,8 +13,13 @@ import pandera.polars as pa
 import polars as pl
 from pandera.errors import SchemaErrors
 
+from audit.records import CONTRACT
 from audit.tokenizer import Tokenizer
 
+# The kinds of problem the contract finds, beside the reader's (`audit.records`).
+OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have
+COUNT_MISMATCH = "count_mismatch"  # meta_info token counts that differ from the id lists
+PROBLEMS = (CONTRACT, OUT_OF_VOCABULARY, COUNT_MISMATCH)
 
 # The `meta_info.finish_reason.type` values SGLang writes.
 FINISH_TYPES = ("stop", "length", "abort")
@@ -57,8 +63,8 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
         # Any other type would slip past every termination rule, which test for these three.
         return data.lazyframe.select(pl.col(data.key).is_in(FINISH_TYPES).fill_null(True))
 
-    def contract_check(fn, code: str) -> pa.Check:
-        return pa.Check(fn, name=code, ignore_na=False)
+    def contract_check(fn, problem: str) -> pa.Check:
+        return pa.Check(fn, name=problem, ignore_na=False)
 
     return pa.DataFrameSchema(
         {
@@ -68,26 +74,26 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
                 pl.List(pl.Int64),
                 nullable=True,
                 checks=[
-                    contract_check(present_and_nonempty, "INT002"),
-                    contract_check(all_in_vocabulary, "INT003"),
+                    contract_check(present_and_nonempty, CONTRACT),
+                    contract_check(all_in_vocabulary, OUT_OF_VOCABULARY),
                 ],
             ),
             "output_ids": pa.Column(
                 pl.List(pl.Int64),
                 nullable=True,
                 checks=[
-                    contract_check(present, "INT002"),
-                    contract_check(all_in_vocabulary, "INT003"),
+                    contract_check(present, CONTRACT),
+                    contract_check(all_in_vocabulary, OUT_OF_VOCABULARY),
                 ],
             ),
             "finish_type": pa.Column(
-                pl.String, nullable=True, checks=[contract_check(known_finish_type, "INT002")]
+                pl.String, nullable=True, checks=[contract_check(known_finish_type, CONTRACT)]
             ),
             "prompt_tokens": pa.Column(
-                pl.Int64, nullable=True, checks=[contract_check(counts("input_ids"), "INT005")]
+                pl.Int64, nullable=True, checks=[contract_check(counts("input_ids"), COUNT_MISMATCH)]
             ),
             "completion_tokens": pa.Column(
-                pl.Int64, nullable=True, checks=[contract_check(counts("output_ids"), "INT005")]
+                pl.Int64, nullable=True, checks=[contract_check(counts("output_ids"), COUNT_MISMATCH)]
             ),
         },
         strict=False,
@@ -95,8 +101,8 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
 
 
 def contract_failures(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.DataFrame:
-    """Rows that break the contract: columns `row` (index into `records`), `rule`, `column`."""
-    empty = pl.DataFrame(schema={"row": pl.UInt32, "rule": pl.String, "column": pl.String})
+    """Rows that break the contract: columns `row` (index into `records`), `problem`, `column`."""
+    empty = pl.DataFrame(schema={"row": pl.UInt32, "problem": pl.String, "column": pl.String})
     if records.is_empty():
         return empty
     try:
@@ -107,7 +113,7 @@ def contract_failures(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.D
             cases.filter(pl.col("index").is_not_null())
             .select(
                 pl.col("index").cast(pl.UInt32).alias("row"),
-                pl.col("check").alias("rule"),
+                pl.col("check").alias("problem"),
                 pl.col("column").cast(pl.String),
             )
             .unique(maintain_order=True)

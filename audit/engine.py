@@ -1,16 +1,29 @@
-"""The engine: stream a file through the rules and collect findings with their line numbers.
+"""The engine: run a rule set over blocks of lines, whatever their source, and collect findings.
 
-Rules only say which rows break them; the engine numbers lines, attaches ids and
-severities, runs file-level rules at the end, and counts. Memory holds one block of records
-at a time plus the (line, id) pairs the duplicate check needs and one small stats row per
-record; the findings go to disk block by block (`audit.findings`).
+One entry point does the work of every command that audits (`check`, `gate`, `inspect`,
+`watch`, the generator's canary, the `--jobs` workers):
+
+    audit_blocks(blocks, context, rule_set) -> ShardAudit
+
+`blocks` are `audit.sources.LineBlock`s, each numbered by the physical line its first line has
+in the input, from any source: a file or a byte range of it, the lines appended to a growing
+file, lines in memory, a stream of chunks from object storage. The engine never knows which.
+Rules only say which rows break them; the engine parses each block, numbers findings by line,
+attaches ids and severities, reports the lines the reader rejected under the rule for their
+kind of problem, and counts. Memory holds one block of records at a time, plus the (line, id)
+pairs the duplicate check needs and one small stats row per record; each block's findings go to
+disk as it is done (`audit.findings`) when a spill directory is given.
+
+Inputs audited in pieces (shards of a file in worker processes, later tasks on a cluster) are
+joined in input order by `join_shards`, which runs the file-level rules (duplicate ids) over
+all of them: a piece is audited alike wherever it runs.
 """
 
 from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,15 +31,10 @@ import polars as pl
 
 from audit.batch import AuditContext, Batch
 from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
-from audit.records import (
-    DEFAULT_BLOCK_BYTES,
-    InputDigest,
-    UnreadableLine,
-    iter_line_blocks,
-    parse_block,
-)
+from audit.records import RejectedLine, parse_block
 from audit.ruleset import RuleSet
 from audit.segments import record_summary
+from audit.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
 
 # One row per readable record: the shape of the data, for summaries and plots.
 STATS_SCHEMA: dict[str, pl.DataType] = {
@@ -38,13 +46,41 @@ STATS_SCHEMA: dict[str, pl.DataType] = {
     "tool_calls": pl.UInt32(),
 }
 
-# Called after each block with (records so far, output tokens so far, bytes read so far).
+IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String()}
+
+# Called after each block with (records so far, output tokens so far, input bytes so far).
 ProgressCallback = Callable[[int, int, int], None]
 
 
 @dataclass
+class ShardAudit:
+    """What the engine found over consecutive blocks of an input: all but the file-level rules.
+
+    Plain data (frames, paths): it crosses process boundaries as it is, for `join_shards`.
+    """
+
+    lines: int  # the last physical line number seen (0 when there were no lines)
+    records: int  # non-blank lines, readable or not
+    output_tokens: int
+    bytes: int  # input bytes the blocks stood for
+    parts: list[FindingsPart]  # one per block with findings, each sorted by line then rule
+    identities: pl.DataFrame  # IDENTITY_SCHEMA: `line`, `id` of every readable record
+    stats: pl.DataFrame  # STATS_SCHEMA
+
+    def failing_by_rule(self) -> dict[str, int]:
+        """Records each rule flagged in these blocks (the file-level rules are not run here)."""
+        counts: dict[str, int] = {}
+        for part in self.parts:
+            for code, failing in (
+                part.read().group_by("rule").agg(pl.col("line").n_unique()).iter_rows()
+            ):
+                counts[code] = counts.get(code, 0) + failing
+        return counts
+
+
+@dataclass
 class FileAudit:
-    """What one pass over one file found."""
+    """What a whole input gave: every finding, the counts, and the input's identity."""
 
     path: Path
     sha256: str
@@ -58,89 +94,53 @@ class FileAudit:
 
     @property
     def findings(self) -> pl.DataFrame:
-        """Every finding in one frame (FINDINGS_SCHEMA, by line then rule); memory grows with them."""
+        """Every finding in one frame (FINDINGS_SCHEMA, by line then rule); memory grows with
+        them."""
         return self.log.collect()
 
-    @findings.setter
-    def findings(self, frame: pl.DataFrame) -> None:
-        self.log = FindingsLog.from_frame(frame)
 
-
-@dataclass
-class ShardAudit:
-    """What one pass over a byte range of a file found: everything but the file-level rules."""
-
-    lines: int  # the last physical line number seen (0 when the range is empty)
-    records: int
-    output_tokens: int
-    parts: list[FindingsPart]  # one per block with findings, each sorted by line then rule
-    identities: pl.DataFrame  # `line`, `id` of every readable record, for file-level rules
-    stats: pl.DataFrame  # STATS_SCHEMA
-
-
-def audit_file(
-    path: Path,
+def audit_blocks(
+    blocks: Iterable[LineBlock],
     context: AuditContext,
     rule_set: RuleSet,
     *,
-    block_bytes: int = DEFAULT_BLOCK_BYTES,
-    progress: ProgressCallback | None = None,
-) -> FileAudit:
-    """Run every rule of `rule_set` over `path` and return the findings."""
-    started = time.perf_counter()
-    digest = InputDigest()
-    spill = FindingsLog.spill_directory()
-    try:
-        shard = audit_shard(
-            path, context, rule_set, digest=digest, block_bytes=block_bytes, progress=progress, spill=spill
-        )
-    except BaseException:
-        shutil.rmtree(spill, ignore_errors=True)
-        raise
-    return finish_file(path, digest.sha256, digest.bytes, [shard], rule_set, started, spill=spill)
-
-
-def audit_shard(
-    path: Path,
-    context: AuditContext,
-    rule_set: RuleSet,
-    *,
-    start: int = 0,
-    end: int | None = None,
-    first_line: int = 1,
-    digest: InputDigest | None = None,
-    block_bytes: int = DEFAULT_BLOCK_BYTES,
-    progress: ProgressCallback | None = None,
     spill: Path | None = None,
+    progress: ProgressCallback | None = None,
 ) -> ShardAudit:
-    """Run the record-level rules over the lines in bytes [start, end) of `path`.
+    """Run the record-level rules of `rule_set` over `blocks`, in order; see the module docstring.
 
-    `first_line` is the physical line number at `start`, so findings carry file line numbers
-    whichever process audits the shard. Each block's findings are written to `spill` (a
-    directory) as one part; with no directory they stay in memory.
+    Findings carry each block's own line numbers. Each block's findings become one part, written
+    to the directory `spill` (kept in memory without one, or when small).
     """
-    if digest is None:
-        digest = InputDigest()
     record_rules = [c for c in rule_set.rules if not c.rule.file_level]
     keep_source = any(c.rule.reads_source for c in record_rules)
     parts: list[FindingsPart] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
-    lines = records = output_tokens = 0
+    lines = records = output_tokens = read = 0
 
-    for block in iter_line_blocks(path, digest, block_bytes, start=start, end=end, first_line=first_line):
+    for block in blocks:
         parsed = parse_block(block, keep_source=keep_source)
-        lines = block.first_line + len(block.lines) - 1
-        records += parsed.records.height + len(parsed.unreadable)
-        found_here = [_unreadable_findings(parsed.unreadable, rule_set)]
+        lines = block.last_line
+        read += block.nbytes
+        records += parsed.records.height + len(parsed.rejected)
+        found_here = [_rejected_findings(parsed.rejected, rule_set)]
         batch = Batch(parsed.records, context)
         for configured in record_rules:
             found = configured.rule.check(batch)
             if found.height:
                 found_here.append(
-                    _locate(found, batch, configured.code, configured.severity.value, configured.rule.position_field)
+                    _locate(
+                        found,
+                        batch,
+                        configured.code,
+                        configured.severity.value,
+                        configured.rule.position_field,
+                    )
                 )
-        block_findings = pl.concat(found_here, how="vertical").sort("line", "rule", maintain_order=True)
+        block_findings = pl.concat(found_here, how="vertical").sort(
+            "line", "rule", maintain_order=True
+        )
         if block_findings.height:
             parts.append(spill_part(block_findings, lines, spill))
         del found_here, block_findings
@@ -149,57 +149,62 @@ def audit_shard(
         output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
         del batch, parsed  # free the block before the next one is read: memory stays flat
         if progress is not None:
-            progress(records, output_tokens, digest.bytes)
+            progress(records, output_tokens, read)
 
     return ShardAudit(
         lines=lines,
         records=records,
         output_tokens=output_tokens,
+        bytes=read,
         parts=parts,
         identities=pl.concat([pl.DataFrame(schema=IDENTITY_SCHEMA), *identities], how="vertical"),
         stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
     )
 
 
-IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String()}
+def file_level_findings(identities: pl.DataFrame, rule_set: RuleSet) -> pl.DataFrame:
+    """The findings of the file-level rules (duplicate ids) over an input's (line, id) pairs."""
+    found: list[pl.DataFrame] = [pl.DataFrame(schema=FINDINGS_SCHEMA)]
+    for configured in rule_set.rules:
+        if not configured.rule.file_level:
+            continue
+        flagged = configured.rule.check_file(identities)
+        found.append(
+            flagged.join(identities, on="line", how="left").select(
+                pl.col("line").cast(pl.UInt32),
+                "id",
+                pl.lit(configured.code).alias("rule"),
+                pl.lit(configured.severity.value).alias("severity"),
+                pl.col("position").cast(pl.Int64),
+                pl.lit(configured.rule.position_field).alias("field"),
+                pl.col("message").cast(pl.String),
+            )
+        )
+    return pl.concat(found, how="vertical")
 
 
-def finish_file(
+def join_shards(
+    shards: Sequence[ShardAudit],
+    rule_set: RuleSet,
+    *,
     path: Path,
     sha256: str,
     size: int,
-    shards: list[ShardAudit],
-    rule_set: RuleSet,
     started: float,
-    *,
     spill: Path | None = None,
 ) -> FileAudit:
-    """Join the shards of a file (in file order) and run the file-level rules.
+    """Join the audits of an input's pieces (in input order) and run the file-level rules.
 
-    `spill` is the directory the shards wrote their parts to: the log owns it from here on.
+    `path`, `sha256` and `size` name the whole input; `started` is when its audit began
+    (`time.perf_counter()`). `spill` is the directory the shards wrote their parts to: the log
+    owns it from here on.
     """
-    file_level: list[pl.DataFrame] = []
-    file_rules = [c for c in rule_set.rules if c.rule.file_level]
-    if file_rules:
+    file_level = pl.DataFrame(schema=FINDINGS_SCHEMA)
+    if any(c.rule.file_level for c in rule_set.rules):
         everyone = pl.concat([s.identities for s in shards], how="vertical")
-        for configured in file_rules:
-            found = configured.rule.check_file(everyone)
-            file_level.append(
-                found.join(everyone, on="line", how="left").select(
-                    pl.col("line").cast(pl.UInt32),
-                    "id",
-                    pl.lit(configured.code).alias("rule"),
-                    pl.lit(configured.severity.value).alias("severity"),
-                    pl.col("position").cast(pl.Int64),
-                    pl.lit(configured.rule.position_field).alias("field"),
-                    pl.col("message").cast(pl.String),
-                )
-            )
-
+        file_level = file_level_findings(everyone, rule_set)
     log = FindingsLog(
-        [part for shard in shards for part in shard.parts],
-        pl.concat([pl.DataFrame(schema=FINDINGS_SCHEMA), *file_level], how="vertical"),
-        directory=spill,
+        [part for shard in shards for part in shard.parts], file_level, directory=spill
     )
     return FileAudit(
         path=path,
@@ -210,8 +215,55 @@ def finish_file(
         output_tokens=sum(s.output_tokens for s in shards),
         log=log,
         seconds=time.perf_counter() - started,
-        stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *(s.stats for s in shards)], how="vertical"),
+        stats=pl.concat(
+            [pl.DataFrame(schema=STATS_SCHEMA), *(s.stats for s in shards)], how="vertical"
+        ),
     )
+
+
+def audit_input(
+    blocks: Iterable[LineBlock],
+    digest: InputDigest,
+    context: AuditContext,
+    rule_set: RuleSet,
+    *,
+    path: Path,
+    progress: ProgressCallback | None = None,
+) -> FileAudit:
+    """A whole input in this process: its blocks audited, findings spilled to disk, joined.
+
+    `digest` is the one the source updates as it reads (its sha256 and size name the input).
+    """
+    started = time.perf_counter()
+    spill = FindingsLog.spill_directory()
+    try:
+        shard = audit_blocks(blocks, context, rule_set, spill=spill, progress=progress)
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
+    return join_shards(
+        [shard],
+        rule_set,
+        path=path,
+        sha256=digest.sha256,
+        size=digest.bytes,
+        started=started,
+        spill=spill,
+    )
+
+
+def audit_file(
+    path: Path,
+    context: AuditContext,
+    rule_set: RuleSet,
+    *,
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    progress: ProgressCallback | None = None,
+) -> FileAudit:
+    """Run every rule of `rule_set` over the file `path`, in this process."""
+    digest = InputDigest()
+    blocks = file_blocks(path, digest=digest, block_bytes=block_bytes)
+    return audit_input(blocks, digest, context, rule_set, path=path, progress=progress)
 
 
 def record_stats(batch: Batch) -> pl.DataFrame:
@@ -227,7 +279,9 @@ def record_stats(batch: Batch) -> pl.DataFrame:
     )
 
 
-def _locate(found: pl.DataFrame, batch: Batch, code: str, severity: str, field: str) -> pl.DataFrame:
+def _locate(
+    found: pl.DataFrame, batch: Batch, code: str, severity: str, field: str
+) -> pl.DataFrame:
     """Attach line numbers and ids to a rule's row-indexed findings."""
     located = batch.records.select(pl.col("line", "id").gather(found["row"]))
     return pl.DataFrame(
@@ -244,12 +298,22 @@ def _locate(found: pl.DataFrame, batch: Batch, code: str, severity: str, field: 
     )
 
 
-def _unreadable_findings(unreadable: list[UnreadableLine], rule_set: RuleSet) -> pl.DataFrame:
-    """Lines the reader could not turn into records, as INT001 (not JSON) or INT002 findings."""
+def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.DataFrame:
+    """Lines the reader did not turn into records, each under the rule that reports its problem."""
+    reporters = {c.rule.problem: c for c in rule_set.rules if c.rule.problem is not None}
     rows = []
-    for item in unreadable:
-        if item.rule in rule_set:
+    for item in rejected:
+        configured = reporters.get(item.problem)
+        if configured is not None:
             rows.append(
-                (item.line, None, item.rule, rule_set[item.rule].severity.value, item.position, item.field, item.reason)
+                (
+                    item.line,
+                    None,
+                    configured.code,
+                    configured.severity.value,
+                    item.position,
+                    item.field,
+                    item.reason,
+                )
             )
     return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")

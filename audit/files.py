@@ -2,7 +2,9 @@
 
 - **Atomic.** An output is written to a temporary file beside it and renamed into place, so a
   crash leaves the old file or the new one, never half of one (`write_atomically`, or
-  `open_temporary` + `Temporary.commit` for writers that stream).
+  `open_temporary` + `Temporary.commit` for writers that stream). A directory of files that
+  belong together (a cache entry) is filled beside its place and renamed in whole
+  (`write_directory_atomically`).
 - **Durable.** The temporary file is fsync'd before the rename and its directory after it, as
   databases do: once a run says it wrote a file, a power cut does not take it back.
 - **No leftovers.** A temporary is named `.<output>.audit-XXXXXXXX.tmp` and is locked (flock)
@@ -23,12 +25,13 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import stat
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Self
@@ -157,6 +160,36 @@ def write_atomically(path: Path, text: str | Iterable[bytes]) -> Path:
         temporary.discard()
         raise
     return path
+
+
+def write_directory_atomically(
+    destination: Path, fill: Callable[[Path], object], *, complete: str | None = None
+) -> bool:
+    """Write a directory whole: `fill(staging)` writes its files into a new directory beside
+    `destination`, which is then renamed into place, so readers see all of it or none.
+
+    `complete` names the file a finished directory holds: when `destination` already has it
+    (another run wrote the same thing, and may be reading it), it is kept and False returned.
+    Anything else at `destination` (a broken leftover) is replaced. On failure nothing of this
+    call is left behind. The files are not fsync'd one by one: for stores that can be rebuilt.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(
+        tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}{TEMPORARY_MARK}", suffix=".tmp")
+    )
+    try:
+        fill(staging)
+        if complete is not None and (destination / complete).is_file():
+            shutil.rmtree(staging, ignore_errors=True)
+            return False
+        if destination.exists():
+            shutil.rmtree(destination, ignore_errors=True)
+        os.rename(staging, destination)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    fsync_directory(destination.parent)
+    return True
 
 
 def remove_leftover_temporaries(directory: Path) -> list[Path]:

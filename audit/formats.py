@@ -1,7 +1,7 @@
 """Machine output formats of reports, for CI: json, jsonl, junit, sarif, github.
 
 Each writer takes one or more `Report`s and returns text; the CLI only chooses which one to
-print. Nothing here knows of terminals (the rich tables live in `audit.render`).
+print. Nothing here knows of terminals (the rich tables live in `audit.cli.tables`).
 
 Every machine format carries `schema_version` (`FORMAT_SCHEMA_VERSION`) where the format has
 room for it, and changes only by addition:
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -31,15 +31,13 @@ import polars as pl
 
 from audit import __version__, inert
 from audit.report import SCHEMA_VERSION, Report, RuleResult
+from audit.verdict import failing_verdicts
 
 FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
 EXAMPLE_LOCATIONS = 5
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
 INFORMATION_URI = "https://github.com/audit/audit"
-
-# A verdict's rank: what "got worse" means, and which verdicts fail a gate.
-VERDICT_RANK = {"pass": 0, "warn": 1, "fail": 2}
 
 
 class OutputFormat(StrEnum):
@@ -53,20 +51,16 @@ class OutputFormat(StrEnum):
     github = "github"
 
 
-def failing_verdicts(fail_on_warning: bool) -> set[str]:
-    """The verdicts that fail the gate: `fail`, and `warn` too under `--fail-on warning`."""
-    return {"fail", "warn"} if fail_on_warning else {"fail"}
+def format_reports(reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False) -> str:
+    """`reports` in a machine format, as text that ends with a newline."""
+    return b"".join(format_chunks(reports, fmt, fail_on_warning=fail_on_warning)).decode("utf-8")
 
 
-def render(reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False) -> str:
-    """Render `reports` in a machine format; the text ends with a newline."""
-    return b"".join(render_chunks(reports, fmt, fail_on_warning=fail_on_warning)).decode("utf-8")
-
-
-def render_chunks(
+def format_chunks(
     reports: Sequence[Report], fmt: OutputFormat | str, *, fail_on_warning: bool = False
 ) -> Iterator[bytes]:
-    """`render` as UTF-8 pieces: json and jsonl stream the findings, so memory does not follow them."""
+    """`format_reports` as UTF-8 pieces: json and jsonl stream the findings, so memory does not
+    follow them."""
     fmt = OutputFormat(fmt)
     if fmt is OutputFormat.json:
         for report in reports:
@@ -75,10 +69,10 @@ def render_chunks(
     if fmt is OutputFormat.jsonl:
         yield from jsonl_chunks(reports)
         return
-    yield _render_text(reports, fmt, fail_on_warning=fail_on_warning).encode("utf-8")
+    yield _format_text(reports, fmt, fail_on_warning=fail_on_warning).encode("utf-8")
 
 
-def _render_text(reports: Sequence[Report], fmt: OutputFormat, *, fail_on_warning: bool) -> str:
+def _format_text(reports: Sequence[Report], fmt: OutputFormat, *, fail_on_warning: bool) -> str:
     if fmt is OutputFormat.junit:
         return render_junit(reports, fail_on_warning=fail_on_warning)
     if fmt is OutputFormat.sarif:
@@ -88,19 +82,9 @@ def _render_text(reports: Sequence[Report], fmt: OutputFormat, *, fail_on_warnin
     raise ValueError(f"{fmt} is rendered by the CLI, not as text")
 
 
-def render_json(reports: Sequence[Report]) -> str:
-    """Each report's JSON, one document per target (for several, one after the other)."""
-    return render(reports, OutputFormat.json)
-
-
-def render_jsonl(reports: Sequence[Report]) -> str:
-    """One finding per line: schema_version, target, file, line, id, rule, severity, field,
-    position, message."""
-    return render(reports, OutputFormat.jsonl)
-
-
 def jsonl_chunks(reports: Sequence[Report]) -> Iterator[bytes]:
-    """`render_jsonl` as pieces, one finding at a time."""
+    """One finding per line (schema_version, target, file, line, id, rule, severity, field,
+    position, message), a part of the findings at a time."""
     for report in reports:
         data_file = report.input.get("path")
         head = pl.struct(
@@ -137,7 +121,7 @@ def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
     total_tests = total_failures = 0
     total_time = 0.0
     for report in reports:
-        failures = sum(1 for r in report.results if r.verdict in failing)
+        failures = len(report.judgement.failing_rules(fail_on_warning=fail_on_warning))
         suite = ET.SubElement(
             suites,
             "testsuite",
@@ -191,9 +175,9 @@ def render_junit(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
 # -- SARIF -----------------------------------------------------------------------------------
 
 
-def artifact_uri(path: str | os.PathLike[str]) -> str:
-    """A SARIF artifact URI: relative to the working directory when under it (what code
-    scanning resolves against the checkout), else an absolute file:// URI."""
+def checkout_path(path: str | os.PathLike[str], outside: Callable[[Path], str] = str) -> str:
+    """A data file's path as CI tools resolve it: relative to the working directory (the
+    checkout) when under it, else `outside(the absolute path)`."""
     try:
         resolved = Path(path).resolve()
     except (OSError, ValueError):  # a hand-edited report's path may hold a NUL byte
@@ -201,7 +185,12 @@ def artifact_uri(path: str | os.PathLike[str]) -> str:
     try:
         return resolved.relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
-        return resolved.as_uri()
+        return outside(resolved)
+
+
+def artifact_uri(path: str | os.PathLike[str]) -> str:
+    """A SARIF artifact URI: relative to the checkout when under it, else a file:// URI."""
+    return checkout_path(path, Path.as_uri)
 
 
 _SARIF_LEVEL = {"fail": "error", "warn": "warning", "pass": "note"}
@@ -280,25 +269,13 @@ def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
 # -- GitHub Actions --------------------------------------------------------------------------
 
 
-def github_relative(path: str) -> str:
-    """A file path as GitHub resolves annotation paths: relative to the checkout when possible."""
-    try:
-        resolved = Path(path).resolve()
-    except (OSError, ValueError):  # a hand-edited report's path may hold a NUL byte
-        return str(path)
-    try:
-        return resolved.relative_to(Path.cwd().resolve()).as_posix()
-    except ValueError:
-        return str(resolved)
-
-
 def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -> str:
     """GitHub workflow commands: one annotation per rule with failing records, at its first
     failing line (the others are named in the message), then a `::notice` verdict per target."""
     failing = failing_verdicts(fail_on_warning)
     out = []
     for report in reports:
-        file = inert.github_property(github_relative(report.input.get("path", report.target)))
+        file = inert.github_property(checkout_path(report.input.get("path", report.target)))
         for result in report.results:
             if not result.failing:
                 continue
@@ -307,8 +284,8 @@ def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -
             title = inert.github_property(f"audit {report.target}: {result.code} {result.name}")
             message = inert.github_data(rule_message(result, report.records))
             out.append(f"::{command} file={file},line={line},title={title}::{message}\n")
-        verdict = "failed" if report.verdict in failing else "passed"
-        command = "error" if report.verdict in failing else "notice"
+        fails = report.judgement.fails(fail_on_warning=fail_on_warning)
+        verdict, command = ("failed", "error") if fails else ("passed", "notice")
         out.append(
             f"::{command} title={inert.github_property('audit ' + report.target)}::"
             + inert.github_data(
@@ -326,12 +303,11 @@ def step_summary(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
     Every value from a report goes through `inert.markdown`: a target or rule name is never
     a link, an image, HTML or a new table cell.
     """
-    failing = failing_verdicts(fail_on_warning)
     icon = {"pass": "✅", "warn": "⚠️", "fail": "❌"}
     md = inert.markdown
     parts = ["## audit\n", "| target | records | with errors | verdict | failed rules |", "|---|--:|--:|---|---|"]
     for report in reports:
-        failed = ", ".join(r.code for r in report.results if r.verdict in failing) or "-"
+        failed = ", ".join(report.judgement.failing_rules(fail_on_warning=fail_on_warning)) or "-"
         parts.append(
             f"| {md(report.target)} | {report.records} | {report.failing_records} | "
             f"{icon[report.verdict]} {report.verdict} | {md(failed)} |"
@@ -354,16 +330,18 @@ def step_summary(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
 
 def summary_rows(reports: Sequence[Report], *, fail_on_warning: bool = False) -> list[dict[str, Any]]:
     """One row per target for a cross-partition summary: records, errors, verdict, failed rules."""
-    failing = failing_verdicts(fail_on_warning)
-    return [
-        {
-            "target": r.target,
-            "records": r.records,
-            "records_with_errors": r.failing_records,
-            "verdict": r.verdict,
-            "failed": [x.code for x in r.results if x.verdict in failing],
-            "warned": [x.code for x in r.results if x.verdict == "warn" and x.verdict not in failing],
-            "exit_code": r.exit_code(fail_on_warning=fail_on_warning),
-        }
-        for r in reports
-    ]
+    rows = []
+    for r in reports:
+        judgement = r.judgement
+        rows.append(
+            {
+                "target": r.target,
+                "records": r.records,
+                "records_with_errors": r.failing_records,
+                "verdict": judgement.value,
+                "failed": list(judgement.failing_rules(fail_on_warning=fail_on_warning)),
+                "warned": [] if fail_on_warning else list(judgement.warned),
+                "exit_code": judgement.exit_code(fail_on_warning=fail_on_warning),
+            }
+        )
+    return rows

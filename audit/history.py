@@ -18,9 +18,9 @@ import orjson
 import polars as pl
 
 from audit.errors import InputError
-from audit.formats import VERDICT_RANK, failing_verdicts
 from audit.report import SCHEMA_VERSION, Report, RuleResult
 from audit.report_shape import check_report_shape
+from audit.verdict import VERDICT_RANK, failing_verdicts
 
 
 def load_report(path: Path) -> Report:
@@ -137,7 +137,7 @@ def diff_reports(old: Report, new: Report, *, fail_on_warning: bool = False) -> 
     return ReportDiff(old=old, new=new, moves=moves)
 
 
-def _regressed(old: RuleResult | None, new: RuleResult, failing: set[str]) -> bool:
+def _regressed(old: RuleResult | None, new: RuleResult, failing: frozenset[str]) -> bool:
     if new.verdict not in failing:
         return False
     if old is None:

@@ -12,7 +12,7 @@ and every writer passes data through it. HTML pages escape with `html.escape` (a
     github_property(text)  a workflow command's property value: also ':' and ','
     markdown(text)         a markdown table cell: one line, no markup, no HTML, no '|'
 
-Rich markup is handled where rich is used (`audit.render.plain`): data goes into `Text`
+Rich markup is handled where rich is used (`audit.cli.tables.plain`): data goes into `Text`
 objects, which are never parsed as markup.
 """
 

@@ -1,11 +1,13 @@
-"""Running the engine: on shards of a file in worker processes, and through the result cache.
+"""The local executor of `--jobs N`: shards of a file audited in worker processes.
 
-`--jobs N` cuts each file into byte ranges that start at line boundaries, knowing the
-physical line number at each cut, and audits them in N worker processes. Every worker loads
-the session itself (spawned, not forked: polars and the tokenizers keep thread pools that a
-fork would copy in an unknown state). The parent joins the shards in file order and runs the
-file-level rules (INT004's duplicate ids) over the whole file, so the findings are exactly
-those of a single process.
+Each file is cut into byte ranges that start at line boundaries, knowing the physical line
+number at each cut (`plan_shards`); each worker runs the engine over its range
+(`audit_blocks(file_blocks(path, start=, end=, first_line=))`). Every worker prepares the
+session itself (spawned, not forked: polars and the tokenizers keep thread pools that a fork
+would copy in an unknown state). The parent joins the shards in file order (`join_shards`),
+which runs the file-level rules (duplicate ids) over the whole file, so the findings are
+exactly those of a single process. Another executor (a cluster's tasks) does the same with
+the same three calls.
 """
 
 from __future__ import annotations
@@ -18,21 +20,19 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from audit.engine import (
     FileAudit,
     ProgressCallback,
     ShardAudit,
+    audit_blocks,
     audit_file,
-    audit_shard,
-    finish_file,
+    join_shards,
 )
 from audit.findings import FindingsLog
-
-if TYPE_CHECKING:
-    from audit.check import CheckOptions, Session
-    from audit.targets import Target
+from audit.session import CheckOptions, Session, prepare
+from audit.sources import file_blocks
+from audit.targets import Target
 
 # Below this many bytes per shard, a worker's start-up (imports, tokenizer) costs more than it saves.
 MIN_SHARD_BYTES = 16 << 20
@@ -86,24 +86,20 @@ _WORKER_SESSION: Session | None = None
 
 def _start_worker(target: Target, options: CheckOptions) -> None:
     global _WORKER_SESSION
-    from audit.check import prepare
-
     _WORKER_SESSION = prepare(target, options)
 
 
 def _audit_shard(shard: Shard, spill: Path) -> ShardAudit:
     session = _WORKER_SESSION
     assert session is not None, "worker used before its session was prepared"
-    return audit_shard(
+    blocks = file_blocks(
         session.target.data_file,
-        session.context,
-        session.rule_set,
         start=shard.start,
         end=shard.end,
         first_line=shard.first_line,
         block_bytes=session.options.block_bytes,
-        spill=spill,
     )
+    return audit_blocks(blocks, session.context, session.rule_set, spill=spill)
 
 
 def audit_file_parallel(
@@ -151,36 +147,5 @@ def audit_file_parallel(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    return finish_file(
-        path, sha256, size, [results[i] for i in range(len(plan))], session.rule_set, started, spill=spill
-    )
-
-
-def run_audit(session: Session, progress: ProgressCallback | None = None) -> FileAudit:
-    """Audit the session's file: from the cache when nothing changed, else in `jobs` processes."""
-    from audit.cache import AuditCache
-
-    options = session.options
-    jobs = max(1, int(getattr(options, "jobs", 1) or 1))
-    cache = AuditCache.for_options(options)
-    key = None
-    if cache is not None:
-        key = cache.key(session.target.data_file, session.context, session.rule_set)
-        hit = cache.load(key, session.target.data_file)
-        if hit is not None:
-            return hit
-    if jobs > 1:
-        audited = audit_file_parallel(session, jobs, progress)
-    else:
-        audited = audit_file(
-            session.target.data_file,
-            session.context,
-            session.rule_set,
-            block_bytes=options.block_bytes,
-            progress=progress,
-        )
-    if cache is not None and key is not None:
-        # Stored under the content actually audited (the audit hashes what it reads), so a file
-        # edited between the lookup and the audit never files its findings under the old bytes.
-        cache.store(AuditCache.key_for(audited.sha256, session.context, session.rule_set), audited)
-    return audited
+    shards = [results[i] for i in range(len(plan))]
+    return join_shards(shards, session.rule_set, path=path, sha256=sha256, size=size, started=started, spill=spill)

@@ -15,7 +15,8 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.records import RECORD_COLUMNS, LineBlock, empty_records, parse_block
+from audit.records import RECORD_COLUMNS, empty_records, parse_block
+from audit.sources import LineBlock
 
 
 class LineIndex:

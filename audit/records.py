@@ -13,23 +13,23 @@ One JSON object per line (SGLang `/generate` output saved raw):
                   template-fidelity rule, and the tool-call rules for declared types)
     anything else: kept on disk, ignored here
 
-The file is read in byte blocks, each block parsed by polars with an explicit schema. A
-block polars refuses is split in halves until the offending lines are single: each becomes
-an `UnreadableLine` with its physical line number and the rest of the file is still read.
+Lines come in blocks from any source (`audit.sources`); each block is parsed by polars with
+an explicit schema, after a strict JSON reading of every line. A line that is not a record
+becomes a `RejectedLine` with its physical line number and the kind of problem, and the rest
+of the block is still read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 import polars as pl
+
+from audit.sources import LineBlock
 
 # The raw schema polars parses against; fields beyond it are ignored.
 RAW_SCHEMA: dict[str, pl.DataType] = {
@@ -75,102 +75,30 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
 
 _LIST_FIELDS = ("input_ids", "prompt_ids", "output_ids")
 
-# A block's records, decoded texts and the rules' working columns take ~25-40x its bytes at the
-# peak; 4 MB keeps that near 100 MB, and per-block overheads stay a few percent of the work.
-DEFAULT_BLOCK_BYTES = 4 << 20
-# At most this many lines per block, however short they are (see `iter_line_blocks`).
-MAX_BLOCK_LINES = 65_536
+# The kinds of problem that keep a line from being a record (`RejectedLine.problem`); the rule
+# that reports each kind says so itself (`Rule.problem`).
+UNREADABLE = "unreadable"  # not JSON for a strict parser, not UTF-8, cut short, a key given twice
+CONTRACT = "contract"  # JSON, but not of the record contract's shape and types
 
 
 @dataclass(frozen=True)
-class UnreadableLine:
+class RejectedLine:
     """A line that is not a record: bad JSON, not UTF-8, wrong types, or cut short."""
 
     line: int
     reason: str
-    contract: bool  # True: valid JSON that breaks the record contract; False: not JSON at all
+    problem: str  # UNREADABLE or CONTRACT
     field: str | None = None  # the id list a bad token id is in, and its index there
     position: int | None = None
-
-    @property
-    def rule(self) -> str:
-        """The rule that reports it: INT002 (record contract) or INT001 (not JSON)."""
-        return "INT002" if self.contract else "INT001"
-
-
-@dataclass
-class LineBlock:
-    """Consecutive physical lines of the input, as raw bytes, numbered from `first_line`."""
-
-    first_line: int
-    lines: list[bytes]
-    last_unterminated: bool = False
 
 
 @dataclass
 class ParsedBlock:
-    """A block parsed: readable records as a frame, the rest as unreadable lines."""
+    """A block parsed: readable records as a frame, the rest as rejected lines."""
 
     records: pl.DataFrame
-    unreadable: list[UnreadableLine] = field(default_factory=list)
+    rejected: list[RejectedLine] = field(default_factory=list)
     blank_lines: int = 0
-
-
-class InputDigest:
-    """The sha256 and size of the input, computed as it streams by."""
-
-    def __init__(self) -> None:
-        self._hash = hashlib.sha256()
-        self.bytes = 0
-
-    def update(self, chunk: bytes) -> None:
-        self._hash.update(chunk)
-        self.bytes += len(chunk)
-
-    @property
-    def sha256(self) -> str:
-        return self._hash.hexdigest()
-
-
-def iter_line_blocks(
-    path: Path,
-    digest: InputDigest | None = None,
-    block_bytes: int = DEFAULT_BLOCK_BYTES,
-    *,
-    start: int = 0,
-    end: int | None = None,
-    first_line: int = 1,
-) -> Iterator[LineBlock]:
-    """Stream `path` as blocks of whole lines; memory is bounded by `block_bytes`.
-
-    `start`/`end` restrict the read to a byte range that begins at a line start (a shard of
-    the file, see `audit.parallel`); `first_line` is the physical line number at `start`.
-    """
-    next_line = first_line
-    carry = b""
-    remaining = None if end is None else end - start
-    with path.open("rb") as handle:
-        handle.seek(start)
-        while chunk := handle.read(block_bytes if remaining is None else min(block_bytes, remaining)):
-            if remaining is not None:
-                remaining -= len(chunk)
-            if digest is not None:
-                digest.update(chunk)
-            data = carry + chunk if carry else chunk
-            cut = data.rfind(b"\n")
-            if cut == -1:
-                carry = data
-                continue
-            lines = data[:cut].split(b"\n")
-            carry = data[cut + 1 :]
-            # Many short lines make a block of many records: what the rules hold per record
-            # (decoded texts, findings) is then what bounds memory, so blocks are cut by count too.
-            for begin in range(0, len(lines), MAX_BLOCK_LINES):
-                part = lines[begin : begin + MAX_BLOCK_LINES]
-                yield LineBlock(next_line, part)
-                next_line += len(part)
-    if carry:
-        yield LineBlock(next_line, [carry], last_unterminated=True)
 
 
 def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
@@ -184,30 +112,26 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     """
     numbered: list[tuple[int, bytes]] = []
     sources: list[str | None] = []
-    unreadable: list[UnreadableLine] = []
-    blank = 0
-    last = block.first_line + len(block.lines) - 1
-    for offset, raw in enumerate(block.lines):
+    rejected: list[RejectedLine] = []
+    last_unterminated = block.last_line if block.last_unterminated else None
+    for line, raw in block.record_lines():
         text = raw.rstrip(b"\r")
-        if not text.strip():
-            blank += 1
-            continue
-        line = block.first_line + offset
-        value, problem = _read_strictly(line, text, last_unterminated=block.last_unterminated and line == last)
+        value, problem = _read_strictly(line, text, last_unterminated=line == last_unterminated)
         if problem is not None:
-            unreadable.append(problem)
+            rejected.append(problem)
             continue
         numbered.append((line, text))
         if keep_source:
             sources.append(_source_prompt(value))
     frames: list[pl.DataFrame] = []
-    _parse_lines(numbered, sources if keep_source else None, frames, unreadable)
+    _parse_lines(numbered, sources if keep_source else None, frames, rejected)
     # One chunk per column: polars 2.1 panics ("i < self.len()") formatting string columns
     # taken from a multi-chunk struct after a filter; rechunking here costs well under 1 ms.
     records = pl.concat(frames, how="vertical").rechunk() if frames else empty_records()
     records, refused = _apply_id_policy(records)
-    unreadable.extend(refused)
-    return ParsedBlock(records=records, unreadable=unreadable, blank_lines=blank)
+    rejected.extend(refused)
+    blank = len(block.lines) - records.height - len(rejected)
+    return ParsedBlock(records=records, rejected=rejected, blank_lines=blank)
 
 
 def empty_records() -> pl.DataFrame:
@@ -221,32 +145,32 @@ def empty_records() -> pl.DataFrame:
 _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 
 
-def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[Any, UnreadableLine | None]:
+def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[Any, RejectedLine | None]:
     """The line's JSON value, or why it is not a record (polars is never asked about it then)."""
     try:
         value = orjson.loads(text)
     except orjson.JSONDecodeError as err:
         return None, _not_json(line, text, err, last_unterminated=last_unterminated)
     if not isinstance(value, dict):
-        return None, UnreadableLine(line, f"a JSON {_json_type(value)}, expected an object", True)
+        return None, RejectedLine(line, f"a JSON {_json_type(value)}, expected an object", CONTRACT)
     if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
-        return None, UnreadableLine(line, repeated, False)
+        return None, RejectedLine(line, repeated, UNREADABLE)
     problem = _field_problem(value)
     if problem is not None:
-        return None, UnreadableLine(line, problem, True)
+        return None, RejectedLine(line, problem, CONTRACT)
     return value, None
 
 
-def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> UnreadableLine:
+def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> RejectedLine:
     try:
         text.decode("utf-8")
     except UnicodeDecodeError as bad:
-        return UnreadableLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", False)
+        return RejectedLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", UNREADABLE)
     if last_unterminated:
-        return UnreadableLine(
-            line, "last line is cut short with no newline: is the file still being written?", False
+        return RejectedLine(
+            line, "last line is cut short with no newline: is the file still being written?", UNREADABLE
         )
-    return UnreadableLine(line, f"not valid JSON: {err}", False)
+    return RejectedLine(line, f"not valid JSON: {err}", UNREADABLE)
 
 
 def _may_repeat_keys(text: bytes, value: Any) -> bool:
@@ -400,36 +324,43 @@ def _parse_lines(
     numbered: list[tuple[int, bytes]],
     sources: list[str | None] | None,
     frames: list[pl.DataFrame],
-    unreadable: list[UnreadableLine],
+    rejected: list[RejectedLine],
+    *,
+    refused_before: bool = False,
 ) -> None:
-    """Parse the lines with polars in one call; when it refuses, find the refused lines directly."""
+    """Parse the lines with polars in one call; when it refuses, find the refused lines.
+
+    First directly: an id list polars cannot hold (a float, a boolean, a string, an integer
+    beyond 64 bits) is found per line, so many such lines cost one pass, not a bisection each.
+    Then, as the last resort for what those checks passed (`refused_before`), by halving until
+    the refused lines are single.
+    """
     if not numbered:
         return
     try:
         frames.append(_polars_frame(numbered, sources))
-    except Exception:  # polars raises several types; the lines are found below  # noqa: BLE001
-        _find_refused_lines(numbered, sources, frames, unreadable)
-
-
-def _find_refused_lines(
-    numbered: list[tuple[int, bytes]],
-    sources: list[str | None] | None,
-    frames: list[pl.DataFrame],
-    unreadable: list[UnreadableLine],
-) -> None:
-    # An id list polars cannot hold (a float, a boolean, a string, an integer beyond 64 bits):
-    # found per line, so many such lines cost one pass, not a bisection each.
-    keep: list[int] = []
-    for index, (line, text) in enumerate(numbered):
-        problem = _id_list_problem(orjson.loads(text))
-        if problem is None:
-            keep.append(index)
-        else:
-            name, at, reason = problem
-            unreadable.append(UnreadableLine(line, reason, True, name, at))
-    _parse_bisecting(
-        [numbered[i] for i in keep], None if sources is None else [sources[i] for i in keep], frames, unreadable
-    )
+        return
+    except Exception as exc:  # polars raises several types; the lines are found below  # noqa: BLE001
+        if refused_before and len(numbered) == 1:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            rejected.append(RejectedLine(numbered[0][0], f"does not fit the record contract: {first}", CONTRACT))
+            return
+    if not refused_before:
+        keep: list[int] = []
+        for index, (line, text) in enumerate(numbered):
+            problem = _id_list_problem(orjson.loads(text))
+            if problem is None:
+                keep.append(index)
+            else:
+                name, at, reason = problem
+                rejected.append(RejectedLine(line, reason, CONTRACT, name, at))
+        kept_sources = None if sources is None else [sources[i] for i in keep]
+        _parse_lines([numbered[i] for i in keep], kept_sources, frames, rejected, refused_before=True)
+        return
+    middle = len(numbered) // 2
+    for part in (slice(None, middle), slice(middle, None)):
+        part_sources = None if sources is None else sources[part]
+        _parse_lines(numbered[part], part_sources, frames, rejected, refused_before=True)
 
 
 def _polars_frame(numbered: list[tuple[int, bytes]], sources: list[str | None] | None) -> pl.DataFrame:
@@ -442,28 +373,6 @@ def _polars_frame(numbered: list[tuple[int, bytes]], sources: list[str | None] |
     else:
         source = pl.lit(None, dtype=pl.String()).alias("source")
     return _normalise(raw, lines).with_columns(source)
-
-
-def _parse_bisecting(
-    numbered: list[tuple[int, bytes]],
-    sources: list[str | None] | None,
-    frames: list[pl.DataFrame],
-    unreadable: list[UnreadableLine],
-) -> None:
-    """The last resort when polars refuses lines the checks above passed: halve until single."""
-    if not numbered:
-        return
-    try:
-        frames.append(_polars_frame(numbered, sources))
-        return
-    except Exception as exc:  # polars raises several types; the halves will tell which line  # noqa: BLE001
-        if len(numbered) == 1:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            unreadable.append(UnreadableLine(numbered[0][0], f"does not fit the record contract: {first}", True))
-            return
-    middle = len(numbered) // 2
-    for part in (slice(None, middle), slice(middle, None)):
-        _parse_bisecting(numbered[part], None if sources is None else sources[part], frames, unreadable)
 
 
 def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:
@@ -503,8 +412,8 @@ def _first_bad_id(column: str) -> pl.Expr:
     return pl.col(column).list.eval(pl.arg_where(bad).first()).list.first()
 
 
-def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[UnreadableLine]]:
-    """Records whose id lists hold a null, a negative id or one >= 2**32 leave the frame as INT002.
+def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[RejectedLine]]:
+    """Records whose id lists hold a null, a negative id or one >= 2**32 leave the frame as contract problems.
 
     Vectorised: min, max and null counts per list, and the first offending index only for the
     rows that have one. Also refused: `input_ids` and `prompt_ids` both given and different (a
@@ -557,7 +466,7 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Unreadab
         ).struct.unnest(),
     )
     refused = [
-        UnreadableLine(line, reason, True, field, position)
+        RejectedLine(line, reason, CONTRACT, field, position)
         for line, field, position, reason in reasons.select("line", "field", "position", "reason").iter_rows()
     ]
     return records.filter(~flagged).drop("_prompt_ids", "_input_ids"), refused

@@ -1,7 +1,9 @@
 """The report of a run: per-rule results, the verdict, and every finding, as data.
 
 `Report.to_json()` is the machine contract (`schema_version`, changed only by addition);
-rendering for people lives in `audit.render`, so this module knows nothing of terminals.
+`findings` is every finding as a polars frame of the same columns. Machine formats are
+`audit.formats`; what people see is drawn by the CLI (`audit.cli.tables`) and the HTML page,
+so this module knows nothing of terminals.
 """
 
 from __future__ import annotations
@@ -23,13 +25,10 @@ from audit.errors import InputError
 from audit.files import write_atomically
 from audit.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.ruleset import RuleSet
+from audit.verdict import Verdict, threshold_text
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5
-
-EXIT_PASSED = 0
-EXIT_FAILED = 1
-EXIT_ERROR = 2
 
 
 @dataclass(frozen=True)
@@ -88,9 +87,14 @@ class Report:
     distributions: dict[str, Any] | None = None
 
     @property
+    def judgement(self) -> Verdict:
+        """The verdict with the rules behind it (failed, warned), as every output states it."""
+        return Verdict.of(self.results)
+
+    @property
     def verdict(self) -> str:
-        verdicts = {r.verdict for r in self.results}
-        return "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
+        """pass, warn or fail: the worst verdict of any rule."""
+        return self.judgement.value
 
     @property
     def records(self) -> int:
@@ -109,9 +113,8 @@ class Report:
         return int(errors.select(pl.col("line").n_unique()).collect(engine="streaming")[0, 0] or 0)
 
     def exit_code(self, *, fail_on_warning: bool = False) -> int:
-        if self.verdict == "fail" or (fail_on_warning and self.verdict == "warn"):
-            return EXIT_FAILED
-        return EXIT_PASSED
+        """0 when the gate passed, 1 when it failed (warnings fail it under `fail_on_warning`)."""
+        return self.judgement.exit_code(fail_on_warning=fail_on_warning)
 
     def to_json(self) -> dict[str, Any]:
         """The report as one JSON value (every finding as a dict: for small reports; files and
@@ -178,7 +181,7 @@ class Report:
                     records=data["input"]["records"],
                     warn_above=r.get("warn_above"),
                     fail_above=r.get("fail_above"),
-                    threshold=_threshold_text(r.get("warn_above"), r.get("fail_above")),
+                    threshold=threshold_text(r.get("warn_above"), r.get("fail_above")),
                     verdict=r["verdict"],
                     example_lines=r.get("example_lines", []),
                 )
@@ -196,15 +199,6 @@ class Report:
             seconds=data.get("seconds", 0.0),
             distributions=data.get("distributions"),
         )
-
-
-def _threshold_text(warn: int | str | None, fail: int | str | None) -> str:
-    parts = []
-    if warn is not None:
-        parts.append(f"warn >{warn}")
-    if fail is not None:
-        parts.append(f"fail >{fail}")
-    return ", ".join(parts) or "never fails"
 
 
 def build_report(

@@ -19,7 +19,6 @@ declares; anything else is rejected, with the file and key named.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,41 +26,9 @@ from typing import Any
 from audit.checks import RULES, Rule, Severity
 from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
 from audit.errors import ConfigError
+from audit.verdict import Threshold, judge, threshold_text
 
 DEFAULT_RULE_SET = BUILTIN_RULES_DIR / "default.toml"
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """A limit on failing records: a count, or a rate of all records."""
-
-    count: int | None = None
-    rate: float | None = None
-
-    def exceeded(self, failing: int, records: int) -> bool:
-        if self.count is not None:
-            return failing > self.count
-        return records > 0 and failing / records > (self.rate or 0.0)
-
-    def __str__(self) -> str:
-        return str(self.count) if self.count is not None else f"{(self.rate or 0) * 100:g}%"
-
-    def to_json(self) -> int | str:
-        return self.count if self.count is not None else str(self)
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> Threshold:
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return cls(count=value)
-        if isinstance(value, str) and (match := _RATE.match(value)):
-            rate = float(match.group(1)) / 100
-            if rate > 1:
-                # No rate of records can exceed 100%: the threshold would silently never trip.
-                raise ConfigError(f"{where}: a rate is at most 100%, got {value!r}")
-            return cls(rate=rate)
-        raise ConfigError(f"{where}: expected a count (0, 5) or a rate (\"0.5%\"), got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -79,20 +46,11 @@ class ConfiguredRule:
 
     def verdict(self, failing: int, records: int) -> str:
         """"fail", "warn" or "pass" for this many failing records out of `records`."""
-        if self.fail_above is not None and self.fail_above.exceeded(failing, records):
-            return "fail"
-        if self.warn_above is not None and self.warn_above.exceeded(failing, records):
-            return "warn"
-        return "pass"
+        return judge(failing, records, self.warn_above, self.fail_above)
 
     @property
     def threshold_text(self) -> str:
-        parts = []
-        if self.warn_above is not None:
-            parts.append(f"warn >{self.warn_above}")
-        if self.fail_above is not None:
-            parts.append(f"fail >{self.fail_above}")
-        return ", ".join(parts) or "never fails"
+        return threshold_text(self.warn_above, self.fail_above)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """A live audit of a growing `raw_responses.jsonl`: only new whole lines are read each time.
 
-`LiveAudit.poll()` reads what was appended since the last poll, up to the last newline (a
-partial last line is left for the next poll), runs the rule set on those records with the
-same rules as `audit check`, and adds to running counts. File-level rules (duplicate ids)
-are re-judged over the (line, id) pairs seen so far, which stay small.
+`LiveAudit.poll()` takes the whole lines appended since the last poll (`audit.sources.
+GrowingFile`; a partial last line waits for the next poll), runs the engine over them with the
+same rules as `audit check`, and adds to running counts. File-level rules (duplicate ids) are
+re-judged over the (line, id) pairs seen so far, which stay small.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from pathlib import Path
 
 import polars as pl
 
-from audit.batch import Batch
-from audit.check import Session
+from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
-from audit.records import LineBlock, parse_block
+from audit.session import Session
+from audit.sources import GrowingFile
 from audit.targets import DATA_FILE, Target, resolve_target
+from audit.verdict import Verdict
 
 # Lines per minute are measured over this recent window, so the rate follows the run.
 RATE_WINDOW_SECONDS = 60.0
@@ -50,9 +51,14 @@ class WatchSnapshot:
     rules: list[RuleStanding]
 
     @property
+    def judgement(self) -> Verdict:
+        """The verdict so far, with the rules behind it."""
+        return Verdict.of(self.rules)
+
+    @property
     def verdict(self) -> str:
-        verdicts = {r.verdict for r in self.rules}
-        return "fail" if "fail" in verdicts else "warn" if "warn" in verdicts else "pass"
+        """pass, warn or fail so far."""
+        return self.judgement.value
 
 
 def watch_target(spec: str, root: Path) -> Target:
@@ -78,69 +84,46 @@ class LiveAudit:
     def __init__(self, session: Session):
         self.session = session
         self.path = session.target.data_file
-        self._record_rules = [c for c in session.rule_set.rules if not c.rule.file_level]
-        self._file_rules = [c for c in session.rule_set.rules if c.rule.file_level]
-        self._keep_source = any(c.rule.reads_source for c in self._record_rules)
+        self._file_rules = any(c.rule.file_level for c in session.rule_set.rules)
+        self._source = GrowingFile(self.path, block_bytes=session.options.block_bytes)
         self._reset()
 
     def _reset(self) -> None:
-        session = self.session
-        self._failing = {c.code: 0 for c in session.rule_set.rules}
-        self._identities: list[pl.DataFrame] = []
-        self._offset = 0
-        self._lines = 0  # physical lines consumed
+        self._failing = {c.code: 0 for c in self.session.rule_set.rules}
+        self._identities = pl.DataFrame(schema=IDENTITY_SCHEMA)
         self.records = 0
-        self._pending = 0
         self._history: deque[tuple[float, int]] = deque()
         self._last_growth = time.monotonic()
-        self._size = 0
 
     def poll(self) -> WatchSnapshot:
         """Audit the whole lines appended since the last poll and return the counts so far."""
         now = time.monotonic()
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if size < self._offset:  # the file was replaced or cut below what we read: start over
+        size = self._source.size
+        blocks = self._source.new_blocks()
+        if self._source.restarted:  # the file was replaced or cut below what we read: start over
             self._reset()
-        if size != self._size:
+        if self._source.size != size:
             self._last_growth = now
-            self._size = size
-        if size > self._offset:
-            with self.path.open("rb") as handle:
-                handle.seek(self._offset)
-                data = handle.read(size - self._offset)
-            cut = data.rfind(b"\n")
-            if cut != -1:
-                self._audit_lines(data[:cut].split(b"\n"))
-                self._offset += cut + 1
-            self._pending = len(data) - (cut + 1)
-        else:
-            self._pending = 0
+        self._audit(blocks)
         self._history.append((now, self.records))
         while len(self._history) > 1 and now - self._history[0][0] > RATE_WINDOW_SECONDS:
             self._history.popleft()
         return self.snapshot(now)
 
-    def _audit_lines(self, lines: list[bytes]) -> None:
-        parsed = parse_block(LineBlock(self._lines + 1, lines), keep_source=self._keep_source)
-        self._lines += len(lines)
-        self.records += parsed.records.height + len(parsed.unreadable)
-        for item in parsed.unreadable:
-            if item.rule in self._failing:
-                self._failing[item.rule] += 1
-        if parsed.records.height:
-            batch = Batch(parsed.records, self.session.context)
-            for configured in self._record_rules:
-                found = configured.rule.check(batch)
-                if found.height:
-                    self._failing[configured.code] += found["row"].n_unique()
-            self._identities.append(parsed.records.select("line", "id"))
-        if self._file_rules and self._identities:
-            everyone = pl.concat(self._identities)
-            self._identities = [everyone]
-            for configured in self._file_rules:
-                self._failing[configured.code] = configured.rule.check_file(everyone)[
-                    "line"
-                ].n_unique()
+    def _audit(self, blocks) -> None:
+        session = self.session
+        shard = audit_blocks(blocks, session.context, session.rule_set)
+        if not shard.lines:
+            return
+        self.records += shard.records
+        for code, failing in shard.failing_by_rule().items():
+            self._failing[code] += failing
+        if self._file_rules:
+            self._identities = pl.concat([self._identities, shard.identities])
+            found = file_level_findings(self._identities, session.rule_set)
+            for configured in session.rule_set.rules:
+                if configured.rule.file_level:
+                    self._failing[configured.code] = found.filter(pl.col("rule") == configured.code)["line"].n_unique()
 
     def snapshot(self, now: float | None = None) -> WatchSnapshot:
         """The counts as of the last poll."""
@@ -163,9 +146,9 @@ class LiveAudit:
         return WatchSnapshot(
             path=self.path,
             records=self.records,
-            bytes=self._offset,
+            bytes=self._source.offset,
             lines_per_minute=rate,
-            pending_bytes=self._pending,
+            pending_bytes=self._source.pending,
             seconds_since_growth=now - self._last_growth,
             rules=rules,
         )

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from audit.batch import AuditContext
-from audit.check import _tokenizer as loaded_tokenizer
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
+from audit.session import shared_tokenizer as loaded_tokenizer
 from audit.tokenizer import Tokenizer, load_tokenizer
 from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from audit.check import CheckOptions, check_target, prepare
-from audit.check import _tokenizer as _tokenizer_cache
+from audit.check import check_session
 from audit.profiles import load_profile
+from audit.session import CheckOptions, prepare
+from audit.session import shared_tokenizer as _tokenizer_cache
 from audit.targets import resolve_target
 from audit.templating import prompt_ids, render_prompts
 from audit.tokenizer import Tokenizer
@@ -73,7 +74,7 @@ def test_labelled_partition_is_judged_exactly(tmp_path: Path, workdir: Path, spe
     data.write_text("\n".join(partition.lines) + "\n", encoding="utf-8")
 
     options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking)
-    report = check_target(prepare(resolve_target(str(data), tmp_path), options))
+    report = check_session(prepare(resolve_target(str(data), tmp_path), options))
     errors = report.findings.filter(report.findings["severity"] == "error")
     flagged = set(errors["line"].to_list())
     missed = {line: kind for line, kind in partition.labels.items() if line not in flagged}

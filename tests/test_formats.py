@@ -8,11 +8,10 @@ from xml.etree import ElementTree as ET
 import pytest
 from typer.testing import CliRunner
 
-from audit.check import CheckOptions, check_target, prepare
+import audit
 from audit.cli import app
-from audit.formats import EXAMPLE_LOCATIONS, render
+from audit.formats import EXAMPLE_LOCATIONS, format_reports
 from audit.report import Report
-from audit.targets import resolve_target
 from tests.conftest import PREPARED
 
 runner = CliRunner()
@@ -20,7 +19,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def b1_report() -> Report:
-    return check_target(prepare(resolve_target("B1_glaive", PREPARED), CheckOptions()))
+    return audit.check_target("B1_glaive", data_root=PREPARED)
 
 
 def failing_rules(report: Report, verdicts=("fail",)) -> list[str]:
@@ -28,7 +27,7 @@ def failing_rules(report: Report, verdicts=("fail",)) -> list[str]:
 
 
 def test_junit_is_xml_with_one_testcase_per_rule_and_counts_in_the_failure(b1_report):
-    root = ET.fromstring(render([b1_report], "junit"))
+    root = ET.fromstring(format_reports([b1_report], "junit"))
     [suite] = root.findall("testsuite")
     cases = suite.findall("testcase")
     assert [c.get("name").split()[0] for c in cases] == [r.code for r in b1_report.results]
@@ -42,13 +41,13 @@ def test_junit_is_xml_with_one_testcase_per_rule_and_counts_in_the_failure(b1_re
 
 
 def test_junit_counts_warnings_as_failures_under_fail_on_warning(b1_report):
-    root = ET.fromstring(render([b1_report], "junit", fail_on_warning=True))
+    root = ET.fromstring(format_reports([b1_report], "junit", fail_on_warning=True))
     failed = [c.get("name").split()[0] for c in root.iter("testcase") if c.find("failure") is not None]
     assert failed == failing_rules(b1_report, ("fail", "warn")) and "SEG004" in failed
 
 
 def test_sarif_is_2_1_0_with_one_result_per_failing_rule_at_bounded_locations(b1_report):
-    sarif = json.loads(render([b1_report], "sarif"))
+    sarif = json.loads(format_reports([b1_report], "sarif"))
     assert sarif["version"] == "2.1.0" and "sarif-2.1.0" in sarif["$schema"]
     run = sarif["runs"][0]
     rules = run["tool"]["driver"]["rules"]
@@ -70,7 +69,7 @@ def test_sarif_is_2_1_0_with_one_result_per_failing_rule_at_bounded_locations(b1
 
 
 def test_github_annotations_are_aggregated_one_per_rule(b1_report):
-    lines = render([b1_report], "github").splitlines()
+    lines = format_reports([b1_report], "github").splitlines()
     errors = [line for line in lines if line.startswith("::error file=")]
     assert len(errors) == len(failing_rules(b1_report))
     prm = next(line for line in errors if "PRM001" in line)
@@ -83,7 +82,7 @@ def test_github_annotations_are_aggregated_one_per_rule(b1_report):
 
 
 def test_jsonl_is_one_finding_per_line(b1_report):
-    rows = [json.loads(line) for line in render([b1_report], "jsonl").splitlines()]
+    rows = [json.loads(line) for line in format_reports([b1_report], "jsonl").splitlines()]
     assert len(rows) == b1_report.findings.height
     assert all(row["schema_version"] == 1 and row["target"] == "B1_glaive" for row in rows)
     assert {"line", "rule", "severity", "message", "position", "file"} <= set(rows[0])

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import audit.gate
-from audit.check import CheckOptions, prepare
+import audit
+from audit import gating
 from audit.cli import app
-from audit.errors import InputError
-from audit.gate import gate_target, iter_quarantine
+from audit.gating import gate_session
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
@@ -70,7 +70,7 @@ def test_labelled_partition_splits_exactly_into_clean_and_quarantined_lines(tmp_
     clean = [line for number, line in enumerate(lines, 1) if number not in expected]
     assert (out / "clean.jsonl").read_bytes() == b"".join(line + b"\n" for line in clean)
 
-    quarantined = list(iter_quarantine(out / "quarantine.jsonl"))
+    quarantined = list(audit.iter_quarantine(out / "quarantine.jsonl"))
     assert [entry["line"] for entry in quarantined] == sorted(expected)
     for entry in quarantined:
         assert entry["raw_bytes"] == lines[entry["line"] - 1]
@@ -140,8 +140,8 @@ def test_non_utf8_and_cut_lines_are_quarantined_byte_for_byte_and_blank_lines_co
 
 def test_small_blocks_stream_to_the_same_split(odd_partition, tmp_path):
     target = resolve_target(str(odd_partition), PREPARED)
-    whole = gate_target(prepare(target, CheckOptions()), tmp_path / "whole")
-    streamed = gate_target(prepare(target, CheckOptions(block_bytes=4096)), tmp_path / "streamed")
+    whole = gate_session(prepare(target, CheckOptions()), tmp_path / "whole")
+    streamed = gate_session(prepare(target, CheckOptions(block_bytes=4096)), tmp_path / "streamed")
     for name in ("clean.jsonl", "quarantine.jsonl"):
         assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "streamed" / name).read_bytes()
     assert whole.manifest["counts"] == streamed.manifest["counts"]
@@ -208,7 +208,7 @@ def test_a_failure_midway_leaves_the_previous_gate_whole(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(audit.gate, "_split", broken)
+    monkeypatch.setattr(gating, "_split", broken)
     result = gate_cli("B1_glaive", "--out", str(out))
     assert result.exit_code == 2 and "No space left" in result.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -216,7 +216,7 @@ def test_a_failure_midway_leaves_the_previous_gate_whole(tmp_path, monkeypatch):
 
 def test_an_input_that_changes_during_the_gate_writes_nothing(odd_partition, tmp_path, monkeypatch):
     data = odd_partition / "raw_responses.jsonl"
-    audited = audit.gate.check_target
+    audited = gating.check_session
 
     def audit_then_append(session, progress=None):
         report = audited(session, progress=progress)
@@ -224,10 +224,10 @@ def test_an_input_that_changes_during_the_gate_writes_nothing(odd_partition, tmp
             handle.write(b"\n")
         return report
 
-    monkeypatch.setattr(audit.gate, "check_target", audit_then_append)
+    monkeypatch.setattr(gating, "check_session", audit_then_append)
     session = prepare(resolve_target(str(odd_partition), PREPARED), CheckOptions())
-    with pytest.raises(InputError, match="changed while it was being gated"):
-        gate_target(session, tmp_path / "gated")
+    with pytest.raises(audit.InputError, match="changed while it was being gated"):
+        gate_session(session, tmp_path / "gated")
     assert list((tmp_path / "gated").iterdir()) == []
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from audit.check import CheckOptions, check_target, prepare
+from audit.check import check_session
 from audit.generate import scan_prompts
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from audit.templating import prompt_ids
 from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, ROOT
@@ -68,7 +69,7 @@ def test_every_prompt_once_through_503s_with_the_template_ids_and_the_server_ids
     assert generation["tokenizer"]["sha256"] == kimi_tokenizer.fingerprint.sha256
     assert not Path(generation["tokenizer"]["path"]).is_absolute()
     assert generation["servers"][0]["url"] == server.url
-    report = check_target(prepare(resolve_target(str(out.parent), tmp_path), CheckOptions()))
+    report = check_session(prepare(resolve_target(str(out.parent), tmp_path), CheckOptions()))
     assert report.verdict == "pass" and report.records == N_PROMPTS
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from audit.check import CheckOptions, check_target, prepare
+import audit
 from audit.cli import app
 from audit.history import diff_reports, load_report
 from audit.report import Report
-from audit.targets import resolve_target
 from tests.conftest import PREPARED
 
 runner = CliRunner()
@@ -24,7 +23,7 @@ def saved(tmp_path_factory) -> dict[str, Path]:
     directory = tmp_path_factory.mktemp("reports")
     paths = {}
     for name in ("B0_clean", "B1_glaive"):
-        report = check_target(prepare(resolve_target(name, PREPARED), CheckOptions()))
+        report = audit.check_target(name, data_root=PREPARED)
         paths[name] = report.write_json(directory / f"{name}.json")
     return paths
 

@@ -28,17 +28,17 @@ from typer.testing import CliRunner
 
 import audit.files
 from audit import inert
-from audit.check import CheckOptions, check_target, prepare
+from audit.check import check_session
 from audit.cli import app
+from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine import audit_file
 from audit.errors import ConfigError, InputError
 from audit.files import LOCK_FILE, lock_output, open_temporary, write_atomically
-from audit.formats import render as render_format
-from audit.formats import step_summary
-from audit.gate import gate_target, iter_quarantine
+from audit.formats import format_reports, step_summary
+from audit.gating import gate_session, iter_quarantine
 from audit.history import diff_reports, load_report
 from audit.html import render_html
-from audit.render import first_findings, report_table, verdict_line
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from tests import tiktoken_remote_code
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
@@ -146,19 +146,15 @@ def test_two_gates_of_different_inputs_into_one_output_never_mix(tmp_path):
 
 
 def test_the_gate_api_takes_the_lock_too(tmp_path):
-    from audit.check import CheckOptions, prepare
-    from audit.errors import InputError
-    from audit.gate import gate_target
-    from audit.targets import resolve_target
+    import audit
 
     out = tmp_path / "gated"
-    session = prepare(resolve_target("B0_clean", PREPARED), CheckOptions())
     with (
         lock_output(out, command="someone else"),
-        pytest.raises(InputError, match="in use by another audit run"),
+        pytest.raises(audit.InputError, match="in use by another audit run"),
     ):
-        gate_target(session, out)
-    assert gate_target(session, out).clean == 30
+        audit.gate("B0_clean", out, data_root=PREPARED)
+    assert audit.gate("B0_clean", out, data_root=PREPARED).clean == 30
     assert not (out / LOCK_FILE).exists()  # released and removed at the end of the run
 
 
@@ -644,7 +640,7 @@ def test_any_value_anywhere_in_a_report_is_rendered_or_refused_in_one_line(
         if renderable is not None:
             console.print(renderable)
     for fmt in ("json", "jsonl", "junit", "sarif", "github"):
-        text = render_format([loaded], fmt)
+        text = format_reports([loaded], fmt)
         if fmt == "junit":
             ET.fromstring(text.encode())
     step_summary([loaded])
@@ -924,7 +920,7 @@ def test_the_python_api_refuses_recorded_trust_too(tmp_path, marked_remote_code)
     assert not marker.exists()
     # The caller's own argument is what lets it run.
     session = prepare(target, CheckOptions(trust_remote_code=True))
-    assert marker.exists() and check_target(session).records == 1
+    assert marker.exists() and check_session(session).records == 1
 
 
 def test_an_explicit_tokenizer_without_the_flag_runs_no_code(tmp_path, marked_remote_code):
@@ -1059,8 +1055,8 @@ def test_jobs_read_bad_ids_alike(tmp_path, monkeypatch):
     path.write_bytes(b"\n".join(lines) + b"\n")
     target = resolve_target(str(path), PREPARED)
     options = {"profile": "kimi-k2.5", "tokenizer": KIMI_TOKENIZER, "cache": False}
-    one = check_target(prepare(target, CheckOptions(**options)))
-    two = check_target(prepare(target, CheckOptions(jobs=2, **options)))
+    one = check_session(prepare(target, CheckOptions(**options)))
+    two = check_session(prepare(target, CheckOptions(jobs=2, **options)))
     assert [(f["line"], f["rule"]) for f in two.findings.to_dicts()] == [(2, "INT002")]
     assert two.findings.equals(one.findings)
 
@@ -1198,7 +1194,7 @@ def test_findings_spilled_in_parts_read_back_in_line_order(tmp_path, monkeypatch
     monkeypatch.setattr(audit.findings, "SPILL_ROWS", 1)
     target = resolve_target(str(path), PREPARED)
     session = prepare(target, CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False))
-    result = gate_target(session, tmp_path / "out")
+    result = gate_session(session, tmp_path / "out")
     written = json.loads(result.report.write_json(tmp_path / "r.json").read_text())
     assert written == json.loads(json.dumps(result.report.to_json()))
     assert [f["line"] for f in written["findings"]] == kept.findings["line"].to_list()
@@ -1297,10 +1293,7 @@ def hostile_files(draw) -> tuple[bytes, dict[int, bool]]:
 def _gate(data: bytes, directory: Path):
     path = directory / "raw_responses.jsonl"
     path.write_bytes(data)
-    session = prepare(
-        resolve_target(str(path), PREPARED), CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
-    )
-    return path, gate_target(session, directory / "out")
+    return path, audit.gate(path, directory / "out", profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.inspect.app import DetailView, InspectApp
-from audit.inspect.model import Inspector
+from audit.token_view import Inspector
+from audit.tui.app import DetailView, InspectApp
 from tests.test_inspect_model import inspector_for, write_long_partition
 
 SIZE = (160, 45)

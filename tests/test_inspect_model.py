@@ -9,11 +9,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from audit.check import CheckOptions, check_target, prepare
-from audit.inspect.model import Inspector, LineIndex
-from audit.inspect.render import DetailLines
+from audit.check import check_session
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from audit.templating import prompt_ids
+from audit.token_view import Inspector, LineIndex
+from audit.tui.detail import DetailLines
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
 LONG_REASONING = 30_000
@@ -21,7 +22,7 @@ LONG_REASONING = 30_000
 
 def inspector_for(target: str, root: Path = PREPARED, **options) -> Inspector:
     session = prepare(resolve_target(target, root), CheckOptions(**options))
-    report = check_target(session)
+    report = check_session(session)
     return Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer)
 
 
@@ -227,7 +228,7 @@ def test_inspect_shows_what_each_flagged_rule_explains(tmp_path: Path) -> None:
             return Explanation(self.code, "custom", (("last id", str(ids[-1])), ("position", str(position))))
 
     session = prepare(resolve_target("B1_glaive", PREPARED), CheckOptions())
-    report = check_target(session)
+    report = check_session(session)
     inspector = Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer,
                           rules={"PRM001": Explained()})
     (explained,) = inspector.view(20).comparisons

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from audit.engine import audit_file
-from audit.records import LineBlock, parse_block
+from audit.records import parse_block
+from audit.sources import LineBlock
 from tests.conftest import PREPARED, write_jsonl
 
 SAMPLE = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.check import CheckOptions, check_target, prepare
-from audit.targets import resolve_target
+import audit
 from fixtures.build_fixtures import CORRUPTIONS, SIDE_EFFECTS
 from tests.conftest import PREPARED
 
@@ -21,9 +20,8 @@ ALLOWED_EXTRA = {
 LABELLED = sorted(p.name for p in PREPARED.iterdir() if (p / "labels.json").is_file())
 
 
-def audit_partition(name: str):
-    session = prepare(resolve_target(name, PREPARED), CheckOptions())
-    return check_target(session)
+def audit_partition(name: str) -> audit.Report:
+    return audit.check_target(name, data_root=PREPARED)
 
 
 @pytest.mark.parametrize("partition", LABELLED)

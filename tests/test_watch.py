@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from audit.check import CheckOptions, check_target, prepare
+from audit.check import check_session
 from audit.cli import app
+from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from audit.watch import LiveAudit, watch_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
@@ -56,7 +57,7 @@ def test_growing_file_audited_in_pieces_matches_audit_check_on_the_whole(tmp_pat
             )
             assert snapshot.pending_bytes == end - (data[:end].rfind(b"\n") + 1)
 
-    report = check_target(prepare(resolve_target(str(directory), tmp_path), OPTIONS))
+    report = check_session(prepare(resolve_target(str(directory), tmp_path), OPTIONS))
     assert snapshot.records == report.records
     assert {r.code: r.failing for r in snapshot.rules} == {
         r.code: r.failing for r in report.results

@@ -97,6 +97,9 @@ class Rule:
     file_level: ClassVar[bool] = False
     # True for rules that read a record's raw line (`source`); the reader keeps it only then.
     reads_source: ClassVar[bool] = False
+    # The kind of problem the reader or the record contract finds that this rule reports
+    # (`audit.records.UNREADABLE`, `audit.contract.PROBLEMS`): the one map from those to codes.
+    problem: ClassVar[str | None] = None
     # Parameters a rule set may override under [rules.CODE]: default, type and valid range each.
     parameters: ClassVar[dict[str, Parameter]] = {}
 

@@ -63,21 +63,19 @@ class ChannelGrammar(ChannelRule):
         return first_index_in("output_ids", list(batch.profile.channel_markers.values()))
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        found = super().find(batch)
-        if found.is_empty():
-            return found
+        # The message names the markers as they stand: per flagged record, after the expressions.
+        flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
+        if flagged.is_empty():
+            return empty_findings()
         names = {letter: batch.profile.profile.channels.markers[role] for role, letter in LETTERS.items()}
-        letters = batch.records.select(pl.all().gather(found["row"])).select(channel_letters(batch)).to_series()
+        letters = flagged.select(channel_letters(batch)).to_series()
         messages = [
             "harmony markers out of order: "
             + (" ".join(names[letter] for letter in sequence[1:]) or "none")
             + "; expected <|channel|> [<|constrain|>] <|message|> <|end|> ..., ending <|return|> or <|call|>"
             for sequence in letters.to_list()
         ]
-        return found.with_columns(pl.Series("message", messages, dtype=pl.String))
-
-    def message(self, batch: Batch) -> pl.Expr:
-        return pl.lit("")  # replaced in check(), which names the markers
+        return findings_frame(flagged["row"].to_list(), flagged.select(self.position(batch)).to_series().to_list(), messages)
 
 
 class ChannelOrder(ChannelRule):

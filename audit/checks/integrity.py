@@ -8,7 +8,8 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Rule, empty_findings
-from audit.contract import FINISH_TYPES, in_vocabulary
+from audit.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
+from audit.records import CONTRACT, UNREADABLE
 
 
 class UnreadableLine(Rule):
@@ -38,18 +39,20 @@ class UnreadableLine(Rule):
 
     code = "INT001"
     name = "unreadable-line"
+    problem = UNREADABLE
 
     def check(self, batch: Batch) -> pl.DataFrame:
-        # Reported by the reader before records exist; see audit.records.parse_block.
+        # The reader finds these lines before records exist (audit.records.parse_block); the
+        # engine reports them under the rule whose `problem` they are.
         return empty_findings()
 
 
 class ContractRule(RecordRule):
-    """A rule whose predicate is a named check of the pandera record contract."""
+    """A rule whose predicate is a check of the pandera record contract, named by its `problem`."""
 
     def violation(self, batch: Batch) -> pl.Expr:
         failures = batch.contract_failures
-        rows = failures.filter(pl.col("rule") == self.code)["row"]
+        rows = failures.filter(pl.col("problem") == self.problem)["row"]
         return pl.int_range(pl.len(), dtype=pl.UInt32).is_in(rows.implode())
 
 
@@ -77,6 +80,7 @@ class RecordContract(ContractRule):
 
     code = "INT002"
     name = "record-contract"
+    problem = CONTRACT  # also the lines the reader refuses for their shape or types
 
     def message(self, batch: Batch) -> pl.Expr:
         return (
@@ -119,6 +123,7 @@ class TokenOutOfVocabulary(ContractRule):
 
     code = "INT003"
     name = "token-out-of-vocabulary"
+    problem = OUT_OF_VOCABULARY
 
     def _first_bad(self, batch: Batch, column: str) -> pl.Expr:
         in_vocab = in_vocabulary(batch.tokenizer)
@@ -169,6 +174,7 @@ class MetaCountMismatch(ContractRule):
 
     code = "INT005"
     name = "meta-count-mismatch"
+    problem = COUNT_MISMATCH
 
     def message(self, batch: Batch) -> pl.Expr:
         prompt_off = pl.col("prompt_tokens").is_not_null() & (

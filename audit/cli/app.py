@@ -14,6 +14,8 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -48,6 +50,21 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
+def os_error(exc: OSError) -> str:
+    """A file the command could not use, and why, in one line: `PATH: reason`."""
+    reason = exc.strerror or str(exc)
+    return f"{exc.filename}: {reason}" if exc.filename else reason
+
+
+@contextmanager
+def writing(what: str, path: Path) -> Iterator[None]:
+    """Around the writing of an output: one error line naming it when it cannot be written."""
+    try:
+        yield
+    except OSError as exc:
+        raise fail(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+
+
 class Thinking(StrEnum):
     on = "on"
     off = "off"
@@ -59,7 +76,6 @@ class FailOn(StrEnum):
 
 
 # -- options shared by every command that audits a target ------------------------------------
-Targets = Annotated[list[str], typer.Argument(help="Partition names, partition directories or .jsonl files.")]
 DataRootOption = Annotated[
     Path | None,
     typer.Option("--data-root", envvar="AUDIT_DATA_ROOT", help="Where partitions live (default prepared/)."),
@@ -103,7 +119,7 @@ def check_options(
     cache: bool = True,
 ):
     """The core's CheckOptions from the shared CLI options."""
-    from audit.check import CheckOptions
+    from audit.session import CheckOptions
 
     return CheckOptions(
         jobs=jobs,

@@ -6,14 +6,14 @@ from typing import Annotated
 
 import typer
 
-from audit.cli.app import ThinkingOption, Thinking, TokenizerOption, TrustOption, app, console, fail
+from audit.cli.app import Thinking, ThinkingOption, TokenizerOption, TrustOption, app, console, fail
 from audit.errors import AuditError
 
 
 @app.command("rules")
 def list_rules() -> None:
     """List every rule: code, name, default severity, summary."""
-    from audit.render import rules_table
+    from audit.cli.tables import rules_table
 
     console.print(rules_table())
 
@@ -22,7 +22,7 @@ def list_rules() -> None:
 def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, or its name.")]) -> None:
     """Print a rule's documentation: what it checks, why it matters, an example, the fix."""
     from audit.checks import RULES
-    from audit.render import explain as render_explain
+    from audit.cli.tables import explain as render_explain
 
     wanted = code.strip()
     rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted), None)
@@ -38,8 +38,8 @@ def profiles(
     thinking: ThinkingOption = None,
 ) -> None:
     """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
+    from audit.cli.tables import profiles_table
     from audit.profiles import builtin_profiles, load_profile
-    from audit.render import profiles_table
     from audit.tokenizer import load_tokenizer
 
     try:

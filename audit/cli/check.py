@@ -21,10 +21,10 @@ from rich.text import Text
 from audit.cli.app import (
     DataRootOption,
     ExitZeroOption,
-    JobsOption,
-    NoCacheOption,
     FailOn,
     FailOnOption,
+    JobsOption,
+    NoCacheOption,
     ProfileOption,
     PromptsOption,
     RulesOption,
@@ -32,17 +32,19 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
-    data_root_for,
     check_options,
     console,
+    data_root_for,
     errors,
     fail,
+    os_error,
+    writing,
 )
 from audit.cli.progress import audit_progress
+from audit.cli.tables import VERDICT_STYLE, plain
 from audit.errors import AuditError, InputError
-from audit.formats import OutputFormat, render_chunks, step_summary, summary_rows
+from audit.formats import OutputFormat, format_chunks, step_summary, summary_rows
 from audit.report import Report
-from audit.render import VERDICT_STYLE, plain
 
 DEFAULT_REPORTS_DIR = Path("reports")
 
@@ -80,7 +82,7 @@ def emit(
 ) -> None:
     """Print `reports` in `output_format`; rich prints per-report tables and, for several, a summary."""
     if output_format is not OutputFormat.rich:
-        for chunk in render_chunks(reports, output_format, fail_on_warning=fail_on_warning):
+        for chunk in format_chunks(reports, output_format, fail_on_warning=fail_on_warning):
             sys.stdout.write(chunk.decode("utf-8"))  # streamed: a million findings never sit in memory
         sys.stdout.flush()
         if output_format is OutputFormat.github and (summary := os.environ.get("GITHUB_STEP_SUMMARY")):
@@ -101,7 +103,7 @@ def emit(
 
 def print_rich_report(report: Report, path: Path | None = None) -> None:
     """The rule table, the first findings and the verdict line of one report."""
-    from audit.render import first_findings, report_table, verdict_line
+    from audit.cli.tables import first_findings, report_table, verdict_line
 
     console.print(report_table(report))
     if (findings := first_findings(report)) is not None:
@@ -169,7 +171,8 @@ def check(
     any of them exits 2 before anything is audited. Then each is audited in turn; the exit code
     is the worst of them.
     """
-    from audit.check import check_target, prepare
+    from audit.check import check_session
+    from audit.session import prepare
     from audit.targets import resolve_target
 
     targets = list(targets or [])
@@ -191,29 +194,29 @@ def check(
         reports: list[Report] = []
         for session in sessions:
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
-                result = check_target(session, progress)
+                result = check_session(session, progress)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
             path = report or reports_dir / f"{result.target}-{stamp}.json"
-            result.write_json(path)
+            with writing("the report", path):
+                result.write_json(path)
             reports.append(result)
             if output_format is OutputFormat.rich:
                 print_rich_report(result, path)  # as each finishes: a long run shows progress
             if html is not None:
                 from audit.html import collect_samples, html_path, write_html
 
-                page = write_html(
-                    result,
-                    html_path(html, result.target, several=len(sessions) > 1),
-                    collect_samples(
-                        result, session.tokenizer, profile=session.profile, data_file=session.target.data_file
-                    ),
+                samples = collect_samples(
+                    result, session.tokenizer, profile=session.profile, data_file=session.target.data_file
                 )
+                page = html_path(html, result.target, several=len(sessions) > 1)
+                with writing("the HTML page", page):
+                    write_html(result, page, samples)
                 if output_format is OutputFormat.rich:
                     console.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
     except AuditError as exc:
         raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"cannot write the report: {exc}") from None
+    except OSError as exc:  # what the audit read (the writes above say so themselves)
+        raise fail(os_error(exc)) from None
     if output_format is OutputFormat.rich:
         if len(reports) > 1:
             console.print(summary_table(reports, fail_on_warning=fail_on_warning))

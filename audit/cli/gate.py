@@ -21,11 +21,13 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
-    data_root_for,
     check_options,
     console,
+    data_root_for,
     errors,
     fail,
+    os_error,
+    writing,
 )
 from audit.cli.check import FormatOption, emit
 from audit.errors import AuditError
@@ -69,8 +71,8 @@ def gate(
     line with its findings) and manifest.json into --out, then prints the report. Exit codes
     as for check: 0 the gate passed, 1 it failed (the split is written either way), 2 error.
     """
-    from audit.check import prepare
-    from audit.gate import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_target
+    from audit.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
+    from audit.session import prepare
     from audit.targets import resolve_target
 
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
@@ -78,13 +80,15 @@ def gate(
     fail_on_warning = fail_on is FailOn.warning
     try:
         session = prepare(resolve_target(target, root), options)
-        result = gate_target(session, out, quarantine_on=quarantine_on.value, force=force)
+        with writing("the gate output into", out):
+            result = gate_session(session, out, quarantine_on=quarantine_on.value, force=force)
         if report is not None:
-            result.report.write_json(report)
+            with writing("the report", report):
+                result.report.write_json(report)
     except AuditError as exc:
         raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"cannot write the gate output: {exc}") from None
+    except OSError as exc:  # what the audit read
+        raise fail(os_error(exc)) from None
 
     emit([result.report], output_format, fail_on_warning=fail_on_warning, report_paths=[report] if report else [])
     counts = result.manifest["counts"]

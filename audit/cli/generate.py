@@ -40,8 +40,8 @@ def _counters(stats) -> str:
 
 def _make_events(console: Console, live: bool):
     """Progress for people: a rich bar on a terminal, a plain line every few seconds otherwise."""
+    from audit.cli.tables import first_findings, report_table
     from audit.generate import GenerationEvents, RunStats
-    from audit.render import first_findings, report_table
 
     class Events(GenerationEvents):
         def __init__(self) -> None:

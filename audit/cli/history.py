@@ -13,12 +13,22 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from audit.cli.app import FailOn, FailOnOption, TokenizerOption, TrustOption, app, console, fail
+from audit.cli.app import (
+    FailOn,
+    FailOnOption,
+    TokenizerOption,
+    TrustOption,
+    app,
+    console,
+    fail,
+    os_error,
+    writing,
+)
 from audit.cli.check import FormatOption, HtmlOption, emit
+from audit.cli.tables import plain
 from audit.errors import AuditError
 from audit.formats import OutputFormat
 from audit.inert import CELL_LIMIT, terminal
-from audit.render import plain
 
 ReportFile = Annotated[Path, typer.Argument(help="A JSON report written by `audit check` (or --report).")]
 
@@ -53,11 +63,13 @@ def report_command(
 
             for saved in reports:
                 samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
-                write_html(saved, html_path(html, saved.target, several=len(reports) > 1), samples)
+                page = html_path(html, saved.target, several=len(reports) > 1)
+                with writing("the HTML page", page):
+                    write_html(saved, page, samples)
     except AuditError as exc:
         raise fail(str(exc)) from None
-    except OSError as exc:
-        raise fail(f"cannot write the HTML page: {exc}") from None
+    except OSError as exc:  # what the samples read
+        raise fail(os_error(exc)) from None
     emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning)
 
 

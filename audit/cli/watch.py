@@ -27,10 +27,9 @@ from audit.cli.app import (
     console,
     fail,
 )
+from audit.cli.tables import VERDICT_STYLE, plain
 from audit.errors import AuditError
 from audit.inert import terminal
-from audit.render import VERDICT_STYLE, plain
-
 
 
 def snapshot_table(snapshot) -> Table:
@@ -129,7 +128,7 @@ def watch(
     ] = False,
 ) -> None:
     """Watch a growing raw_responses.jsonl: lines, lines per minute and each rule's pass rate so far."""
-    from audit.check import prepare
+    from audit.session import prepare
     from audit.targets import data_root as resolve_root
     from audit.watch import LiveAudit, watch_target
 
@@ -146,7 +145,7 @@ def watch(
     if once:
         # A one-shot watch is a check of what is there so far: the same exit codes.
         console.print(snapshot_table(snapshot))
-        raise typer.Exit(1 if snapshot.verdict == "fail" else 0)
+        raise typer.Exit(snapshot.judgement.exit_code())
     try:
         with (
             _keys() as read_key,

@@ -8,18 +8,15 @@ minute instead of after the GPU hours are spent.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-import polars as pl
-
 from audit.batch import AuditContext
-from audit.engine import audit_file
+from audit.engine import audit_input
 from audit.generate.client import describe
 from audit.report import Report, build_report
 from audit.ruleset import RuleSet
+from audit.sources import InputDigest, memory_blocks
 
 
 class Canary:
@@ -99,16 +96,15 @@ def audit_lines(
     *,
     target: str,
     first_line: int = 1,
+    path: Path | None = None,
 ) -> Report:
-    """Audit some JSONL lines (e.g. a run's first samples) and report lines from `first_line` on."""
-    with tempfile.TemporaryDirectory(prefix="audit-canary-") as directory:
-        path = Path(directory) / "canary.jsonl"
-        path.write_bytes(b"".join(lines))
-        audited = audit_file(path, context, rule_set)
-    shift = first_line - 1
-    if shift:
-        audited.findings = audited.findings.with_columns((pl.col("line") + shift).cast(pl.UInt32))
-        audited.stats = audited.stats.with_columns((pl.col("line") + shift).cast(pl.UInt32))
+    """Audit JSONL lines held in memory (a run's first samples), numbered from `first_line`.
+
+    `path` is the file the lines were written to, named in the report (none: `<memory>`).
+    """
+    digest = InputDigest()
+    blocks = memory_blocks(lines, first_line=first_line, digest=digest)
+    audited = audit_input(blocks, digest, context, rule_set, path=path or Path("<memory>"))
     report = build_report(
         target,
         audited,
@@ -117,8 +113,4 @@ def audit_lines(
         tokenizer=context.tokenizer.fingerprint.to_dict(),
     )
     report.input["first_line"] = first_line
-    report.results = [
-        dataclasses.replace(r, example_lines=[n + shift for n in r.example_lines])
-        for r in report.results
-    ]
     return report

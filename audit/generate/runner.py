@@ -418,4 +418,5 @@ class Generator:
             self.plan.rule_set,
             target=f"{self.options.out} (canary)",
             first_line=self.plan.resumed.lines + 1,
+            path=self.options.out,
         )

@@ -78,13 +78,12 @@ def render_html(report: Report, samples: Samples | None = None) -> str:
 
 # -- sections ------------------------------------------------------------------------------
 def _header(report: Report) -> str:
-    failed = [r.code for r in report.results if r.verdict == "fail"]
-    warned = [r.code for r in report.results if r.verdict == "warn"]
+    judgement = report.judgement
     detail = f"{report.failing_records:,} of {report.records:,} records have errors"
-    if failed:
-        detail += f"; failed: {', '.join(failed)}"
-    if warned:
-        detail += f"; warnings: {', '.join(warned)}"
+    if judgement.failed:
+        detail += f"; failed: {', '.join(judgement.failed)}"
+    if judgement.warned:
+        detail += f"; warnings: {', '.join(judgement.warned)}"
     return (
         f'<header><div class="verdict {escape(report.verdict)}">{escape(report.verdict.upper())}</div>'
         f"<div><h1>audit check {escape(report.target)}</h1>"

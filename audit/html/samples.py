@@ -22,9 +22,9 @@ from audit.errors import ConfigError
 from audit.findings import FindingsLog, empty_findings_frame
 from audit.profiles import ResolvedProfile, load_profile
 from audit.record_lines import read_record
-from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.sources import InputDigest, file_blocks
 from audit.tokenizer import Tokenizer
 
 SAMPLES_PER_RULE = 3
@@ -170,7 +170,7 @@ def _read_lines(path: Path, wanted: set[int], *, full_pass: bool) -> tuple[dict[
     digest = InputDigest() if full_pass else None
     found: dict[int, bytes] = {}
     remaining = sorted(wanted)
-    for block in iter_line_blocks(path, digest):
+    for block in file_blocks(path, digest=digest):
         end = block.first_line + len(block.lines)
         while remaining and remaining[0] < end:
             number = remaining.pop(0)

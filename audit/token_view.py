@@ -9,7 +9,7 @@ flagged rule wants shown beside it (`Rule.explain`: PRM001 expected vs actual ge
 suffix, RTR001/RTR002 decoded text beside the ids). Segments and roles come from the record
 view (`audit.segments`), the same one the engine's statistics and the HTML samples read.
 
-No terminal code here: rendering is in `audit.inspect.render` (rich) and `audit.inspect.app`
+No terminal code here: it is drawn by `audit.tui.detail` (rich text) and `audit.tui.app`
 (textual).
 """
 

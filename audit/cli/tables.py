@@ -1,4 +1,5 @@
-"""Rendering for people: rich tables of reports, rules and profiles. Only the CLI imports this."""
+"""What people read in a terminal: rich tables of reports, rules and profiles, and untrusted text
+made plain (`plain`). Presentation: the core never imports it."""
 
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def report_table(report: Report) -> Table:
 
 def verdict_line(report: Report) -> Text:
     """The one-line verdict: pass, warn or fail, how many records have errors, which rules."""
-    failed = [r.code for r in report.results if r.verdict == "fail"]
-    warned = [r.code for r in report.results if r.verdict == "warn"]
+    judgement = report.judgement
+    failed, warned = judgement.failed, judgement.warned
     text = Text()
     text.append(f"{report.verdict.upper()} ", style=VERDICT_STYLE[report.verdict])
     text.append(

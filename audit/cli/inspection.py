@@ -18,14 +18,14 @@ from audit.cli.app import (
     TokenizerOption,
     TrustOption,
     app,
-    data_root_for,
     check_options,
     console,
+    data_root_for,
     errors,
     fail,
 )
+from audit.cli.tables import plain
 from audit.errors import AuditError
-from audit.render import plain
 
 JSON_SCHEMA_VERSION = 1
 
@@ -35,8 +35,8 @@ class InspectFormat(StrEnum):
     json = "json"
 
 
-@app.command()
-def inspect(
+@app.command("inspect")
+def inspect_command(
     target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
     rule: Annotated[
         str | None, typer.Option("--rule", help="Only records broken by this rule (a code, e.g. SEG001).")
@@ -65,10 +65,11 @@ def inspect(
     rules: RulesOption = None,
 ) -> None:
     """Look at the records with findings token by token: special tokens by role, findings marked."""
-    from audit.check import check_target, prepare
+    from audit.check import check_session
     from audit.checks import RULES
-    from audit.inspect.model import Inspector
+    from audit.session import prepare
     from audit.targets import resolve_target
+    from audit.token_view import Inspector
 
     if record_id is not None and line is not None:
         raise fail("--id and --line both pick a record: give one of them")
@@ -82,7 +83,7 @@ def inspect(
         session = prepare(resolve_target(target, root), check_options(profile, tokenizer, trust_remote_code, thinking, rules))
         auditing = plain(f"auditing {session.target.data_file}…", limit=None)
         with errors.status(auditing, spinner="dots") if interactive else nullcontext():
-            report = check_target(session)
+            report = check_session(session)
     except AuditError as exc:
         raise fail(str(exc)) from None
 
@@ -108,7 +109,7 @@ def inspect(
         raise fail(f"no record breaks {rule} in {report.target} (rules with findings: {', '.join(inspector.rules)})")
 
     if interactive:
-        from audit.inspect.app import InspectApp
+        from audit.tui.app import InspectApp
 
         InspectApp(inspector, title=report.target, rule=rule, start_line=start_line).run()
         raise typer.Exit(0)
@@ -141,7 +142,7 @@ def _start_line(inspector, record_id: str | None, line: int | None) -> int | Non
 
 
 def _print_rich(target: str, inspector, lines: list[int]) -> None:
-    from audit.inspect.render import DetailLines
+    from audit.tui.detail import DetailLines
 
     for number, line in enumerate(lines):
         if number:

@@ -18,8 +18,8 @@ from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from audit.inert import CELL_LIMIT, terminal
-from audit.inspect.model import Inspector, RecordEntry
-from audit.inspect.render import SEVERITY_STYLE, DetailLines
+from audit.token_view import Inspector, RecordEntry
+from audit.tui.detail import SEVERITY_STYLE, DetailLines
 
 HELP = """\
 audit inspect: the records with findings, token by token

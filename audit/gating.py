@@ -1,8 +1,8 @@
-"""`gate`: split a partition into the records training may use and the ones it must not.
+"""The gate: split a partition into the records training may use and the ones it must not.
 
-    from audit.check import CheckOptions, prepare
-    from audit.gate import gate_target
-    result = gate_target(prepare(target, CheckOptions()), Path("gated/B1_glaive"))
+    result = gate_session(prepare(target, CheckOptions()), Path("gated/B1_glaive"))
+
+(`audit.gate(target, out)` from the Python API, `audit gate` from the command line)
 
 writes three files into the output directory:
 
@@ -16,8 +16,8 @@ writes three files into the output directory:
                       `raw.encode("utf-8")` (or `b64decode(raw_base64)`) without its "\\n".
     manifest.json     what was gated, with what, and the sha256 of everything (written last)
 
-A record is a non-blank line, readable or not (the denominator of every rate in the report).
-Blank lines are not records: they go to neither output and are counted in the manifest as
+A record is a non-blank line, readable or not (the denominator of every rate in the report;
+`audit.sources.LineBlock.record_lines`, as the engine reads them). Blank lines are not records: they go to neither output and are counted in the manifest as
 `blank_lines`. So `clean + quarantined == records`, always.
 
 A record is quarantined when it has a finding of severity `error` (or any finding with
@@ -50,7 +50,7 @@ import orjson
 import polars as pl
 
 from audit import __version__
-from audit.check import Session, check_target
+from audit.check import check_session
 from audit.engine import ProgressCallback
 from audit.errors import InputError
 from audit.files import (
@@ -61,8 +61,9 @@ from audit.files import (
     remove_leftover_temporaries,
 )
 from audit.findings import FindingsLog
-from audit.records import InputDigest, iter_line_blocks
 from audit.report import Report
+from audit.session import Session
+from audit.sources import InputDigest, file_blocks
 
 MANIFEST_SCHEMA_VERSION = 1
 CLEAN_FILE = "clean.jsonl"
@@ -94,7 +95,7 @@ class GateResult:
         return int(self.manifest["counts"]["quarantined"])
 
 
-def gate_target(
+def gate_session(
     session: Session,
     out_dir: Path,
     *,
@@ -124,7 +125,7 @@ def gate_target(
         previous = read_manifest(out_dir)
         if not force:
             _refuse_foreign_output(out_dir, previous, input_path)
-        report = check_target(session, progress=progress)
+        report = check_session(session, progress=progress)
         manifest, unchanged = _write_split(
             session, report, out_dir, input_path, quarantine_on, previous
         )
@@ -264,13 +265,11 @@ def _split(
     digest = InputDigest()
     counts = {"records": 0, "clean": 0, "quarantined": 0, "blank_lines": 0, "lines": 0}
     pending = next(quarantined, None)
-    for block in iter_line_blocks(data_file, digest, block_bytes):
+    for block in file_blocks(data_file, digest=digest, block_bytes=block_bytes):
         clean: list[bytes] = []
-        for offset, raw in enumerate(block.lines):
-            if not raw.strip():  # the reader's own rule: a blank line is not a record
-                counts["blank_lines"] += 1
-                continue
-            line = block.first_line + offset
+        records = 0
+        for line, raw in block.record_lines():
+            records += 1
             while pending is not None and pending[0] < line:
                 pending = next(quarantined, None)  # only if the file changed: caught by its hash
             if pending is None or pending[0] != line:
@@ -282,7 +281,8 @@ def _split(
         if clean:
             clean_out.write(b"\n".join(clean) + b"\n")
             counts["clean"] += len(clean)
-        counts["lines"] = block.first_line + len(block.lines) - 1
+        counts["blank_lines"] += len(block.lines) - records
+        counts["lines"] = block.last_line
     counts["records"] = counts["clean"] + counts["quarantined"]
     return counts, digest
 
@@ -341,8 +341,8 @@ def _manifest(
         },
         "quarantine_on": quarantine_on,
         "verdict": report.verdict,
-        "failed_rules": [r.code for r in report.results if r.verdict == "fail"],
-        "warned_rules": [r.code for r in report.results if r.verdict == "warn"],
+        "failed_rules": list(report.judgement.failed),
+        "warned_rules": list(report.judgement.warned),
         "rule_set": report.rule_set,
         "profile": {"name": session.profile.name, "thinking": session.profile.thinking,
                     "source": report.profile.get("source")},

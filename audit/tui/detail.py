@@ -15,7 +15,7 @@ import polars as pl
 from rich.text import Text
 
 from audit.inert import CELL_LIMIT, terminal
-from audit.inspect.model import (
+from audit.token_view import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
     ROLE_RESPONSE,

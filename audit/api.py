@@ -1,0 +1,136 @@
+"""The Python API: audit or gate a target from a notebook or a pipeline, as the CLI does.
+
+    import audit
+    report = audit.check_target("B1_glaive", data_root="prepared")
+    report.verdict                      # "pass" | "warn" | "fail"
+    report.findings                     # polars DataFrame, the JSON report's finding columns
+    audit.gate("B1_glaive", "gated/B1_glaive", data_root="prepared").clean
+
+Errors are the project's: `ConfigError` (rule set, profile, tokenizer), `InputError` (a
+target that cannot be audited), both `AuditError`s; never `SystemExit`. Bad records are never
+errors: they are findings.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from audit.check import check_session
+from audit.engine import ProgressCallback
+from audit.gating import GateResult, gate_session
+from audit.report import Report
+from audit.session import CheckOptions, Session, prepare
+from audit.targets import data_root as resolve_data_root
+from audit.targets import resolve_target
+
+PathLike = str | os.PathLike[str]
+
+
+def _session(
+    target: PathLike,
+    *,
+    profile: str | PathLike | None,
+    tokenizer: PathLike | None,
+    rules: PathLike | None,
+    data_root: PathLike | None,
+    thinking: bool | None,
+    trust_remote_code: bool,
+    prompts: PathLike | None,
+    jobs: int,
+    cache: bool,
+) -> Session:
+    root, _ = resolve_data_root(data_root)
+    options = CheckOptions(
+        profile=None if profile is None else os.fspath(profile),
+        tokenizer=None if tokenizer is None else Path(tokenizer),
+        trust_remote_code=trust_remote_code,
+        thinking=thinking,
+        rules=None if rules is None else Path(rules),
+        prompts=None if prompts is None else Path(prompts),
+        jobs=jobs,
+        cache=cache,
+    )
+    return prepare(resolve_target(os.fspath(target), root), options)
+
+
+def check_target(
+    target: PathLike,
+    *,
+    profile: str | PathLike | None = None,
+    tokenizer: PathLike | None = None,
+    rules: PathLike | None = None,
+    data_root: PathLike | None = None,
+    thinking: bool | None = None,
+    trust_remote_code: bool = False,
+    prompts: PathLike | None = None,
+    jobs: int = 1,
+    cache: bool = True,
+    progress: ProgressCallback | None = None,
+) -> Report:
+    """Audit `target` with the rule set and return its `Report`, as `audit check` does.
+
+    `target` is a partition name under `data_root` (default: `$AUDIT_DATA_ROOT`, else
+    `prepared/`), a partition directory or a `.jsonl` file. `profile` (a name or a profile
+    file), `tokenizer` (a local Hugging Face tokenizer directory) and `thinking` default to
+    what the partition's generation.json records; `rules` to the built-in rule set. The
+    tokenizer's own code runs only with `trust_remote_code=True`. `prompts` is a JSONL file of
+    the source prompts (TPL001); `jobs` worker processes share the file; `cache=False` audits
+    again even when an identical audit is cached. `progress(records, output_tokens, bytes)`
+    is called after each block.
+
+    Raises `ConfigError` or `InputError` (both `AuditError`) when nothing can be judged.
+    """
+    session = _session(
+        target,
+        profile=profile,
+        tokenizer=tokenizer,
+        rules=rules,
+        data_root=data_root,
+        thinking=thinking,
+        trust_remote_code=trust_remote_code,
+        prompts=prompts,
+        jobs=jobs,
+        cache=cache,
+    )
+    return check_session(session, progress)
+
+
+def gate(
+    target: PathLike,
+    out: PathLike,
+    *,
+    quarantine_on: str = "error",
+    force: bool = False,
+    profile: str | PathLike | None = None,
+    tokenizer: PathLike | None = None,
+    rules: PathLike | None = None,
+    data_root: PathLike | None = None,
+    thinking: bool | None = None,
+    trust_remote_code: bool = False,
+    cache: bool = True,
+    progress: ProgressCallback | None = None,
+) -> GateResult:
+    """Audit `target` and split it into `out`/clean.jsonl and quarantine.jsonl, as `audit gate`
+    does.
+
+    Targets and options as for `check_target`. A record is quarantined on a finding of severity
+    `error` (`quarantine_on="warning"`: of any severity). Returns the `GateResult`: its
+    `report`, the `manifest` written, and the `clean` and `quarantined` counts. Raises
+    `InputError` (nothing written) when `out` holds another input's gate and `force` is false.
+    """
+    session = _session(
+        target,
+        profile=profile,
+        tokenizer=tokenizer,
+        rules=rules,
+        data_root=data_root,
+        thinking=thinking,
+        trust_remote_code=trust_remote_code,
+        prompts=None,
+        jobs=1,
+        cache=cache,
+    )
+    return gate_session(
+        session, Path(out), quarantine_on=quarantine_on, force=force, progress=progress
+    )

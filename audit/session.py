@@ -1,0 +1,162 @@
+"""What to audit with: a target's rule set, tokenizer and profile, every configuration error
+raised before anything is audited.
+
+    session = prepare(resolve_target("B1_glaive", root), CheckOptions(profile="kimi-k2.5"))
+
+A `Session` is what every command that audits starts from (`audit.check.check_session`,
+`audit.gating.gate_session`, `audit.watch.LiveAudit`); the worker processes of `--jobs` each
+prepare their own from the same target and options.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from audit.batch import AuditContext
+from audit.errors import ConfigError
+from audit.generate.prompts import load_prompts
+from audit.profiles import ResolvedProfile, load_profile
+from audit.ruleset import RuleSet, load_rule_set
+from audit.sources import DEFAULT_BLOCK_BYTES
+from audit.targets import Target
+from audit.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """What the user chose; unset values come from the partition's generation.json."""
+
+    profile: str | None = None
+    tokenizer: Path | None = None
+    trust_remote_code: bool = False
+    thinking: bool | None = None
+    rules: Path | None = None
+    block_bytes: int = DEFAULT_BLOCK_BYTES
+    jobs: int = 1  # worker processes over shards of each file (audit.parallel)
+    cache: bool = True  # reuse the result of an identical earlier audit (audit.cache)
+    cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
+    prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
+
+
+@dataclass
+class Session:
+    """A target with everything needed to audit it, all configuration errors already raised."""
+
+    target: Target
+    context: AuditContext
+    rule_set: RuleSet
+    options: CheckOptions
+
+    @property
+    def profile(self) -> ResolvedProfile:
+        return self.context.profile
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.context.tokenizer
+
+
+_TOKENIZERS: dict[tuple[Path, bool], Tokenizer] = {}
+
+
+def shared_tokenizer(path: Path, trust_remote_code: bool) -> Tokenizer:
+    """The tokenizer in `path`, loaded once per process: the partitions of one run share it."""
+    key = (path.resolve(), trust_remote_code)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(path, trust_remote_code=trust_remote_code)
+    return _TOKENIZERS[key]
+
+
+def prepare(target: Target, options: CheckOptions) -> Session:
+    """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
+    rule_set = load_rule_set(options.rules)
+    generation = target.generation
+
+    tokenizer_dir = options.tokenizer or generation.tokenizer_path
+    if tokenizer_dir is None:
+        raise ConfigError(
+            f"no tokenizer for {target.data_file}: pass --tokenizer DIR (a local Hugging Face "
+            "tokenizer directory), or record it in the partition's generation.json"
+        )
+    _refuse_recorded_trust(target, options, tokenizer_dir)
+    if options.tokenizer is None and not tokenizer_dir.exists():
+        raise ConfigError(
+            f"{generation.path} records tokenizer {tokenizer_dir}, which does not exist: "
+            "pass --tokenizer DIR, or fix the path in generation.json"
+        )
+    tokenizer = shared_tokenizer(tokenizer_dir, options.trust_remote_code)
+    _check_fingerprint(target, tokenizer)
+
+    profile_name = options.profile or generation.profile
+    if not profile_name:
+        raise ConfigError(
+            f"no profile for {target.data_file}: pass --profile NAME (see `audit profiles`) "
+            "or record it in the partition's generation.json"
+        )
+    thinking = options.thinking if options.thinking is not None else generation.thinking is not False
+    profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
+    prompts = load_prompts(options.prompts) if options.prompts is not None else None
+    return Session(
+        target=target,
+        context=AuditContext(profile, tokenizer, prompts=prompts),
+        rule_set=rule_set,
+        options=options,
+    )
+
+
+def _refuse_recorded_trust(target: Target, options: CheckOptions, tokenizer_dir: Path) -> None:
+    """Remote code runs only when the user asks for it, never because a data file says so.
+
+    generation.json is part of the data: it may record that the tokenizer needed its own code
+    when the data was generated, but only `--trust-remote-code` (`CheckOptions.trust_remote_code`)
+    lets that code run here. Recorded and not asked for: a configuration error, before any load.
+    """
+    if target.generation.trust_remote_code is True and not options.trust_remote_code:
+        raise ConfigError(
+            f"{target.generation.path} records trust_remote_code: true, but the tokenizer's own code "
+            f"runs only when you ask: pass --trust-remote-code if you trust {tokenizer_dir}, or set it "
+            "to false in generation.json if that tokenizer needs no code"
+        )
+
+
+def _check_fingerprint(target: Target, tokenizer: Tokenizer) -> None:
+    """A tokenizer other than the one the data records is a configuration error, not findings.
+
+    The fingerprint may be recorded in the partition's generation.json (`tokenizer`) or in the
+    data itself: a `tokenizer` object on the first record, as some generators write it.
+    """
+    actual = tokenizer.fingerprint
+    for where, recorded in _recorded_fingerprints(target):
+        expected_hash = recorded.get("sha256")
+        expected_size = recorded.get("vocab_size")
+        if expected_hash and expected_hash != actual.sha256:
+            raise ConfigError(
+                f"tokenizer mismatch: {where} records tokenizer "
+                f"sha256 {str(expected_hash)[:12]}…, but {actual.path} hashes to {actual.sha256[:12]}…; "
+                "audit with the tokenizer the data was generated with"
+            )
+        if isinstance(expected_size, int) and expected_size and expected_size != actual.vocab_size:
+            raise ConfigError(
+                f"tokenizer mismatch: {where} records a vocabulary of {expected_size} ids, "
+                f"but {actual.path} has {actual.vocab_size}; audit with the tokenizer the data was "
+                "generated with"
+            )
+
+
+def _recorded_fingerprints(target: Target) -> list[tuple[str, dict]]:
+    """(where, fingerprint) pairs the partition records: generation.json, then the first record."""
+    found = []
+    recorded = target.generation.tokenizer_fingerprint
+    if recorded is not None:
+        found.append((str(target.generation.path), recorded))
+    try:
+        with target.data_file.open("rb") as handle:
+            first = orjson.loads(handle.readline())
+    except (OSError, orjson.JSONDecodeError):
+        return found  # an unreadable first line is the reader's finding, not a fingerprint
+    if isinstance(first, dict) and isinstance(first.get("tokenizer"), dict):
+        found.append((f"line 1 of {target.data_file}", first["tokenizer"]))
+    return found

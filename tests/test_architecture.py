@@ -1,0 +1,195 @@
+"""The structure ARCHITECTURE.md draws, checked on the source so that it stays true.
+
+Every import of every module of `audit` is read from its syntax tree (those inside functions
+and under `if TYPE_CHECKING:` too), so a lazy import counts like any other.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+PACKAGE = ROOT / "audit"
+# The presentation: the only modules that may draw on a terminal.
+PRESENTATION = ("audit.cli", "audit.tui", "audit.__main__")
+UI_LIBRARIES = ("rich", "typer", "textual")
+MAX_MODULE_LINES = 600
+RULE_CODE = re.compile(r"^[A-Z]{3}\d{3}$")
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_package(name: str) -> bool:
+    return modules()[name].name == "__init__.py"
+
+
+@cache
+def imports(name: str) -> frozenset[str]:
+    """What module `name` imports: dotted names, a package's submodule where one is named."""
+    tree = ast.parse(modules()[name].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".") if _is_package(name) else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                found.add(submodule if submodule in modules() else base)
+    return frozenset(found)
+
+
+def _in(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(f"{p}.") for p in packages)
+
+
+def test_only_the_presentation_imports_rich_typer_and_textual() -> None:
+    offenders = {
+        name: sorted(i for i in imports(name) if _in(i, UI_LIBRARIES))
+        for name in modules()
+        if not _in(name, PRESENTATION)
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_the_core_never_imports_the_presentation() -> None:
+    offenders = {
+        name: sorted(i for i in imports(name) if _in(i, PRESENTATION))
+        for name in modules()
+        if not _in(name, PRESENTATION)
+    }
+    assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def test_no_import_cycles() -> None:
+    """Tarjan's strongly connected components over the package's import graph: all single."""
+    graph = {
+        name: sorted(i for i in imports(name) if i in modules() and i != name) for name in modules()
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in graph[node]:
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for name in graph:
+        if name not in index:
+            visit(name)
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_no_module_is_over_600_lines(name: str) -> None:
+    lines = len(modules()[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines; split it by concern"
+
+
+def test_the_engine_does_not_reach_into_rules() -> None:
+    """The engine runs rules through the rule set; what a rule computes stays the rule's."""
+    assert sorted(i for i in imports("audit.engine") if _in(i, ("audit.checks",))) == []
+
+
+def test_a_rule_module_imports_no_other_rule_module() -> None:
+    """Shared grammar and id-list helpers live in core modules, not in another rule's module."""
+    rule_modules = [
+        n for n in modules() if n.startswith("audit.checks.") and n != "audit.checks.base"
+    ]
+    offenders = {
+        name: sorted(
+            i for i in imports(name) if _in(i, ("audit.checks",)) and i != "audit.checks.base"
+        )
+        for name in rule_modules
+    }
+    assert rule_modules and {name: found for name, found in offenders.items() if found} == {}
+
+
+@pytest.mark.parametrize(
+    "name", ["audit.records", "audit.contract", "audit.sources", "audit.engine"]
+)
+def test_the_reader_and_the_contract_name_no_rule_code(name: str) -> None:
+    """They name kinds of problem; each rule says which kind it reports (`Rule.problem`)."""
+    tree = ast.parse(modules()[name].read_text(encoding="utf-8"))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    codes = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and any(RULE_CODE.match(word) for word in re.findall(r"\w+", node.value))
+    ]
+    assert codes == []
+
+
+def test_importing_audit_loads_nothing_heavy() -> None:
+    """`import audit` is cheap: the public names load their modules on first use."""
+    probe = (
+        "import sys, audit\n"
+        "heavy = {'polars', 'pandera', 'transformers', 'tokenizers', 'rich', 'typer', 'textual',"
+        " 'numpy'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('audit.')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, check=True
+    )
+    assert result.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_the_public_surface_is_all_there() -> None:
+    import audit
+
+    missing = [name for name in audit.__all__ if not hasattr(audit, name)]
+    assert missing == [] and "check_target" in audit.__all__ and "gate" in audit.__all__
+    assert set(audit.__all__) <= set(dir(audit))
