@@ -29,13 +29,6 @@ import polars as pl
 from audit.batch import Batch
 from audit.config import expect
 from audit.errors import ConfigError
-from audit.expressions import (  # noqa: F401  (the helpers rules build on, re-exported)
-    first_index_in,
-    first_index_of,
-    id_set,
-    nth_index_of,
-    truncated,
-)
 
 DOC_SECTIONS = ("What it checks", "Why it matters", "Example", "Fix")
 

@@ -8,15 +8,8 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.channels import harmony_messages
-from audit.checks.base import (
-    MAX_TOKEN_COUNT,
-    Parameter,
-    RecordRule,
-    empty_findings,
-    findings_frame,
-    id_set,
-    truncated,
-)
+from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
+from audit.expressions import id_set, truncated
 from audit.response import response_bounds
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:

@@ -19,7 +19,8 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.channels import LETTERS, channel_letters, grammar_ok, harmony_messages
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in
+from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.expressions import first_index_in
 
 
 class ChannelRule(RecordRule):

@@ -7,13 +7,8 @@ from typing import ClassVar
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import (
-    Explanation,
-    RecordRule,
-    empty_findings,
-    findings_frame,
-    first_index_of,
-)
+from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
+from audit.expressions import first_index_of
 
 
 def _ends_with(column: str, suffix: tuple[int, ...]) -> pl.Expr:

@@ -5,16 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import (
-    RecordRule,
-    Severity,
-    empty_findings,
-    findings_frame,
-    first_index_in,
-    first_index_of,
-    nth_index_of,
-    truncated,
-)
+from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
+from audit.expressions import first_index_in, first_index_of, nth_index_of, truncated
 from audit.response import response_bounds, tool_entry_ids
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, empty_findings, findings_frame, first_index_in, id_set
+from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.expressions import first_index_in, id_set
 from audit.response import trailing_stops
 
 

@@ -7,7 +7,8 @@ import re
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, findings_frame, truncated
+from audit.checks.base import RecordRule, findings_frame
+from audit.expressions import truncated
 from audit.response import response_bounds
 from audit.toolcall_formats import ROLE_LETTERS
 from audit.toolcalls import tool_call_view
