@@ -152,7 +152,7 @@ def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[
     except orjson.JSONDecodeError as err:
         return None, _not_json(line, text, err, last_unterminated=last_unterminated)
     if not isinstance(value, dict):
-        return None, RejectedLine(line, f"a JSON {_json_type(value)}, expected an object", CONTRACT)
+        return None, RejectedLine(line, f"a JSON {json_type(value)}, expected an object", CONTRACT)
     if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
         return None, RejectedLine(line, repeated, UNREADABLE)
     problem = _field_problem(value)
@@ -209,8 +209,9 @@ def _repeated_key(text: bytes) -> str | None:
     )
 
 
-def _json_type(value: Any) -> str:
-    """The JSON name of a parsed value's type."""
+def json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (`null`, `boolean`, `integer`, `number`, `string`,
+    `array`, `object`)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -232,7 +233,7 @@ def _shown(value: Any) -> str:
     if value is None:
         return "null"
     text = orjson.dumps(value).decode() if not isinstance(value, float) else repr(value)
-    return f"{_json_type(value)} {text[:40]}{'…' if len(text) > 40 else ''}"
+    return f"{json_type(value)} {text[:40]}{'…' if len(text) > 40 else ''}"
 
 
 def _field_problem(value: dict[str, Any]) -> str | None:
@@ -248,7 +249,7 @@ def _field_problem(value: dict[str, Any]) -> str | None:
     for name in _LIST_FIELDS:
         ids = value.get(name)
         if ids is not None and not isinstance(ids, list):
-            return f"{name} must be a list of token ids, got {_json_type(ids)}"
+            return f"{name} must be a list of token ids, got {json_type(ids)}"
     text = value.get("text")
     if text is not None and not isinstance(text, str):
         return f"text must be a string (the server's decoded output), got {_shown(text)}"
@@ -279,7 +280,7 @@ def _field_problem(value: dict[str, Any]) -> str | None:
     if not isinstance(kind, str):
         shown = orjson.dumps(kind).decode()[:40]
         return (
-            f"meta_info.finish_reason.type is '{shown}' (a JSON {_json_type(kind)}), not one SGLang "
+            f"meta_info.finish_reason.type is '{shown}' (a JSON {json_type(kind)}), not one SGLang "
             "writes (stop, length, abort)"
         )
     matched = finish.get("matched")

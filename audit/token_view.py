@@ -30,20 +30,7 @@ from audit.checks.base import Explanation, Rule
 from audit.contract import in_vocabulary
 from audit.profiles import ResolvedProfile
 from audit.record_lines import LineIndex, read_record
-from audit.segments import (  # noqa: F401  (the names the renderers use, re-exported)
-    ROLE_END_OF_TURN,
-    ROLE_EOS,
-    ROLE_RESPONSE,
-    ROLE_SPECIAL,
-    ROLE_THINK,
-    ROLE_TOOL,
-    SEGMENT_ANSWER,
-    SEGMENT_PROMPT,
-    SEGMENT_REASONING,
-    SEGMENT_TOOL_CALLS,
-    token_roles,
-    token_segments,
-)
+from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.tokenizer import Tokenizer
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.

@@ -39,6 +39,8 @@ from typing import Any, Literal
 
 import orjson
 
+from audit.records import json_type
+
 ROLE_LETTERS = {
     "section_begin": "S",
     "section_end": "s",
@@ -339,7 +341,7 @@ def declared_type(schema: Any) -> str | None:
             return "string" if "string" in distinct else types[0]
     enum = schema.get("enum")
     if isinstance(enum, list):
-        kinds = {_json_kind(v) for v in enum}
+        kinds = {json_type(v) for v in enum}
         return kinds.pop() if len(kinds) == 1 else "string"
     if isinstance(schema.get("allOf"), list):
         for branch in schema["allOf"]:
@@ -352,22 +354,6 @@ def declared_type(schema: Any) -> str | None:
     if "items" in schema:
         return "array"
     return None
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "string"
 
 
 def value_error(value: str, declared: str | None) -> str | None:

@@ -1,13 +1,8 @@
 """Harmony channels (gpt-oss): messages well formed, reasoning before the answer, calls readable.
 
-gpt-oss has no think tokens. Its output is a series of messages, each
-`[<|start|>ROLE] <|channel|>NAME [to=RECIPIENT] [<|constrain|>json] <|message|>CONTENT END`
-where END is `<|end|>` (more follows), `<|call|>` (a tool call: the turn stops) or `<|return|>`
-(the final answer: the turn is over). The prompt ends with `<|start|>assistant`, so the first
-message of the output has no `<|start|>` of its own.
-
-The marker ids of every record are mapped to letters and matched against the message grammar
-in one vectorised regex; only the short headers (and tool-call bodies) are decoded, in one batch.
+The message grammar and the messages of an output are read once per batch by `audit.channels`
+(marker ids as letters against one vectorised regex); these rules judge what it found, and
+decode only tool-call bodies, in one batch.
 """
 
 from __future__ import annotations

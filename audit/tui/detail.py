@@ -15,21 +15,19 @@ import polars as pl
 from rich.text import Text
 
 from audit.inert import CELL_LIMIT, terminal
-from audit.token_view import (
+from audit.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
     ROLE_RESPONSE,
     ROLE_SPECIAL,
     ROLE_THINK,
     ROLE_TOOL,
-    ROLE_UNKNOWN,
     SEGMENT_ANSWER,
     SEGMENT_PROMPT,
     SEGMENT_REASONING,
     SEGMENT_TOOL_CALLS,
-    RecordView,
-    TokenRun,
 )
+from audit.token_view import ROLE_UNKNOWN, RecordView, TokenRun
 
 ROLE_STYLE = {
     ROLE_THINK: "bold magenta",
