@@ -157,7 +157,8 @@ class GrowingFile:
     """A file being appended to, read as the whole lines added since the last look.
 
     A partial last line waits until its newline arrives. A file that shrinks below what was
-    read (replaced, or cut) is read again from its start: `restarted` says so.
+    read (replaced, or cut) is read again from its start: `restarted` says so. The new lines
+    are read as they are consumed, a block at a time, however much was appended.
     """
 
     def __init__(self, path: Path, *, block_bytes: int = DEFAULT_BLOCK_BYTES):
@@ -170,24 +171,38 @@ class GrowingFile:
         self.restarted = False
 
     def new_blocks(self) -> Iterator[LineBlock]:
-        """The whole lines appended since the last call, as blocks numbered in the file."""
+        """The whole lines appended since the last call, as blocks numbered in the file.
+
+        Consume them before the next call: the line count moves on as they are read.
+        """
         self.size = self.path.stat().st_size if self.path.exists() else 0
         self.restarted = self.size < self.offset
         if self.restarted:
             self.offset = self.lines = 0
-        if self.size <= self.offset:
-            self.pending = 0
-            return iter(())
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read(self.size - self.offset)
-        cut = data.rfind(b"\n") + 1
-        self.pending = len(data) - cut
-        first_line = self.lines + 1
-        self.offset += cut
-        self.lines += data.count(b"\n", 0, cut)
-        whole = memoryview(data)[:cut]
-        chunks = (
-            bytes(whole[at : at + self.block_bytes]) for at in range(0, cut, self.block_bytes)
+        end = self._after_last_newline(self.offset, self.size)
+        self.pending = self.size - end
+        start, self.offset = self.offset, end
+        return self._blocks(start, end)
+
+    def _blocks(self, start: int, end: int) -> Iterator[LineBlock]:
+        if end <= start:
+            return
+        blocks = file_blocks(
+            self.path, start=start, end=end, first_line=self.lines + 1, block_bytes=self.block_bytes
         )
-        return chunk_blocks(chunks, first_line=first_line)
+        for block in blocks:
+            self.lines = block.last_line
+            yield block
+
+    def _after_last_newline(self, start: int, end: int, window: int = 1 << 16) -> int:
+        """The offset just past the last newline in bytes [start, end), or `start` if none."""
+        with self.path.open("rb") as handle:
+            at = end
+            while at > start:
+                begin = max(start, at - window)
+                handle.seek(begin)
+                found = handle.read(at - begin).rfind(b"\n")
+                if found != -1:
+                    return begin + found + 1
+                at = begin
+        return start

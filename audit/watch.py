@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import polars as pl
 from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
 from audit.session import Session
-from audit.sources import GrowingFile
+from audit.sources import GrowingFile, LineBlock
 from audit.targets import DATA_FILE, Target, resolve_target
 from audit.verdict import Verdict
 
@@ -110,20 +111,22 @@ class LiveAudit:
             self._history.popleft()
         return self.snapshot(now)
 
-    def _audit(self, blocks) -> None:
+    def _audit(self, blocks: Iterable[LineBlock]) -> None:
+        """The engine over the new lines, a block at a time: counts kept, findings dropped."""
         session = self.session
-        shard = audit_blocks(blocks, session.context, session.rule_set)
-        if not shard.lines:
-            return
-        self.records += shard.records
-        for code, failing in shard.failing_by_rule().items():
-            self._failing[code] += failing
+        for block in blocks:
+            shard = audit_blocks([block], session.context, session.rule_set)
+            self.records += shard.records
+            for code, failing in shard.failing_by_rule().items():
+                self._failing[code] += failing
+            if self._file_rules:
+                self._identities = pl.concat([self._identities, shard.identities])
         if self._file_rules:
-            self._identities = pl.concat([self._identities, shard.identities])
             found = file_level_findings(self._identities, session.rule_set)
             for configured in session.rule_set.rules:
                 if configured.rule.file_level:
-                    self._failing[configured.code] = found.filter(pl.col("rule") == configured.code)["line"].n_unique()
+                    flagged = found.filter(pl.col("rule") == configured.code)
+                    self._failing[configured.code] = flagged["line"].n_unique()
 
     def snapshot(self, now: float | None = None) -> WatchSnapshot:
         """The counts as of the last poll."""
