@@ -88,7 +88,7 @@ def _make_events(console: Console, live: bool):
                 console.print(Text(line), soft_wrap=True)
 
         def canary(self, report) -> None:
-            if report.verdict == "fail":
+            if report.judgement.fails():
                 console.print(report_table(report))
                 if (findings := first_findings(report)) is not None:
                     console.print(findings)

@@ -74,7 +74,7 @@ class Canary:
             self.message = f"the canary audit itself failed: {describe(exc)}"
             self._finish(passed=False)
             return
-        self._finish(passed=self.report.verdict != "fail")
+        self._finish(passed=not self.report.judgement.fails())
 
     def _finish(self, *, passed: bool) -> None:
         self.state = "passed" if passed else "failed"
