@@ -22,13 +22,13 @@ def list_rules() -> None:
 def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, or its name.")]) -> None:
     """Print a rule's documentation: what it checks, why it matters, an example, the fix."""
     from audit.checks import RULES
-    from audit.cli.tables import explain as render_explain
+    from audit.cli.tables import rule_panel
 
     wanted = code.strip()
     rule = RULES.get(wanted.upper()) or next((r for r in RULES.values() if r.name == wanted), None)
     if rule is None:
         raise fail(f"no rule {code!r}: `audit rules` lists them")
-    console.print(render_explain(rule))
+    console.print(rule_panel(rule))
 
 
 @app.command()

@@ -125,7 +125,7 @@ def _reflow(text: str) -> str:
     return "\n\n".join(" ".join(p.split()) for p in text.split("\n\n"))
 
 
-def explain(rule: type[Rule]) -> Panel:
+def rule_panel(rule: type[Rule]) -> Panel:
     """A rule's documentation, section by section, with its parameters (`audit explain CODE`)."""
     docs = rule.docs()
     parts: list = [Text(rule.summary(), style="bold")]
