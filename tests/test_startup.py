@@ -28,10 +28,8 @@ from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
 # A whole audit in a fresh process, as the CLI runs it: findings, and which heavy modules it loaded.
 _AUDIT_SCRIPT = """
 import json, sys
-from pathlib import Path
-from audit.check import CheckOptions, check_target, prepare
-from audit.targets import resolve_target
-report = check_target(prepare(resolve_target(sys.argv[1], Path(sys.argv[2])), CheckOptions(cache=False)))
+import audit
+report = audit.check_target(sys.argv[1], data_root=sys.argv[2], cache=False)
 rows = report.findings.select("line", "rule", "position", "message").rows()
 loaded = sorted(m for m in ("transformers", "fastokens") if m in sys.modules)
 print(json.dumps({"findings": rows, "loaded": loaded}))
