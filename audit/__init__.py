@@ -14,7 +14,6 @@ loaded on first use, so `import audit` costs nothing until one is used.
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 __version__ = "0.1.0"
 
@@ -47,7 +46,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:  # no `typing` import: `import audit` stays ~free
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'audit' has no attribute {name!r}")
