@@ -32,7 +32,7 @@ import polars as pl
 from audit.batch import AuditContext, Batch
 from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.records import RejectedLine, parse_block
-from audit.ruleset import RuleSet
+from audit.ruleset import ConfiguredRule, RuleSet
 from audit.segments import record_summary
 from audit.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
 
@@ -129,15 +129,7 @@ def audit_blocks(
         for configured in record_rules:
             found = configured.rule.check(batch)
             if found.height:
-                found_here.append(
-                    _locate(
-                        found,
-                        batch,
-                        configured.code,
-                        configured.severity.value,
-                        configured.rule.position_field,
-                    )
-                )
+                found_here.append(_locate(found, batch, configured))
         block_findings = pl.concat(found_here, how="vertical").sort(
             "line", "rule", maintain_order=True
         )
@@ -279,23 +271,18 @@ def record_stats(batch: Batch) -> pl.DataFrame:
     )
 
 
-def _locate(
-    found: pl.DataFrame, batch: Batch, code: str, severity: str, field: str
-) -> pl.DataFrame:
-    """Attach line numbers and ids to a rule's row-indexed findings."""
+def _locate(found: pl.DataFrame, batch: Batch, configured: ConfiguredRule) -> pl.DataFrame:
+    """A rule's row-indexed findings as findings: line, id, code, severity, field attached."""
     located = batch.records.select(pl.col("line", "id").gather(found["row"]))
-    return pl.DataFrame(
-        {
-            "line": located["line"],
-            "id": located["id"],
-            "rule": pl.Series([code] * found.height, dtype=pl.String),
-            "severity": pl.Series([severity] * found.height, dtype=pl.String),
-            "position": found["position"],
-            "field": pl.Series([field] * found.height, dtype=pl.String),
-            "message": found["message"],
-        },
-        schema=FINDINGS_SCHEMA,
-    )
+    return located.select(
+        pl.col("line"),
+        pl.col("id"),
+        pl.lit(configured.code, dtype=pl.String).alias("rule"),
+        pl.lit(configured.severity.value, dtype=pl.String).alias("severity"),
+        pl.lit(found["position"]).alias("position"),
+        pl.lit(configured.rule.position_field, dtype=pl.String).alias("field"),
+        pl.lit(found["message"]).alias("message"),
+    ).cast(FINDINGS_SCHEMA)
 
 
 def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.DataFrame:

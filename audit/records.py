@@ -29,6 +29,7 @@ from typing import Any
 import orjson
 import polars as pl
 
+from audit.json_values import json_type
 from audit.sources import LineBlock
 
 # The raw schema polars parses against; fields beyond it are ignored.
@@ -207,20 +208,6 @@ def _repeated_key(text: bytes) -> str | None:
         f"key {json.dumps(repeated[0])} appears twice in one object: JSON readers disagree on "
         "which value counts (polars keeps the first, json and orjson the last)"
     )
-
-
-def json_type(value: Any) -> str:
-    """The JSON name of a parsed value's type (`null`, `boolean`, `integer`, `number`, `string`,
-    `array`, `object`)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
 def _is_int(value: Any) -> bool:

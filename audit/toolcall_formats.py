@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import orjson
 
-from audit.records import json_type
+from audit.json_values import json_type
 
 ROLE_LETTERS = {
     "section_begin": "S",

@@ -20,6 +20,58 @@ from tests.conftest import ROOT
 PACKAGE = ROOT / "audit"
 # The presentation: the only modules that may draw on a terminal.
 PRESENTATION = ("audit.cli", "audit.tui", "audit.__main__")
+# ARCHITECTURE.md's layers, top to bottom: a module imports only its own layer and those below.
+# A new module is placed here (and there).
+LAYERS = {
+    "presentation": ("audit.cli", "audit.tui", "audit.__main__"),
+    "public API": ("audit.api",),
+    "flows": (
+        "audit.session",
+        "audit.check",
+        "audit.parallel",
+        "audit.cache",
+        "audit.gating",
+        "audit.watch",
+        "audit.targets",
+        "audit.generate",
+        "audit.history",
+        "audit.token_view",
+        "audit.html",
+    ),
+    "outputs": ("audit.report", "audit.formats", "audit.distributions", "audit.report_shape"),
+    "engine": ("audit.engine", "audit.findings"),
+    "rules": ("audit.checks", "audit.ruleset", "audit.verdict"),
+    "record view": (
+        "audit.sources",
+        "audit.records",
+        "audit.record_lines",
+        "audit.contract",
+        "audit.batch",
+        "audit.response",
+        "audit.toolcalls",
+        "audit.channels",
+        "audit.segments",
+        "audit.expressions",
+    ),
+    "model facts": (
+        "audit.profiles",
+        "audit.toolcall_formats",
+        "audit.templating",
+        "audit.encoders",
+        "audit.chat_template",
+        "audit.tokenizer",
+        "audit.tokenizer_cache",
+        "audit.fastcodec",
+    ),
+    "base": (
+        "audit",
+        "audit.errors",
+        "audit.config",
+        "audit.files",
+        "audit.inert",
+        "audit.json_values",
+    ),
+}
 UI_LIBRARIES = ("rich", "typer", "textual")
 MAX_MODULE_LINES = 600
 RULE_CODE = re.compile(r"^[A-Z]{3}\d{3}$")
@@ -63,6 +115,35 @@ def imports(name: str) -> frozenset[str]:
 
 def _in(name: str, packages: tuple[str, ...]) -> bool:
     return any(name == p or name.startswith(f"{p}.") for p in packages)
+
+
+def layer_of(name: str) -> int | None:
+    """The index in LAYERS (0 the top) of the module `name`, by its longest listed prefix."""
+    best: tuple[int, int] | None = None
+    for index, prefixes in enumerate(LAYERS.values()):
+        for prefix in prefixes:
+            listed = name == prefix or (prefix != "audit" and name.startswith(f"{prefix}."))
+            if listed and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def test_every_module_has_its_layer() -> None:
+    assert [name for name in modules() if layer_of(name) is None] == []
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    names = list(LAYERS)
+    upward = [
+        f"{name} ({names[layer_of(name)]}) imports {other} ({names[layer_of(other)]})"
+        for name in modules()
+        for other in sorted(imports(name))
+        if other in modules()
+        and layer_of(other) is not None
+        and layer_of(name) is not None
+        and layer_of(other) < layer_of(name)
+    ]
+    assert upward == []
 
 
 def test_only_the_presentation_imports_rich_typer_and_textual() -> None:
