@@ -20,10 +20,11 @@ import polars as pl
 from audit.errors import InputError
 from audit.report import SCHEMA_VERSION, Report, RuleResult
 from audit.report_shape import check_report_shape
+from audit.storage import ObjectPath
 from audit.verdict import VERDICT_RANK, failing_verdicts
 
 
-def load_report(path: Path) -> Report:
+def load_report(path: Path | ObjectPath) -> Report:
     """Read a JSON report written by `audit check`; raise InputError saying why it cannot be."""
     try:
         # orjson, not json: it refuses lone surrogates (text no writer could print) and nests

@@ -76,6 +76,13 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     generation = target.generation
 
     tokenizer_dir = options.tokenizer or generation.tokenizer_path
+    recorded = generation.data.get("tokenizer")
+    recorded = recorded.get("path") if isinstance(recorded, dict) else recorded
+    if tokenizer_dir is None and target.remote and isinstance(recorded, str):
+        raise ConfigError(
+            f"{generation.path} records the tokenizer as a path relative to the partition, which is "
+            "in object storage; a tokenizer is loaded from a local directory: pass --tokenizer DIR"
+        )
     if tokenizer_dir is None:
         raise ConfigError(
             f"no tokenizer for {target.data_file}: pass --tokenizer DIR (a local Hugging Face "

@@ -4,6 +4,10 @@ A partition is a directory `<data root>/<name>/` holding `raw_responses.jsonl`, 
 optionally `generation.json`, written by the generator, which records how the data was
 made (profile, tokenizer path and fingerprint, thinking mode) so that a bare
 `audit check NAME` knows what to audit it with (`audit.generate.manifest` reads it).
+
+Targets and the data root may be URLs in object storage (`s3://bucket/prepared/B1`, see
+`audit.storage`): a partition name under `--data-root s3://bucket/prepared` is found as under a
+local root, and can no more escape it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 from audit.errors import InputError
 from audit.generate.manifest import GenerationManifest, read_manifest
+from audit.storage import ObjectPath, is_url, location
 
 DATA_FILE = "raw_responses.jsonl"
 DEFAULT_DATA_ROOT = Path("prepared")
@@ -29,17 +34,24 @@ class Target:
     """A resolved audit target."""
 
     partition: str  # a short name for reports: the partition, or the file's stem
-    data_file: Path
+    data_file: Path | ObjectPath  # a local file, or an object in object storage
     generation: GenerationManifest = field(default_factory=GenerationManifest)
-    directory: Path | None = None  # the directory holding the data file (and generation.json)
+    # The directory (or object storage prefix) holding the data file and generation.json.
+    directory: Path | ObjectPath | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Is the data in object storage?"""
+        return isinstance(self.data_file, ObjectPath)
 
 
-def data_root(explicit: str | Path | None) -> tuple[Path, str | None]:
-    """The data root and, when the shipped sample stands in for it, a note saying so."""
+def data_root(explicit: str | Path | None) -> tuple[Path | ObjectPath, str | None]:
+    """The data root (a directory, or a URL prefix) and, when the shipped sample stands in for
+    it, a note saying so."""
     if explicit is not None:
-        return Path(explicit), None
+        return location(explicit), None
     if env := os.environ.get("AUDIT_DATA_ROOT"):
-        return Path(env), None
+        return location(env), None
     if not DEFAULT_DATA_ROOT.exists() and SAMPLE_DATA_ROOT.is_dir():
         return SAMPLE_DATA_ROOT, f"no {DEFAULT_DATA_ROOT}/ here: auditing the shipped sample in {SAMPLE_DATA_ROOT}/"
     return DEFAULT_DATA_ROOT, None
@@ -48,7 +60,8 @@ def data_root(explicit: str | Path | None) -> tuple[Path, str | None]:
 def names_a_path(spec: str) -> bool:
     """Is `spec` a file or directory path, rather than a partition name under the data root?"""
     return (
-        spec.endswith(".jsonl")
+        is_url(spec)
+        or spec.endswith(".jsonl")
         or Path(spec).is_file()
         or os.sep in spec
         or bool(os.altsep and os.altsep in spec)
@@ -56,8 +69,10 @@ def names_a_path(spec: str) -> bool:
     )
 
 
-def resolve_target(spec: str, root: Path) -> Target:
+def resolve_target(spec: str, root: Path | ObjectPath) -> Target:
     """Turn what the user typed into the file to audit, or raise an InputError saying why not."""
+    if is_url(spec):
+        return _object_target(ObjectPath(spec))
     path = Path(spec)
     if spec.endswith(".jsonl") or path.is_file():
         return _file_target(path)
@@ -67,6 +82,8 @@ def resolve_target(spec: str, root: Path) -> Target:
         raise InputError(f"{spec}: no such partition directory")
     if not _PARTITION_NAME.match(spec):
         raise InputError(f"{spec!r} is not a partition name (letters, digits, _ . -)")
+    if isinstance(root, ObjectPath):
+        return _object_partition(spec, root)
     if root.exists() and not root.is_dir():
         raise InputError(f"data root {root} is a file, not a directory: pass --data-root DIR (the directory of partitions)")
     if not root.is_dir():
@@ -78,13 +95,60 @@ def resolve_target(spec: str, root: Path) -> Target:
     if not candidate.is_relative_to(root.resolve()):
         raise InputError(f"partition {spec!r} resolves outside the data root {root}/")
     if not candidate.is_dir():
-        known = sorted(p.name for p in root.iterdir() if (p / DATA_FILE).is_file())
+        known = partition_names(root)
         hint = f" (partitions here: {', '.join(known)})" if known else ""
         raise InputError(f"no partition {spec!r} under {root}/{hint}")
     return _directory_target(candidate, spec)
 
 
-def _directory_target(directory: Path, name: str) -> Target:
+def _object_partition(name: str, root: ObjectPath) -> Target:
+    """A partition name under a data root in object storage.
+
+    The name is one plain segment (the pattern above: no `/`, no `%`, no leading `.`), so the
+    prefix it names is a child of the root's; checked once more on the joined URL.
+    """
+    candidate = root / name
+    if not candidate.is_relative_to(root) or candidate.parent != root:
+        raise InputError(f"partition {name!r} resolves outside the data root {root}/")
+    if not candidate.is_dir():
+        if not root.is_dir():
+            raise InputError(
+                f"data root {root}/ holds nothing: pass --data-root URL (the prefix of partitions), "
+                "or give a partition URL"
+            )
+        known = partition_names(root)
+        hint = f" (partitions here: {', '.join(known)})" if known else ""
+        raise InputError(f"no partition {name!r} under {root}/{hint}")
+    return _directory_target(candidate, name)
+
+
+def _object_target(path: ObjectPath) -> Target:
+    """A URL: an object (`.../raw_responses.jsonl`, `.../part.jsonl`) or a partition prefix."""
+    if path.is_file():
+        return _file_target(path)
+    if path.is_dir():
+        return _directory_target(path, path.name)
+    raise InputError(f"{path}: no such object or prefix")
+
+
+def partition_names(root: Path | ObjectPath) -> list[str]:
+    """The names of the partitions directly under `root`: children holding raw_responses.jsonl.
+
+    A listed name that is not a partition name is still listed: resolving it says why it is not
+    one, rather than skipping it unseen.
+    """
+    found = []
+    for child in root.iterdir():
+        try:
+            holds_data = (child / DATA_FILE).is_file()
+        except InputError:  # a stored name that cannot be joined: left to resolve_target's message
+            holds_data = True
+        if holds_data:
+            found.append(child.name)
+    return sorted(found)
+
+
+def _directory_target(directory: Path | ObjectPath, name: str) -> Target:
     data_file = directory / DATA_FILE
     if not data_file.is_file():
         raise InputError(f"{directory}: no {DATA_FILE} in this partition directory")
@@ -97,7 +161,7 @@ def _directory_target(directory: Path, name: str) -> Target:
     )
 
 
-def _file_target(path: Path) -> Target:
+def _file_target(path: Path | ObjectPath) -> Target:
     if path.is_dir():
         if (path / DATA_FILE).is_file():
             return _directory_target(path, path.name)  # a partition directory that happens to end in .jsonl
@@ -114,7 +178,7 @@ def _file_target(path: Path) -> Target:
     )
 
 
-def _require_content(path: Path) -> None:
+def _require_content(path: Path | ObjectPath) -> None:
     if path.stat().st_size == 0:
         raise InputError(f"{path}: the file is empty; there is nothing to audit")
 

@@ -99,3 +99,31 @@ def servers():
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A local S3 server (moto's server mode, its own process on 127.0.0.1) for the session."""
+    pytest.importorskip("s3fs", reason="object storage needs the s3 extra: pip install -e '.[test]'")
+    pytest.importorskip("moto.server", reason="the local S3 server is moto's: pip install -e '.[test]'")
+    from tests.s3_server import LocalS3
+
+    with LocalS3() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch: pytest.MonkeyPatch):
+    """An empty local S3 store with bucket `bucket`, this process's AWS_* environment pointed at
+    it; returns the server (`.filesystem` is an s3fs client to arrange objects with)."""
+    import fsspec
+
+    s3_server.reset()
+    for name, value in s3_server.environment().items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    s3_server.filesystem = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
+    s3_server.filesystem.mkdir("bucket")
+    return s3_server

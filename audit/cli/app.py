@@ -77,8 +77,12 @@ class FailOn(StrEnum):
 
 # -- options shared by every command that audits a target ------------------------------------
 DataRootOption = Annotated[
-    Path | None,
-    typer.Option("--data-root", envvar="AUDIT_DATA_ROOT", help="Where partitions live (default prepared/)."),
+    str | None,
+    typer.Option(
+        "--data-root",
+        envvar="AUDIT_DATA_ROOT",
+        help="Where partitions live: a directory or an object storage URL (default prepared/).",
+    ),
 ]
 ProfileOption = Annotated[
     str | None, typer.Option("--profile", help="Profile name (see `audit profiles`) or a profile .toml file.")
@@ -133,7 +137,7 @@ def check_options(
     )
 
 
-def data_root_for(data_root: Path | None, targets: list[str], announce: bool) -> Path:
+def data_root_for(data_root: str | None, targets: list[str], announce: bool):
     """The data root for these targets; say so when the shipped sample stands in for it."""
     from audit.targets import data_root as resolve_root
     from audit.targets import names_a_path

@@ -129,13 +129,14 @@ def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
     return table
 
 
-def all_partitions(root: Path) -> list[str]:
-    """The names of every partition under `root` (a directory holding raw_responses.jsonl)."""
-    from audit.targets import DATA_FILE
+def all_partitions(root) -> list[str]:
+    """The names of every partition under `root` (a directory or URL prefix holding
+    raw_responses.jsonl)."""
+    from audit.targets import DATA_FILE, partition_names
 
     if not root.is_dir():
         raise InputError(f"data root {root}/ does not exist: pass --data-root DIR or set AUDIT_DATA_ROOT")
-    names = sorted(p.name for p in root.iterdir() if (p / DATA_FILE).is_file())
+    names = partition_names(root)
     if not names:
         raise InputError(f"no partitions under {root}/ (a partition is a directory holding {DATA_FILE})")
     return names

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -30,12 +29,16 @@ from audit.errors import AuditError
 from audit.formats import OutputFormat
 from audit.inert import CELL_LIMIT, terminal
 
-ReportFile = Annotated[Path, typer.Argument(help="A JSON report written by `audit check` (or --report).")]
+ReportFile = Annotated[
+    str, typer.Argument(help="A JSON report written by `audit check` (or --report): a path or a URL.")
+]
 
 
 @app.command("report")
 def report_command(
-    files: Annotated[list[Path], typer.Argument(help="JSON reports written by `audit check` (or --report).")],
+    files: Annotated[
+        list[str], typer.Argument(help="JSON reports written by `audit check` (or --report): paths or URLs.")
+    ],
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     html: HtmlOption = None,
@@ -50,6 +53,7 @@ def report_command(
     --trust-remote-code, since a report is data and never chooses whose code runs.
     """
     from audit.history import load_report
+    from audit.storage import location
 
     if trust_remote_code and tokenizer is None:
         raise fail(
@@ -57,7 +61,7 @@ def report_command(
             "(the path a report records is data, not your choice)"
         )
     try:
-        reports = [load_report(path) for path in files]
+        reports = [load_report(location(path)) for path in files]
         if html is not None:
             from audit.html import html_path, samples_for_saved_report, write_html
 
@@ -99,9 +103,10 @@ def diff(
     cannot be read as a report.
     """
     from audit.history import diff_reports, load_report
+    from audit.storage import location
 
     try:
-        before, after = load_report(old), load_report(new)
+        before, after = load_report(location(old)), load_report(location(new))
     except AuditError as exc:
         raise fail(str(exc)) from None
     compared = diff_reports(before, after, fail_on_warning=fail_on is FailOn.warning)

@@ -84,12 +84,23 @@ def read_manifest(directory: Path) -> GenerationManifest:
         profile=data.get("profile"),
         thinking=data.get("thinking"),
         trust_remote_code=data.get("trust_remote_code"),
-        tokenizer_path=(directory / recorded_path).resolve()
-        if isinstance(recorded_path, str)
-        else None,
+        tokenizer_path=_tokenizer_path(directory, recorded_path),
         tokenizer_fingerprint=tokenizer if isinstance(tokenizer, dict) else None,
         data=data,
     )
+
+
+def _tokenizer_path(directory: Path, recorded: object) -> Path | None:
+    """The recorded tokenizer directory, resolved against the partition's directory.
+
+    A tokenizer is loaded from a local directory: for a partition in object storage only an
+    absolute recorded path means one (a relative one would point into the store).
+    """
+    if not isinstance(recorded, str):
+        return None
+    if not isinstance(directory, Path):
+        return Path(recorded) if Path(recorded).is_absolute() else None
+    return (directory / recorded).resolve()
 
 
 def build_manifest(

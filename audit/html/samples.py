@@ -25,6 +25,7 @@ from audit.record_lines import read_record
 from audit.report import Report
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.sources import InputDigest, file_blocks
+from audit.storage import ObjectPath, is_url
 from audit.tokenizer import Tokenizer
 
 SAMPLES_PER_RULE = 3
@@ -75,7 +76,7 @@ def collect_samples(
     tokenizer: Tokenizer,
     *,
     profile: ResolvedProfile | None = None,
-    data_file: Path | None = None,
+    data_file: Path | ObjectPath | None = None,
     verify_sha256: bool = False,
     per_rule: int = SAMPLES_PER_RULE,
     window: int = WINDOW,
@@ -86,10 +87,14 @@ def collect_samples(
     one the report names. `verify_sha256` re-hashes the whole file and drops the samples if it
     changed since the audit (for re-rendering an old report; a fresh check needs no second hash).
     """
-    path = Path(data_file or report.input["path"])
     chosen = _choose(report.log, per_rule)
     if chosen.is_empty():
         return Samples()
+    recorded = str(report.input["path"])
+    if data_file is None and is_url(recorded):
+        # A saved report is data: the URL it records never makes the audit reach the network.
+        return Samples(unavailable=f"samples omitted: the audited data is in object storage ({recorded})")
+    path = data_file if data_file is not None else Path(recorded)
     if not path.is_file():
         return Samples(unavailable=f"samples omitted: {path} is no longer there")
     wanted = set(chosen["line"].to_list())
