@@ -348,12 +348,7 @@ def _open_lock_file(path: Path) -> int:
 
 def _record_holder(handle: int, command: str | None) -> None:
     """Say who holds the lock, for a run that finds it taken (best effort: read-only stays)."""
-    holder = {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
+    holder = holder_record(command)
     try:
         os.ftruncate(handle, 0)
         os.pwrite(handle, json.dumps(holder).encode() + b"\n", 0)
@@ -372,6 +367,21 @@ def _holder_of(handle: int) -> str:
         if isinstance(data, dict):
             break
         time.sleep(0.01)
+    return describe_holder(data)
+
+
+def holder_record(command: str | None = None) -> dict[str, Any]:
+    """Who this run is, as a lock records its holder: pid, host, command line, start time."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+        "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def describe_holder(data: Any) -> str:
+    """A lock's holder as one line of text (what a lock says is not trusted)."""
     if not isinstance(data, dict):
         return "holder not recorded"
     fields = {k: inert.terminal(data.get(k), _HOLDER_FIELD_LIMIT) for k in _HOLDER_FIELDS}

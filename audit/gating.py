@@ -33,6 +33,15 @@ place; the old manifest is removed before the first rename and the new one renam
 outputs that manifest describes (check its hashes), even after a power cut. One gate at a time
 writes an output directory: a run holds `<out>/.audit.lock` from start to end, and a second
 one refuses at once. Temporaries a killed gate left behind are removed by the next one.
+
+`out_dir` may be a prefix in object storage (`s3://bucket/gated/B1`, `audit.storage`). The same
+order holds there, with the store's own atomic step in place of the rename: each output is a
+multipart upload that becomes visible only when it is completed, so the uploads run during the
+split, the old manifest is deleted, the two outputs are completed, and the manifest is written
+last. A run that dies before that leaves the old gate as it was (its unfinished uploads are
+aborted by the next run); one that dies in between leaves outputs without a manifest, which is
+not a finished gate and which the next run writes again. The lock is `<out>/.audit.lock`
+created by a conditional write (see `audit.storage.lock_prefix` for what it can and cannot do).
 """
 
 from __future__ import annotations
@@ -64,6 +73,7 @@ from audit.findings import FindingsLog
 from audit.report import Report
 from audit.session import Session
 from audit.sources import InputDigest, file_blocks
+from audit.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
 
 MANIFEST_SCHEMA_VERSION = 1
 CLEAN_FILE = "clean.jsonl"
@@ -83,7 +93,7 @@ class GateResult:
 
     report: Report
     manifest: dict[str, Any]
-    out_dir: Path
+    out_dir: Path | ObjectPath
     unchanged: bool = False  # the output already held this exact gate: no byte changed
 
     @property
@@ -97,7 +107,7 @@ class GateResult:
 
 def gate_session(
     session: Session,
-    out_dir: Path,
+    out_dir: Path | ObjectPath | str,
     *,
     quarantine_on: str = "error",
     force: bool = False,
@@ -105,12 +115,13 @@ def gate_session(
 ) -> GateResult:
     """Audit the session's target and split its records into clean.jsonl and quarantine.jsonl.
 
-    Raises InputError (nothing written) when `out_dir` holds the gate of a different input
-    and `force` is false, when an output would overwrite the input, or when the input changes
-    while it is being gated.
+    `out_dir` is a directory, or a prefix in object storage (a URL). Raises InputError (nothing
+    written) when `out_dir` holds the gate of a different input and `force` is false, when an
+    output would overwrite the input, or when the input changes while it is being gated.
     """
     if quarantine_on not in QUARANTINE_SEVERITIES:
         raise InputError(f"--quarantine-on must be error or warning, got {quarantine_on!r}")
+    out_dir = location(out_dir)
     data_file = session.target.data_file
     input_path = data_file.resolve()
     if out_dir.exists() and not out_dir.is_dir():
@@ -118,25 +129,24 @@ def gate_session(
     for name in OUTPUT_FILES:
         if (out_dir / name).resolve() == input_path:
             raise InputError(f"--out {out_dir}: {name} would overwrite the input itself; choose another directory")
+    outputs = _PrefixOutputs(out_dir) if isinstance(out_dir, ObjectPath) else _DirectoryOutputs(out_dir)
     # One gate at a time per output: two runs into one --out would leave a manifest of one
     # input beside the clean.jsonl of the other.
-    with lock_output(out_dir):
-        remove_leftover_temporaries(out_dir)  # what a killed gate left: up to the input's size
+    with outputs.lock():
+        outputs.remove_leftovers()  # what a killed gate left: up to the input's size
         previous = read_manifest(out_dir)
         if not force:
-            _refuse_foreign_output(out_dir, previous, input_path)
+            _refuse_foreign_output(out_dir, previous, input_path, redo_unfinished=outputs.redo_unfinished)
         report = check_session(session, progress=progress)
-        manifest, unchanged = _write_split(
-            session, report, out_dir, input_path, quarantine_on, previous
-        )
+        manifest, unchanged = _write_split(session, report, outputs, input_path, quarantine_on, previous)
     return GateResult(report=report, manifest=manifest, out_dir=out_dir, unchanged=unchanged)
 
 
 def _write_split(
     session: Session,
     report: Report,
-    out_dir: Path,
-    input_path: Path,
+    outputs: _DirectoryOutputs | _PrefixOutputs,
+    input_path: Path | ObjectPath,
     quarantine_on: str,
     previous: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], bool]:
@@ -144,19 +154,17 @@ def _write_split(
     data_file = session.target.data_file
     severities = QUARANTINE_SEVERITIES[quarantine_on]
 
-    temporaries: list[Temporary] = []
+    staged: list[_Staged] = []
     try:
-        clean = _temporary(out_dir, CLEAN_FILE, temporaries)
-        quarantine = _temporary(out_dir, QUARANTINE_FILE, temporaries)
+        clean = outputs.stage(CLEAN_FILE, staged)
+        quarantine = outputs.stage(QUARANTINE_FILE, staged)
         counts, digest = _split(
             data_file,
             _quarantined(report.log, severities),
-            clean.file,
-            quarantine.file,
+            clean,
+            quarantine,
             session.options.block_bytes,
         )
-        clean.sync()
-        quarantine.sync()
         if digest.sha256 != report.input["sha256"]:
             raise InputError(
                 f"{data_file} changed while it was being gated (is it still being written?); "
@@ -164,31 +172,121 @@ def _write_split(
             )
         manifest = _manifest(
             session, report, input_path, counts, quarantine_on,
-            clean=_file_summary(clean.path, counts["clean"]),
-            quarantine=_file_summary(quarantine.path, counts["quarantined"]),
+            clean=clean.summary(counts["clean"]),
+            quarantine=quarantine.summary(counts["quarantined"]),
         )
         unchanged = previous is not None and _same_gate(previous, manifest)
         if unchanged:
             # Idempotent: the same gate again leaves every byte as it was, the time included.
             manifest["created_at"] = previous["created_at"]
-        written = _temporary(out_dir, MANIFEST_FILE, temporaries)
-        written.file.write(json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")
-        # The old manifest goes first and the new one comes last: a crash in between leaves a
-        # directory without a manifest, which no consumer may take for a finished gate. Each
-        # step is synced before the next, so a power cut cannot reorder them either.
-        (out_dir / MANIFEST_FILE).unlink(missing_ok=True)
-        fsync_directory(out_dir)
-        clean.commit(out_dir / CLEAN_FILE, sync_directory=False)
-        quarantine.commit(out_dir / QUARANTINE_FILE)
-        written.commit(out_dir / MANIFEST_FILE)
-        temporaries.clear()
+        outputs.publish(staged, json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")
+        staged.clear()
     finally:
-        for leftover in temporaries:
+        for leftover in staged:
             leftover.discard()
     return manifest, unchanged
 
 
-def read_manifest(out_dir: Path) -> dict[str, Any] | None:
+class _Staged:
+    """An output being written, not yet in place: its bytes counted and hashed on the way."""
+
+    def __init__(self, name: str, file: Any):
+        self.name = name
+        self.file = file  # a Temporary (a directory) or an unfinished upload (object storage)
+        self._writer: IO[bytes] = file.file if isinstance(file, Temporary) else file
+        self._hash = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self.bytes += len(data)
+        return self._writer.write(data)
+
+    def summary(self, records: int) -> dict[str, Any]:
+        return {"sha256": self._hash.hexdigest(), "bytes": self.bytes, "records": records}
+
+    def discard(self) -> None:
+        self.file.discard()
+
+
+class _DirectoryOutputs:
+    """Outputs in a local directory: temporary files renamed in, the directory fsync'd."""
+
+    redo_unfinished = False  # clean.jsonl without a manifest may be someone's: --force
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def lock(self) -> Any:
+        return lock_output(self.directory)
+
+    def remove_leftovers(self) -> None:
+        remove_leftover_temporaries(self.directory)
+
+    def stage(self, name: str, staged: list[_Staged]) -> _Staged:
+        output = _Staged(name, open_temporary(self.directory, name))
+        staged.append(output)
+        return output
+
+    def publish(self, staged: list[_Staged], manifest: bytes) -> None:
+        directory = self.directory
+        for output in staged:
+            output.file.sync()
+        written = open_temporary(directory, MANIFEST_FILE)
+        try:
+            written.file.write(manifest)
+            # The old manifest goes first and the new one comes last: a crash in between leaves a
+            # directory without a manifest, which no consumer may take for a finished gate. Each
+            # step is synced before the next, so a power cut cannot reorder them either.
+            (directory / MANIFEST_FILE).unlink(missing_ok=True)
+            fsync_directory(directory)
+            for index, output in enumerate(staged):
+                output.file.commit(directory / output.name, sync_directory=index == len(staged) - 1)
+            written.commit(directory / MANIFEST_FILE)
+        except BaseException:
+            written.discard()
+            raise
+
+
+class _PrefixOutputs:
+    """Outputs under a prefix in object storage: uploads completed in order, the manifest last."""
+
+    redo_unfinished = True  # outputs without a manifest: a gate that died between its steps
+
+    def __init__(self, prefix: ObjectPath):
+        self.prefix = prefix
+
+    def lock(self) -> Any:
+        return lock_prefix(self.prefix)
+
+    def remove_leftovers(self) -> None:
+        abort_unfinished_writes(self.prefix, OUTPUT_FILES)
+
+    def stage(self, name: str, staged: list[_Staged]) -> _Staged:
+        # The upload runs while the split streams; nothing is visible until it is completed.
+        output = _Staged(name, (self.prefix / name).open("wb"))
+        staged.append(output)
+        return output
+
+    def publish(self, staged: list[_Staged], manifest: bytes) -> None:
+        (self.prefix / MANIFEST_FILE).unlink(missing_ok=True)
+        for index, output in enumerate(staged):
+            output.file.close()  # completes the upload: the object is replaced whole
+            staged[index] = _Completed(output.name)
+        (self.prefix / MANIFEST_FILE).write_bytes(manifest)
+
+
+class _Completed(_Staged):
+    """An upload already completed: nothing is left to discard."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def discard(self) -> None:
+        pass
+
+
+def read_manifest(out_dir: Path | ObjectPath) -> dict[str, Any] | None:
     """The manifest of an earlier gate in `out_dir`, or None when there is none."""
     path = out_dir / MANIFEST_FILE
     if not path.is_file():
@@ -204,11 +302,21 @@ def read_manifest(out_dir: Path) -> dict[str, Any] | None:
     return data
 
 
-def _refuse_foreign_output(out_dir: Path, previous: dict[str, Any] | None, input_path: Path) -> None:
-    """An existing gate output of another input is somebody's training data: keep it."""
+def _refuse_foreign_output(
+    out_dir: Path | ObjectPath,
+    previous: dict[str, Any] | None,
+    input_path: Path | ObjectPath,
+    *,
+    redo_unfinished: bool = False,
+) -> None:
+    """An existing gate output of another input is somebody's training data: keep it.
+
+    `redo_unfinished`: outputs without a manifest are an unfinished gate to write again (object
+    storage, where the lock says nobody else is writing) rather than someone's files to keep.
+    """
     if previous is None:
         present = [name for name in (CLEAN_FILE, QUARANTINE_FILE) if (out_dir / name).exists()]
-        if present:
+        if present and not redo_unfinished:
             raise InputError(
                 f"--out {out_dir} holds {' and '.join(present)} but no {MANIFEST_FILE} (an interrupted "
                 "gate, or not a gate output): pass --force to overwrite, or choose another --out"
@@ -252,10 +360,10 @@ def _quarantined(log: FindingsLog, severities: tuple[str, ...]) -> Iterator[tupl
 
 
 def _split(
-    data_file: Path,
+    data_file: Path | ObjectPath,
     quarantined: Iterator[tuple[int, bytes]],
-    clean_out: IO[bytes],
-    quarantine_out: IO[bytes],
+    clean_out: _Staged | IO[bytes],
+    quarantine_out: _Staged | IO[bytes],
     block_bytes: int,
 ) -> tuple[dict[str, int], InputDigest]:
     """Stream the file once more and send each record to clean or quarantine, bytes untouched.
@@ -295,22 +403,10 @@ def _raw_field(raw: bytes) -> bytes:
         return b'"raw_base64":' + orjson.dumps(base64.b64encode(raw).decode("ascii"))
 
 
-def _temporary(out_dir: Path, name: str, temporaries: list[Temporary]) -> Temporary:
-    temporary = open_temporary(out_dir, name)
-    temporaries.append(temporary)
-    return temporary
-
-
-def _file_summary(path: Path, records: int) -> dict[str, Any]:
-    with path.open("rb") as handle:
-        sha256 = hashlib.file_digest(handle, "sha256").hexdigest()
-    return {"sha256": sha256, "bytes": path.stat().st_size, "records": records}
-
-
 def _manifest(
     session: Session,
     report: Report,
-    input_path: Path,
+    input_path: Path | ObjectPath,
     counts: dict[str, int],
     quarantine_on: str,
     *,
@@ -358,7 +454,7 @@ def _same_gate(previous: dict[str, Any], manifest: dict[str, Any]) -> bool:
     return comparable(previous) == comparable(json.loads(json.dumps(manifest)))
 
 
-def iter_quarantine(path: Path) -> Iterable[dict[str, Any]]:
+def iter_quarantine(path: Path | ObjectPath) -> Iterable[dict[str, Any]]:
     """The entries of a quarantine.jsonl, each with `raw_bytes`: the original line, restored."""
     with path.open("rb") as handle:
         for line in handle:

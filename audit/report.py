@@ -22,9 +22,9 @@ from audit import __version__
 from audit.distributions import summarize
 from audit.engine import FileAudit
 from audit.errors import InputError
-from audit.files import write_atomically
 from audit.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.ruleset import RuleSet
+from audit.storage import ObjectPath, write_output
 from audit.verdict import Verdict, threshold_text
 
 SCHEMA_VERSION = 1
@@ -160,11 +160,12 @@ class Report:
         distributions = orjson.dumps(self.distributions, option=orjson.OPT_NON_STR_KEYS)
         yield newline + pad + b"]," + newline + pad + b'"distributions": ' + distributions + newline + b"}\n"
 
-    def write_json(self, path: Path) -> Path:
-        """Write the JSON report atomically (temporary file, then rename), findings streamed."""
+    def write_json(self, path: Path | ObjectPath) -> Path | ObjectPath:
+        """Write the JSON report atomically (temporary file then rename, or one upload), findings
+        streamed."""
         if path.is_dir():
             raise InputError(f"report path {path} is a directory; name a file, e.g. {path / 'report.json'}")
-        return write_atomically(path, self.json_chunks())
+        return write_output(path, self.json_chunks())
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:

@@ -21,21 +21,26 @@ is one `InputError` line naming the URL.
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+import socket
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, Self
 
 from audit.errors import ConfigError, InputError
 
+LOCK_FILE = ".audit.lock"  # as a local output's (audit.files)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 # Ranged reads of this size; one more is fetched in the background while the reader works.
 READ_BLOCK_BYTES = 8 << 20
 # The package each common protocol needs, for the message when it is missing.
+# Parts of a write: S3 allows 10,000 parts, so an output may reach 160 GB; memory holds one part.
+WRITE_PART_BYTES = 16 << 20
 # Variables the protocols' packages read endpoint and credentials from.
 _ENVIRONMENT = ("AWS_", "GOOGLE_", "GCS", "AZURE_", "FSSPEC_")
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs"}
@@ -124,6 +129,9 @@ class ObjectPath:
             return self  # the bucket is its own parent, as `/` is
         return ObjectPath(f"{self.protocol}://{self._rest.rsplit('/', 1)[0]}")
 
+    def with_name(self, name: str) -> ObjectPath:
+        return self.parent / name
+
     @property
     def bucket(self) -> str:
         return self._rest.split("/", 1)[0]
@@ -191,9 +199,10 @@ class ObjectPath:
                 yield ObjectPath(f"{self}/{child}")
 
     def open(self, mode: str = "rb") -> IO[bytes]:
-        """The object as a binary file: `rb` reads ranges as they are asked for; `wb` writes it
-        whole when closed (a multipart upload: readers see the old object or the new one);
-        `xb` writes it only if no object has this key (a conditional write)."""
+        """The object as a binary file: `rb` reads ranges as they are asked for; `wb` stores it
+        whole when closed (a multipart upload: readers see the old object or the new one, and
+        `discard()` stores nothing); `xb` stores it only if no object has this key (a
+        conditional write: `FileExistsError` when one has)."""
         if mode not in ("rb", "wb", "xb"):
             raise ValueError(f"ObjectPath.open: mode {mode!r} (rb, wb or xb)")
         with store_errors(self):
@@ -206,7 +215,7 @@ class ObjectPath:
                     cache_options={"maxblocks": 2},
                 )
             else:
-                handle = self.filesystem.open(self._path, mode)
+                handle = self.filesystem.open(self._path, mode, block_size=WRITE_PART_BYTES)
         return _StoreFile(handle, self)
 
     def read_bytes(self) -> bytes:
@@ -228,6 +237,19 @@ class ObjectPath:
             except FileNotFoundError:
                 if not missing_ok:
                     raise
+
+
+def write_output(path: Path | ObjectPath, content: str | Iterable[bytes]) -> Path | ObjectPath:
+    """Write an output whole: on disk atomically (`audit.files.write_atomically`), in object
+    storage as one upload that readers see only once it is complete."""
+    if not isinstance(path, ObjectPath):
+        from audit.files import write_atomically
+
+        return write_atomically(path, content)
+    with path.open("wb") as handle:
+        for chunk in [content.encode()] if isinstance(content, str) else content:
+            handle.write(chunk)
+    return path
 
 
 def _filesystem(protocol: str) -> Any:
@@ -293,6 +315,10 @@ class _StoreFile:
     def tell(self) -> int:
         return self._handle.tell()
 
+    @property
+    def closed(self) -> bool:
+        return bool(self._handle.closed)
+
     def write(self, data: bytes) -> int:
         with store_errors(self._path):
             return self._handle.write(data)
@@ -307,12 +333,11 @@ class _StoreFile:
 
     def discard(self) -> None:
         """Give up a write: nothing is stored (the multipart upload is aborted)."""
-        try:
+        with suppress(Exception):  # best effort: the object was never completed anyway
             self._handle.discard()
-        except Exception:  # noqa: BLE001 - best effort: the object was never completed anyway
-            pass
+        self._handle.closed = True  # so that nothing completes the upload when it is collected
 
-    def __enter__(self) -> _StoreFile:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, kind: object, error: object, traceback: object) -> None:
@@ -372,3 +397,112 @@ def _credential_hint(protocol: str) -> str:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]
+
+
+# -- one gate at a time on a prefix --------------------------------------------------------------
+
+
+class PrefixLock:
+    """One run's lock on an output prefix in object storage: the object `<prefix>/.audit.lock`,
+    created only if absent, deleted on release."""
+
+    def __init__(self, path: ObjectPath, token: str):
+        self.path = path
+        self.token = token
+        self.held = True
+
+    def release(self) -> None:
+        """Delete the lock object, unless it is no longer this run's (someone removed it and
+        another run took it); idempotent."""
+        if not self.held:
+            return
+        self.held = False
+        try:
+            if _read_holder(self.path).get("token") == self.token:
+                self.path.unlink(missing_ok=True)
+        except InputError:
+            pass  # the store is gone: the lock object says who left it
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def lock_prefix(prefix: ObjectPath, command: str | None = None) -> PrefixLock:
+    """Take the lock on the output `prefix` for one run, or raise `OutputInUse` naming the holder.
+
+    The lock is a conditional write (`xb`: S3's `If-None-Match: *`), so of two runs only one
+    creates it. Unlike a kernel lock it outlives a killed run: a lock left by a process of this
+    host that is gone is taken over; one from another host stays until someone deletes it (the
+    error says which object), since nothing here can tell whether that run still lives.
+    """
+    from audit.files import OutputInUse, holder_record
+
+    path = prefix / LOCK_FILE
+    token = os.urandom(16).hex()
+    body = json.dumps({**holder_record(command), "token": token}).encode() + b"\n"
+    for attempt in range(2):
+        try:
+            with path.open("xb") as handle:
+                handle.write(body)
+            return PrefixLock(path, token)
+        except FileExistsError:
+            holder = _read_holder(path)
+            if attempt == 0 and _gone_from_this_host(holder):
+                path.unlink(missing_ok=True)
+                continue
+            raise OutputInUse(_in_use(prefix, path, holder)) from None
+    raise OutputInUse(_in_use(prefix, path, _read_holder(path)))
+
+
+def _in_use(prefix: ObjectPath, path: ObjectPath, holder: dict[str, Any]) -> str:
+    from audit.files import describe_holder
+
+    return (
+        f"{prefix} is in use by another audit run ({describe_holder(holder or None)}); wait for it "
+        f"to finish or stop it; if it is gone, delete {path}"
+    )
+
+
+def _read_holder(path: ObjectPath) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data = json.loads(handle.read(1 << 16))
+    except (InputError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _gone_from_this_host(holder: dict[str, Any]) -> bool:
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def abort_unfinished_writes(prefix: ObjectPath, names: tuple[str, ...]) -> int:
+    """Abort the multipart uploads a killed run left for `prefix/NAME` (S3 only; they are not
+    visible as objects, but the store keeps and bills their parts). Returns how many."""
+    filesystem = prefix.filesystem
+    if not hasattr(filesystem, "call_s3"):
+        return 0
+    wanted = {(prefix / name).key for name in names}
+    aborted = 0
+    with store_errors(prefix):
+        under = f"{prefix.key}/" if prefix.key else ""
+        listed = filesystem.call_s3("list_multipart_uploads", Bucket=prefix.bucket, Prefix=under)
+        for upload in listed.get("Uploads", []) or []:
+            if upload.get("Key") in wanted:
+                filesystem.call_s3(
+                    "abort_multipart_upload", Bucket=prefix.bucket, Key=upload["Key"], UploadId=upload["UploadId"]
+                )
+                aborted += 1
+    return aborted

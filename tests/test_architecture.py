@@ -68,6 +68,7 @@ LAYERS = {
         "audit.errors",
         "audit.config",
         "audit.files",
+        "audit.storage",
         "audit.inert",
         "audit.json_values",
     ),

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from audit.cli import app
 from audit.errors import InputError
-from audit.records import InputDigest, iter_line_blocks
+from audit.sources import InputDigest, file_blocks
 from audit.storage import ObjectPath, is_url, location
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
@@ -189,7 +189,7 @@ def test_a_byte_range_streams_the_same_lines_from_the_store_as_from_disk(s3, tmp
 
     def read(path):
         digest = InputDigest()
-        blocks = iter_line_blocks(path, digest, block, start=start, end=len(data), first_line=first_line)
+        blocks = file_blocks(path, start=start, end=len(data), first_line=first_line, digest=digest, block_bytes=block)
         return [(b.first_line, b.lines) for b in blocks], digest.sha256, digest.bytes
 
     assert read(remote) == read(local)
@@ -206,3 +206,159 @@ def test_urls_and_paths():
     for name in ("..", ".", "", "a/../b", "a\\b"):
         with pytest.raises(InputError):
             ObjectPath("s3://bucket/prepared") / name
+
+
+# -- gate ----------------------------------------------------------------------------------------
+
+GATED = "s3://bucket/gated/B1"
+
+
+def gate(*args: str):
+    return cli("gate", *args, "--tokenizer", str(KIMI_TOKENIZER))
+
+
+def stored(s3, prefix: str = "bucket/gated/B1") -> dict[str, bytes]:
+    """Every object under `prefix`, by name (the lock included, were one left)."""
+    return {
+        path.rsplit("/", 1)[-1]: s3.filesystem.cat_file(path)
+        for path in s3.filesystem.find(prefix)
+    }
+
+
+def unfinished_uploads(s3) -> list[str]:
+    listed = s3.filesystem.call_s3("list_multipart_uploads", Bucket="bucket")
+    return [upload["Key"] for upload in listed.get("Uploads", []) or []]
+
+
+@pytest.mark.parametrize("source", ["disk", "store"])
+def test_gate_into_the_store_writes_what_a_local_gate_writes(prepared, tmp_path, source):
+    local = tmp_path / "gated"
+    assert gate("B1_glaive", "--data-root", str(PREPARED), "--out", str(local)).exit_code == 1
+    root = str(PREPARED) if source == "disk" else ROOT
+    result = gate("B1_glaive", "--data-root", root, "--out", GATED)
+    assert result.exit_code == 1, result.output
+    assert f"-> {GATED}/" in result.output
+    objects = stored(prepared)
+    assert sorted(objects) == ["clean.jsonl", "manifest.json", "quarantine.jsonl"]  # no lock left
+    for name in ("clean.jsonl", "quarantine.jsonl"):
+        assert objects[name] == (local / name).read_bytes()
+    manifest = json.loads(objects["manifest.json"])
+    expected = json.loads((local / "manifest.json").read_text())
+    assert manifest["outputs"] == expected["outputs"] and manifest["counts"] == expected["counts"]
+    assert manifest["input"]["sha256"] == expected["input"]["sha256"]
+    if source == "store":
+        assert manifest["input"]["path"] == f"{ROOT}/B1_glaive/raw_responses.jsonl"
+
+
+def test_gate_from_the_store_to_disk_is_byte_identical(prepared, tmp_path):
+    assert gate("B1_glaive", "--data-root", str(PREPARED), "--out", str(tmp_path / "a")).exit_code == 1
+    assert gate("B1_glaive", "--data-root", ROOT, "--out", str(tmp_path / "b")).exit_code == 1
+    for name in ("clean.jsonl", "quarantine.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_gate_again_into_the_store_is_unchanged(prepared):
+    assert gate("B1_glaive", "--data-root", ROOT, "--out", GATED).exit_code == 1
+    before = stored(prepared)
+    again = gate("B1_glaive", "--data-root", ROOT, "--out", GATED)
+    assert again.exit_code == 1 and "unchanged" in again.output
+    assert stored(prepared) == before
+
+
+def test_outputs_without_a_manifest_in_the_store_are_an_unfinished_gate_redone(prepared):
+    prepared.filesystem.pipe_file("bucket/gated/B1/clean.jsonl", b"half of an earlier gate\n")
+    result = gate("B1_glaive", "--data-root", ROOT, "--out", GATED)
+    assert result.exit_code == 1, result.output
+    objects = stored(prepared)
+    assert json.loads(objects["manifest.json"])["outputs"]["clean.jsonl"]["bytes"] == len(objects["clean.jsonl"])
+    assert objects["clean.jsonl"] != b"half of an earlier gate\n"
+
+
+def test_the_gate_of_another_input_in_the_store_is_kept_unless_forced(prepared):
+    assert gate("B1_glaive", "--data-root", ROOT, "--out", GATED).exit_code == 1
+    kept = stored(prepared)
+    refused = gate("B0_clean", "--data-root", ROOT, "--out", GATED)
+    assert refused.exit_code == 2 and "--force" in error_line(refused)
+    assert stored(prepared) == kept
+    forced = gate("B0_clean", "--data-root", ROOT, "--out", GATED, "--force")
+    assert forced.exit_code == 0, forced.output
+    assert json.loads(stored(prepared)["manifest.json"])["target"] == "B0_clean"
+
+
+def test_a_gate_holding_the_prefix_refuses_a_second_one(prepared):
+    holder = {"pid": 4242, "host": "trainer-7", "command": "audit gate B1 --out s3://bucket/gated/B1",
+              "started_at": "2026-01-01T00:00:00Z", "token": "x"}
+    prepared.filesystem.pipe_file("bucket/gated/B1/.audit.lock", json.dumps(holder).encode())
+    result = gate("B1_glaive", "--data-root", ROOT, "--out", GATED)
+    assert result.exit_code == 2
+    line = error_line(result)
+    assert "in use by another audit run" in line and "trainer-7" in line and "4242" in line
+    assert f"delete {GATED}/.audit.lock" in line
+    assert sorted(stored(prepared)) == [".audit.lock"]
+
+
+def test_a_lock_left_by_a_dead_process_of_this_host_is_taken_over(prepared):
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = {"pid": int(gone.stdout), "host": socket.gethostname(), "command": "audit gate", "token": "x"}
+    prepared.filesystem.pipe_file("bucket/gated/B1/.audit.lock", json.dumps(holder).encode())
+    result = gate("B1_glaive", "--data-root", ROOT, "--out", GATED)
+    assert result.exit_code == 1, result.output
+    assert ".audit.lock" not in stored(prepared)
+
+
+def test_a_failure_midway_leaves_the_previous_gate_in_the_store_whole(prepared, monkeypatch):
+    import audit.gating as gating
+
+    assert gate("B1_glaive", "--data-root", ROOT, "--out", GATED).exit_code == 1
+    before = stored(prepared)
+    split = gating._split
+
+    def broken(data_file, quarantined, clean, quarantine, block_bytes):
+        split(data_file, quarantined, clean, quarantine, block_bytes)  # the uploads hold every byte
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gating, "_split", broken)
+    result = gate("B0_clean", "--data-root", ROOT, "--out", GATED, "--force")
+    assert result.exit_code == 2 and "No space left" in result.output
+    assert stored(prepared) == before
+    assert unfinished_uploads(prepared) == []
+
+
+def test_an_input_in_the_store_that_changes_during_the_gate_writes_nothing(prepared, monkeypatch):
+    import audit.gating as gating
+
+    audited = gating.check_session
+
+    def audit_then_append(session, progress=None):
+        report = audited(session, progress=progress)
+        key = "bucket/prepared/B1_glaive/raw_responses.jsonl"
+        prepared.filesystem.pipe_file(key, prepared.filesystem.cat_file(key) + b"\n")
+        return report
+
+    monkeypatch.setattr(gating, "check_session", audit_then_append)
+    result = gate("B1_glaive", "--data-root", ROOT, "--out", GATED)
+    assert result.exit_code == 2 and "changed while it was being gated" in error_line(result)
+    assert stored(prepared) == {}
+
+
+def test_a_killed_gate_s_unfinished_uploads_are_aborted_by_the_next(prepared):
+    for name in ("clean.jsonl", "quarantine.jsonl"):
+        prepared.filesystem.call_s3("create_multipart_upload", Bucket="bucket", Key=f"gated/B1/{name}")
+    prepared.filesystem.call_s3("create_multipart_upload", Bucket="bucket", Key="gated/B1/theirs.bin")
+    assert gate("B1_glaive", "--data-root", ROOT, "--out", GATED).exit_code == 1
+    assert unfinished_uploads(prepared) == ["gated/B1/theirs.bin"]  # only the gate's own
+
+
+def test_reports_and_pages_may_go_to_the_store(prepared):
+    result = cli(
+        "check", "B1_glaive", "--data-root", ROOT, "--tokenizer", str(KIMI_TOKENIZER),
+        "--report", "s3://bucket/reports/B1.json", "--html", "s3://bucket/reports/B1.html",
+    )
+    assert result.exit_code == 1, result.output
+    report = json.loads(prepared.filesystem.cat_file("bucket/reports/B1.json"))
+    assert report["target"] == "B1_glaive"
+    assert b"<html" in prepared.filesystem.cat_file("bucket/reports/B1.html")

@@ -61,11 +61,11 @@ OptionalTargets = Annotated[
     typer.Argument(help="Partition names, partition directories or .jsonl files.", show_default=False),
 ]
 HtmlOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--html",
         help="Also write a self-contained HTML page (verdict, plots, samples); with several targets, "
-        "one page each, named FILE-<partition>.html.",
+        "one page each, named FILE-<partition>.html. A path or an object storage URL.",
     ),
 ]
 AllOption = Annotated[
@@ -154,11 +154,15 @@ def check(
     rules: RulesOption = None,
     prompts: PromptsOption = None,
     report: Annotated[
-        Path | None, typer.Option("--report", help="Where to write the JSON report (one target only).")
+        str | None,
+        typer.Option("--report", help="Where to write the JSON report (one target only): a path or a URL."),
     ] = None,
     reports_dir: Annotated[
-        Path, typer.Option("--reports-dir", help="Directory for reports named <partition>-<UTC time>.json.")
-    ] = DEFAULT_REPORTS_DIR,
+        str,
+        typer.Option(
+            "--reports-dir", help="Directory (or URL prefix) for reports named <partition>-<UTC time>.json."
+        ),
+    ] = str(DEFAULT_REPORTS_DIR),
     output_format: FormatOption = OutputFormat.rich,
     html: HtmlOption = None,
     fail_on: FailOnOption = FailOn.error,
@@ -174,6 +178,7 @@ def check(
     """
     from audit.check import check_session
     from audit.session import prepare
+    from audit.storage import location
     from audit.targets import resolve_target
 
     targets = list(targets or [])
@@ -197,7 +202,7 @@ def check(
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
                 result = check_session(session, progress)
             stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-            path = report or reports_dir / f"{result.target}-{stamp}.json"
+            path = location(report) if report else location(reports_dir) / f"{result.target}-{stamp}.json"
             with writing("the report", path):
                 result.write_json(path)
             reports.append(result)
@@ -209,7 +214,7 @@ def check(
                 samples = collect_samples(
                     result, session.tokenizer, profile=session.profile, data_file=session.target.data_file
                 )
-                page = html_path(html, result.target, several=len(sessions) > 1)
+                page = html_path(location(html), result.target, several=len(sessions) > 1)
                 with writing("the HTML page", page):
                     write_html(result, page, samples)
                 if output_format is OutputFormat.rich:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -44,7 +43,11 @@ class QuarantineOn(StrEnum):
 def gate(
     target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for clean.jsonl, quarantine.jsonl and manifest.json.")
+        str,
+        typer.Option(
+            "--out",
+            help="Directory (or object storage URL prefix) for clean.jsonl, quarantine.jsonl and manifest.json.",
+        ),
     ],
     data_root: DataRootOption = None,
     profile: ProfileOption = None,
@@ -59,7 +62,9 @@ def gate(
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite a gate output made from a different input.")
     ] = False,
-    report: Annotated[Path | None, typer.Option("--report", help="Also write the JSON report here.")] = None,
+    report: Annotated[
+        str | None, typer.Option("--report", help="Also write the JSON report here (a path or a URL).")
+    ] = None,
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
@@ -73,28 +78,31 @@ def gate(
     """
     from audit.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
     from audit.session import prepare
+    from audit.storage import location
     from audit.targets import resolve_target
 
+    out_dir = location(out)
+    report_path = location(report) if report is not None else None
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache)
     fail_on_warning = fail_on is FailOn.warning
     try:
         session = prepare(resolve_target(target, root), options)
-        with writing("the gate output into", out):
-            result = gate_session(session, out, quarantine_on=quarantine_on.value, force=force)
-        if report is not None:
-            with writing("the report", report):
-                result.report.write_json(report)
+        with writing("the gate output into", out_dir):
+            result = gate_session(session, out_dir, quarantine_on=quarantine_on.value, force=force)
+        if report_path is not None:
+            with writing("the report", report_path):
+                result.report.write_json(report_path)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:  # what the audit read
         raise fail(os_error(exc)) from None
 
-    emit([result.report], output_format, fail_on_warning=fail_on_warning, report_paths=[report] if report else [])
+    emit([result.report], output_format, fail_on_warning=fail_on_warning, report_paths=[report_path] if report_path else [])
     counts = result.manifest["counts"]
     line = (
         f"gate {result.report.target}: {counts['clean']} clean, {counts['quarantined']} quarantined "
-        f"of {counts['in']} records -> {out}/ ({CLEAN_FILE}, {QUARANTINE_FILE}, {MANIFEST_FILE})"
+        f"of {counts['in']} records -> {out_dir}/ ({CLEAN_FILE}, {QUARANTINE_FILE}, {MANIFEST_FILE})"
         + ("; unchanged, the same gate was already there" if result.unchanged else "")
     )
     # On stdout with the tables; on stderr when stdout carries a machine format.

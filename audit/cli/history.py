@@ -67,7 +67,7 @@ def report_command(
 
             for saved in reports:
                 samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
-                page = html_path(html, saved.target, several=len(reports) > 1)
+                page = html_path(location(html), saved.target, several=len(reports) > 1)
                 with writing("the HTML page", page):
                     write_html(saved, page, samples)
     except AuditError as exc:

@@ -21,11 +21,11 @@ from typing import Any
 from audit import __version__
 from audit.checks.base import Explanation
 from audit.errors import InputError
-from audit.files import write_atomically
 from audit.html import svg
 from audit.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
 from audit.report import Report, RuleResult
 from audit.segments import SEGMENT_ANSWER, SEGMENT_PROMPT, SEGMENT_REASONING, SEGMENT_TOOL_CALLS
+from audit.storage import ObjectPath, write_output
 
 __all__ = ["Samples", "collect_samples", "html_path", "render_html", "samples_for_saved_report", "write_html"]
 
@@ -37,7 +37,7 @@ SEGMENT_CLASSES = (SEGMENT_PROMPT, SEGMENT_REASONING, SEGMENT_ANSWER, SEGMENT_TO
 VISIBLE = str.maketrans({"\n": "↵", "\r": "␍", "\t": "⇥"})
 
 
-def html_path(path: Path, target: str, *, several: bool) -> Path:
+def html_path(path: Path | ObjectPath, target: str, *, several: bool) -> Path | ObjectPath:
     """Where one target's page goes: `path` itself, or `<stem>-<target><suffix>` beside it for several."""
     if not several:
         return path
@@ -47,11 +47,11 @@ def html_path(path: Path, target: str, *, several: bool) -> Path:
     return path.with_name(f"{path.stem}-{safe}{path.suffix or '.html'}")
 
 
-def write_html(report: Report, path: Path, samples: Samples | None = None) -> Path:
-    """Write the page atomically (temporary file, then rename)."""
+def write_html(report: Report, path: Path | ObjectPath, samples: Samples | None = None) -> Path | ObjectPath:
+    """Write the page atomically (temporary file then rename, or one upload)."""
     if path.is_dir():
         raise InputError(f"--html {path} is a directory; name a file, e.g. {path / 'report.html'}")
-    return write_atomically(path, render_html(report, samples))
+    return write_output(path, render_html(report, samples))
 
 
 def render_html(report: Report, samples: Samples | None = None) -> str:
