@@ -131,6 +131,4 @@ def gate(
         jobs=1,
         cache=cache,
     )
-    return gate_session(
-        session, Path(out), quarantine_on=quarantine_on, force=force, progress=progress
-    )
+    return gate_session(session, out, quarantine_on=quarantine_on, force=force, progress=progress)
