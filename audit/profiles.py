@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.errors import ConfigError
-from audit.templating import CHAT_TEMPLATE, RENDERERS
+from audit.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.tokenizer import Tokenizer
 from audit.toolcall_formats import FORMATS, ToolCallFormat
 
@@ -38,6 +38,7 @@ _TOP_KEYS = {
     "generation_prompt",
     "tool_calls",
     "channels",
+    "template",
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking"}
@@ -96,6 +97,18 @@ class Profile:
     encoder: str | None = None
     # Tokens that open or close a tool result: the prompt's, never in a model's output.
     tool_result: tuple[str, ...] = ()
+    # The template variables that set each thinking mode (`[template]`: "thinking" /
+    # "no_thinking" -> variables), for families whose template reads its own switch
+    # (MiniMax-M3's `thinking_mode`); a mode not named gets `thinking_kwargs`.
+    thinking_switch: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def template_kwargs(self, thinking: bool) -> dict[str, Any]:
+        """The template variables that render a prompt in this thinking mode, for the generator
+        and TPL001 alike: the profile's `[template]` entry, else `thinking` and `enable_thinking`."""
+        mode = "thinking" if thinking else "no_thinking"
+        if mode in self.thinking_switch:
+            return dict(self.thinking_switch[mode])
+        return thinking_kwargs(thinking)
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -214,6 +227,11 @@ class ResolvedProfile:
     def channels(self) -> ChannelSpec | None:
         return self.profile.channels
 
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """The template variables that render prompts in this profile's thinking mode."""
+        return self.profile.template_kwargs(self.thinking)
+
     def to_dict(self) -> dict[str, Any]:
         """The resolved tokens, for the report."""
         return {
@@ -299,7 +317,24 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         think_open_window=window,
         channels=_parse_channels(data.get("channels"), where),
         encoder=encoder,
+        thinking_switch=_parse_template(data.get("template"), prompt, where),
     )
+
+
+def _parse_template(table: Any, modes: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """`[template]`: per thinking mode, the template variables that switch it (a table each)."""
+    if table is None:
+        return {}
+    where = f"{where}: [template]"
+    expect(table, dict, where)
+    reject_unknown(table, _PROMPT_KEYS, where)
+    for mode, variables in table.items():
+        expect(variables, dict, f"{where}.{mode}")
+        if mode not in modes:
+            raise ConfigError(
+                f"{where}.{mode}: [generation_prompt] has no {mode}; give the suffix this mode renders"
+            )
+    return {mode: dict(variables) for mode, variables in table.items()}
 
 
 def _parse_channels(table: Any, where: str) -> ChannelSpec | None:

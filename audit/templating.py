@@ -10,16 +10,20 @@ How a family renders is the profile's choice: `encoder = NAME` in its TOML names
 (`apply_chat_template(..., add_generation_prompt=True, tokenize=False)`). Families that ship a
 Python encoder instead of a template (DeepSeek-V3.2's `encoding_dsv32.py`, V4's
 `encoding_dsv4.py`, reimplemented in `audit.encoders`) plug in as another `PromptRenderer`
-entry: a function from (tokenizer, messages, tools, thinking, extra kwargs) to the prompt text.
+entry: a function from (tokenizer, messages, tools, thinking, template variables) to the prompt
+text. Which template variables switch thinking is the profile's too (`[template]`, read by
+`Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_thinking` or
+`thinking`.
 
-    texts = render_prompts(tokenizer, [messages], [tools], thinking=True)
+    texts = render_prompts(tokenizer, [messages], [tools], thinking=True,
+                           template_kwargs=profile.template_kwargs)
     [ids] = encode_prompts(tokenizer, texts)          # or prompt_ids(...) for both steps
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +48,9 @@ class PromptRenderer:
     """One way of turning chat messages into prompt text, ending with the generation prompt."""
 
     name: str
-    # (tokenizer, messages, tools, thinking, extra keyword arguments) -> the prompt text
+    # (tokenizer, messages, tools, thinking, template variables) -> the prompt text. The variables
+    # are the thinking switch (the profile's, or `thinking_kwargs`), then the record's own
+    # `chat_template_kwargs`; an encoder reads the ones it knows.
     render: Callable[[Tokenizer, Messages, Tools, bool, dict[str, Any]], str]
     # Can it render with this tokenizer? (the jinja renderer needs a chat template)
     available: Callable[[Tokenizer], bool]
@@ -52,10 +58,12 @@ class PromptRenderer:
 
 
 def thinking_kwargs(thinking: bool) -> dict[str, Any]:
-    """The thinking switch under both names templates read.
+    """The thinking switch under both names templates read, for profiles that name no switch.
 
     Kimi and DeepSeek-V3.1 read `thinking`, Qwen3 and GLM `enable_thinking`; a template
-    ignores the name it does not use.
+    ignores the name it does not use. A template with a switch of its own (MiniMax-M3's
+    `thinking_mode`) is given it by its profile's `[template]` table
+    (`Profile.template_kwargs`).
     """
     return {"thinking": thinking, "enable_thinking": thinking}
 
@@ -66,7 +74,7 @@ def _render_chat_template(
     def render(conversation: Messages) -> str:
         # As transformers' apply_chat_template(..., tokenize=False), without importing
         # transformers where the tokenizer can (see `Tokenizer.render_chat`).
-        return tokenizer.render_chat(conversation, tools or None, **{**thinking_kwargs(thinking), **extra})
+        return tokenizer.render_chat(conversation, tools or None, **extra)
 
     try:
         return render(messages)
@@ -154,19 +162,23 @@ def render_prompts(
     thinking: bool,
     extra_kwargs: Sequence[dict[str, Any] | None] | None = None,
     renderer: str = CHAT_TEMPLATE,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[str | RenderFailure]:
     """Each prompt's text, generation prompt included, or why it cannot be rendered.
 
+    `template_kwargs` are the template variables that set the thinking mode (a profile's
+    `template_kwargs`, e.g. MiniMax-M3's `thinking_mode`); default `thinking_kwargs(thinking)`.
     `extra_kwargs` holds per-prompt keyword arguments for the renderer (a record's
     `chat_template_kwargs`); they override the thinking switch. A prompt the renderer refuses
     is a `RenderFailure` in its place, never an exception: one bad prompt does not stop a batch.
     """
     render = get_renderer(renderer).render
+    switch = dict(template_kwargs) if template_kwargs is not None else thinking_kwargs(thinking)
     extras = extra_kwargs if extra_kwargs is not None else [None] * len(messages_list)
     texts: list[str | RenderFailure] = []
     for messages, tools, extra in zip(messages_list, tools_list, extras, strict=True):
         try:
-            texts.append(render(tokenizer, messages, tools, thinking, extra or {}))
+            texts.append(render(tokenizer, messages, tools, thinking, {**switch, **(extra or {})}))
         except Exception as exc:  # jinja and encoders raise many types; each means "cannot render"
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             texts.append(
@@ -194,6 +206,7 @@ def prompt_ids(
     thinking: bool,
     extra_kwargs: Sequence[dict[str, Any] | None] | None = None,
     renderer: str = CHAT_TEMPLATE,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[list[int] | RenderFailure]:
     """`render_prompts` then `encode_prompts`: each prompt's ids, or why it cannot be rendered."""
     texts = render_prompts(
@@ -203,6 +216,7 @@ def prompt_ids(
         thinking=thinking,
         extra_kwargs=extra_kwargs,
         renderer=renderer,
+        template_kwargs=template_kwargs,
     )
     rendered = [text for text in texts if isinstance(text, str)]
     encoded = iter(encode_prompts(tokenizer, rendered) if rendered else [])

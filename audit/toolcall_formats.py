@@ -62,7 +62,10 @@ class ToolCall:
 
     `arguments` is the arguments' text as the format writes it (JSON for JSON formats);
     `parameters` holds (name, value text) pairs for formats that write each parameter as text,
-    judged by the declared types; `malformed` says how the text breaks the format's grammar.
+    judged by the declared types; `elements` the parameters of formats that write arguments as
+    nested elements (MiniMax-M3), judged leaf by leaf against the tool's schema, and
+    `arguments_error` why they cannot be read at all, when the reader knows it (elements out of
+    order); `malformed` says how the call's text breaks the format's grammar.
     """
 
     name: str | None
@@ -70,6 +73,18 @@ class ToolCall:
     arguments: str = ""
     parameters: tuple[tuple[str, str], ...] | None = None
     malformed: str | None = None
+    elements: tuple[Element, ...] | None = None
+    arguments_error: str | None = None
+
+
+@dataclass(frozen=True)
+class Element:
+    """One element of arguments written as nested elements: `<tag>text</tag>`, or
+    `<tag>` children `</tag>` (an object's keys, or an array's `<item>`s)."""
+
+    tag: str
+    text: str = ""
+    children: tuple[Element, ...] = ()
 
 
 # (head, body) -> the calls in that text. For unit "call", head is the text between call begin
@@ -92,6 +107,9 @@ class ToolCallFormat:
     # Text every call holds exactly once inside its markers (Qwen3.5/3.6: "<function="): found
     # in an answer more often than there are calls, it is a call whose marker ids were stripped.
     text_markers: tuple[str, ...] = ()
+    # The marker role a text marker is counted against: one such id at least per text marker
+    # (MiniMax-M3 writes several invokes in one <tool_call> block, each after a namespace id).
+    text_marker_role: str = "call_begin"
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -308,6 +326,208 @@ def _dsml_reader(block: str) -> Reader:
     return read
 
 
+# -- arguments as nested elements (MiniMax-M3) ---------------------------------------------------
+
+MINIMAX_NAMESPACE = "]<]minimax[>["
+# SGLang's MinimaxM3Detector._normalize_tag_spacing: spacing between the namespace and a tag is markup.
+_MINIMAX_SPACING = re.compile(re.escape(MINIMAX_NAMESPACE) + r"[ \t\r\n]+(?=<)")
+_MINIMAX_INVOKE = re.compile(
+    r"\s*" + re.escape(MINIMAX_NAMESPACE) + r'<invoke name="([^"]*)">(.*?)' + re.escape(MINIMAX_NAMESPACE) + "</invoke>",
+    re.DOTALL,
+)
+
+
+class _Malformed(ValueError):
+    """Elements out of the format, and how."""
+
+
+def _minimax_call(head: str, body: str) -> list[ToolCall]:
+    """MiniMax-M3 (chat_template.jinja): the text between `<tool_call>` and `</tool_call>` is
+    `\\n` then per call `]<]minimax[>[<invoke name="NAME">` ELEMENTS `]<]minimax[>[</invoke>\\n`,
+    then the `]<]minimax[>[` before `</tool_call>`. Each element is `]<]minimax[>[<K>V]<]minimax[>[</K>`;
+    an object or array value nests its keys or `<item>`s the same way. Read as SGLang's
+    `function_call/minimax_m3.py` reads it (namespace, tag spacing, element nesting); the values
+    are judged against the tool's schema by `elements_error`."""
+    text = _MINIMAX_SPACING.sub(MINIMAX_NAMESPACE, head)
+    calls: list[ToolCall] = []
+    at = 0
+    while invoke := _MINIMAX_INVOKE.match(text, at):
+        name, inner = invoke.group(1).strip(), invoke.group(2)
+        # The invoke is the call's frame (TCL001); the elements inside it are its arguments, and
+        # elements out of order are arguments that do not read (TCL002), as broken JSON is.
+        try:
+            elements, unreadable = _minimax_elements(inner), None
+        except _Malformed as problem:
+            elements, unreadable = (), f"do not read as elements ({problem})"
+        calls.append(ToolCall(name=name or None, arguments=inner, elements=elements, arguments_error=unreadable))
+        at = invoke.end()
+    rest = text[at:]
+    problem = None
+    if not calls:
+        problem = f'no {MINIMAX_NAMESPACE}<invoke name="NAME">...{MINIMAX_NAMESPACE}</invoke> in the call block'
+    elif rest.strip() != MINIMAX_NAMESPACE:
+        problem = (
+            f"the block does not end with {MINIMAX_NAMESPACE} before </tool_call>: {rest.strip()[:40]!r}"
+            if MINIMAX_NAMESPACE not in rest
+            else f"text after the last invoke: {rest.strip()[:40]!r}"
+        )
+    if problem:
+        calls.append(ToolCall(name=calls[0].name if calls else None, arguments=text, malformed=problem))
+    return calls
+
+
+def _minimax_elements(inner: str) -> tuple[Element, ...]:
+    """The invoke's parameters as elements: the text split at the namespace marker, each piece an
+    opening tag with its text, or a closing tag (SGLang `_parse_parameter`, which strips each piece)."""
+    pieces = inner.split(MINIMAX_NAMESPACE)
+    if pieces[0].strip():
+        raise _Malformed(f"text before the first element: {pieces[0].strip()[:40]!r}")
+    # (tag, text, children) of each open element; the first is the invoke itself.
+    stack: list[tuple[str, str, list[Element]]] = [("", "", [])]
+    for piece in pieces[1:]:
+        piece = piece.strip()
+        if piece.startswith("</"):
+            close = piece.find(">")
+            tag = piece[2:close].strip() if close != -1 else ""
+            if close == -1 or piece[close + 1 :].strip():
+                raise _Malformed(f"a closing tag out of the format: {piece[:40]!r}")
+            if len(stack) == 1 or stack[-1][0] != tag:
+                expected = f"</{stack[-1][0]}>" if len(stack) > 1 else "no closing tag"
+                raise _Malformed(f"</{tag}> where {expected} belongs")
+            opened, value, children = stack.pop()
+            if value and children:
+                raise _Malformed(f"<{opened}> holds both text and elements")
+            stack[-1][2].append(Element(opened, value, tuple(children)))
+        elif piece.startswith("<") and ">" in piece:
+            close = piece.index(">")
+            stack.append((piece[1:close].strip(), piece[close + 1 :], []))
+        else:
+            raise _Malformed(f"text outside the elements: {piece[:40]!r}")
+    if len(stack) > 1:
+        raise _Malformed(f"<{stack[-1][0]}> is never closed")
+    return tuple(stack[0][2])
+
+
+# SGLang's minimax_m3.py: a leaf's text converted by the schema's `type` (only `type` is read).
+_M3_STRING = {"string", "str"}
+_M3_INTEGER = {"integer", "int"}
+_M3_NUMBER = {"number", "float"}
+_M3_BOOLEAN = {"boolean", "bool"}
+_M3_CONTAINER = {"object", "array"}
+_M3_SCALAR = _M3_STRING | _M3_INTEGER | _M3_NUMBER | _M3_BOOLEAN | {"null"}
+_M3_NULLS = {"null", "Null", "NULL", ""}
+_M3_TRUTHS = {"true", "1", "yes", "on", "false", "0", "no", "off"}
+
+
+def _schema_types(schema: Any) -> set[str]:
+    kind = schema.get("type") if isinstance(schema, Mapping) else None
+    if isinstance(kind, str):
+        return {kind.lower()}
+    if isinstance(kind, list):
+        return {t.lower() for t in kind if isinstance(t, str)}
+    return set()
+
+
+def _untyped(schema: Any) -> bool:
+    return not isinstance(schema, Mapping) or (
+        not _schema_types(schema) and not any(key in schema for key in ("properties", "items", "prefixItems"))
+    )
+
+
+def _child_schema(parent: Any, tag: str, index: int) -> Any:
+    """The schema of a child element (SGLang `_get_child_schema`): an array's `<item>` number
+    `index`, an object's property, or its additionalProperties."""
+    if not isinstance(parent, Mapping):
+        return None
+    if "array" in _schema_types(parent) and tag == "item":
+        prefix = parent.get("prefixItems")
+        if isinstance(prefix, list) and index < len(prefix):
+            return prefix[index]
+        for key in ("additionalItems", "items"):
+            if isinstance(parent.get(key), Mapping):
+                return parent[key]
+        return prefix[-1] if isinstance(prefix, list) and prefix else None
+    properties = _properties(parent)
+    if tag in properties:
+        return properties[tag]
+    extra = parent.get("additionalProperties")
+    return extra if isinstance(extra, Mapping) else None
+
+
+def _leaf_error(text: str, schema: Any) -> str | None:
+    """Why a leaf's text does not convert to its declared type (SGLang `_convert_leaf_value`
+    falls back to the raw string then), or None."""
+    if _untyped(schema):
+        return None
+    types = _schema_types(schema)
+    nullable = "null" in types
+    if types & _M3_STRING or (nullable and text in _M3_NULLS):
+        return None
+    if types & _M3_INTEGER:
+        try:
+            int(text)
+            return None
+        except ValueError:
+            pass
+    if types & _M3_NUMBER:
+        try:
+            float(text)
+            return None
+        except ValueError:
+            pass
+    if types & _M3_BOOLEAN and text.lower().strip() in _M3_TRUTHS:
+        return None
+    declared = "/".join(sorted(types))
+    if types & (_M3_INTEGER | _M3_NUMBER | _M3_BOOLEAN):
+        return f"declared {declared}, not one"
+    if types & _M3_CONTAINER:
+        return f"declared {declared}, written as text"
+    return None  # a type SGLang has no conversion for: kept as text
+
+
+def elements_error(elements: tuple[Element, ...], schema: Any, path: str = "") -> str | None:
+    """Why arguments written as nested elements do not read as the tool's `parameters` schema
+    declares them, or None (an undeclared tool or element is never an error).
+
+    Each leaf's text must convert to its declared scalar type, as SGLang converts it; an element
+    declared object or array is written as elements, never as text; an element declared as a
+    scalar holds no elements (SGLang cannot read such a call and drops it)."""
+    seen: dict[str, int] = {}
+    for element in elements:
+        index = seen.get(element.tag, 0)
+        seen[element.tag] = index + 1
+        child = _child_schema(schema, element.tag, index)
+        where = f"{path}.{element.tag}" if path else element.tag
+        types = _schema_types(child)
+        scalar = bool(types & _M3_SCALAR) and not types & _M3_CONTAINER
+        if element.children:
+            if scalar:
+                return f"have {where!r} declared {'/'.join(sorted(types))}, written as elements"
+            problem = elements_error(element.children, child, where)
+        elif element.text or scalar:
+            problem = _leaf_error(element.text, child)
+            problem = problem and f"have {where!r} {problem}: {element.text[:60]!r}"
+        else:
+            problem = None  # an empty element: an empty object or array
+        if problem:
+            return problem
+    return None
+
+
+def tool_parameters(tools: Any, name: str | None) -> Mapping | None:
+    """The `parameters` schema of the tool `name` in an OpenAI-style `tools` list, or None."""
+    if not isinstance(tools, list) or name is None:
+        return None
+    for tool in tools:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function", tool)
+        if isinstance(function, Mapping) and function.get("name") == name:
+            schema = function.get("parameters")
+            return schema if isinstance(schema, Mapping) else None
+    return None
+
+
 # -- judging parameter values by their declared type --------------------------------------------
 
 # SGLang's qwen3_coder_detector `_convert_param_value` and glm4_moe_detector `parse_arguments`.
@@ -409,19 +629,10 @@ def parameter_types(tools: Any, name: str | None) -> dict[str, str | None] | Non
 
     None when the tool (or the list) is unknown: then nothing about its values is judged.
     """
-    if not isinstance(tools, list) or name is None:
+    schema = tool_parameters(tools, name)
+    if schema is None:
         return None
-    for tool in tools:
-        if not isinstance(tool, Mapping):
-            continue
-        function = tool.get("function", tool)
-        if isinstance(function, Mapping) and function.get("name") == name:
-            schema = function.get("parameters")
-            if not isinstance(schema, Mapping):
-                return None
-            properties = _properties(schema)
-            return {key: declared_type(value) for key, value in properties.items()}
-    return None
+    return {key: declared_type(value) for key, value in _properties(schema).items()}
 
 
 def _properties(schema: Mapping) -> dict[str, Any]:
@@ -484,6 +695,19 @@ FORMATS: dict[str, ToolCallFormat] = {
         read=_qwen_xml_call,
         text_markers=("<function=",),
         description="( <tool_call> <function=NAME> ( <parameter=K> V </parameter> )* </function> </tool_call> )*",
+    ),
+    "minimax-m3": ToolCallFormat(
+        name="minimax-m3",
+        roles=("call_begin", "call_end", "namespace"),
+        # The namespace id before <tool_call>, two around each invoke and each element (nested
+        # ones too), one before </tool_call>: an even number inside a block that has an invoke.
+        grammar=r"(?:NC(?:NN)+NE)*",
+        read=_minimax_call,
+        text_markers=("<invoke name=",),
+        text_marker_role="namespace",
+        description=f'( {MINIMAX_NAMESPACE}<tool_call> ( {MINIMAX_NAMESPACE}<invoke name="NAME"> '
+        f"( {MINIMAX_NAMESPACE}<K>V{MINIMAX_NAMESPACE}</K> )* {MINIMAX_NAMESPACE}</invoke> )+ "
+        f"{MINIMAX_NAMESPACE}</tool_call> )*",
     ),
     "dsml-v3.2": ToolCallFormat(
         name="dsml-v3.2",

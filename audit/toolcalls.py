@@ -31,7 +31,14 @@ import polars as pl
 from audit.batch import Batch
 from audit.fastcodec import FlatIds
 from audit.response import response_bounds
-from audit.toolcall_formats import ROLE_LETTERS, ToolCall, parameter_types, value_error
+from audit.toolcall_formats import (
+    ROLE_LETTERS,
+    ToolCall,
+    elements_error,
+    parameter_types,
+    tool_parameters,
+    value_error,
+)
 
 # One row per call (several per record), in output order.
 CALLS_SCHEMA: dict[str, pl.DataType] = {
@@ -205,7 +212,13 @@ def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -
     """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
     columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
     for row, start, end, head_at, body_at, call in read:
-        if call.parameters is None:
+        if call.arguments_error is not None:
+            error = call.arguments_error
+        elif call.elements is not None:
+            tools = (batch.source_prompt(row) or {}).get("tools")
+            schema = tool_parameters(tools, call.name)
+            error = elements_error(call.elements, schema) if schema is not None else None
+        elif call.parameters is None:
             error = _json_error(call.arguments)
         else:
             tools = (batch.source_prompt(row) or {}).get("tools")

@@ -31,6 +31,7 @@ from fixtures.family_partitions import (
     family_specs,
     kinds_for,
     make_family_partition,
+    output_text,
     spec_tokenizer_dir,
 )
 
@@ -118,7 +119,8 @@ def test_real_generation_suffixes_match_the_profiles(workdir: Path, spec_name: s
         if mode not in load_profile(spec.profile).prompt_suffixes:
             continue
         profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
-        ids = prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=thinking)[0]
+        ids = prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=thinking,
+                         template_kwargs=profile.template_kwargs)[0]
         assert any(tuple(ids[-len(s):]) == s for s in profile.prompt_suffixes), (spec_name, thinking)
 
 
@@ -161,3 +163,34 @@ def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: P
         tokenizer, [conversation(arguments), conversation(json.dumps(arguments))], [None, None], thinking=True
     )
     assert isinstance(as_object, str) and as_object == as_string
+
+
+@pytest.mark.parametrize(
+    "spec_name", [name for name, spec in SPECS.items() if load_profile(spec.profile).thinking_switch]
+)
+def test_a_prompt_rendered_without_the_profiles_thinking_switch_is_flagged_in_every_mode(
+    tmp_path: Path, workdir: Path, spec_name: str
+) -> None:
+    """A template with a switch of its own (MiniMax-M3's `thinking_mode`) renders another prompt
+    when it is left out (MiniMax: "adaptive", ending "]~b]ai\\n"): such a record audited as
+    thinking on or off is flagged by PRM001 and TPL001, never passed."""
+    spec = SPECS[spec_name]
+    directory, tokenizer = spec_tokenizer(spec, workdir)
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    for thinking in spec.thinking:
+        profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
+        [switched] = prompt_ids(tokenizer, [messages], [None], thinking=thinking, template_kwargs=profile.template_kwargs)
+        [unswitched] = prompt_ids(tokenizer, [messages], [None], thinking=thinking)  # enable_thinking / thinking only
+        assert unswitched != switched
+        output = tokenizer.encode_text(output_text(spec, profile, Sample(messages, None, "Two and two.", "4")))
+        lines = [
+            json.dumps({"id": name, "input_ids": ids, "output_ids": output, "messages": messages,
+                        "meta_info": {"finish_reason": {"type": "stop", "matched": output[-1]}}})
+            for name, ids in (("switched", switched), ("unswitched", unswitched))
+        ]
+        data = tmp_path / f"thinking-{thinking}.jsonl"
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking)
+        findings = check_target(prepare(resolve_target(str(data), tmp_path), options)).findings
+        assert set(findings.filter(findings["line"] == 2)["rule"].to_list()) == {"PRM001", "TPL001"}, thinking
+        assert findings.filter(findings["line"] == 1).is_empty(), findings.rows()

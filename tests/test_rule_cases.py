@@ -357,7 +357,7 @@ class Setup:
         ending as the profile's own template ends it."""
         [text] = render_prompts(
             self.tokenizer, [messages], [tools], thinking=self.profile.thinking,
-            renderer=self.profile.prompt_renderer,
+            renderer=self.profile.prompt_renderer, template_kwargs=self.profile.template_kwargs,
         )
         if isinstance(text, RenderFailure):
             raise CaseError(f"the template cannot render the messages: {text.reason}")

@@ -83,7 +83,12 @@ class TemplateMismatch(RecordRule):
                 batch.profile.prompt_renderer,
                 thinking,
                 orjson.dumps(
-                    [prompt.get("messages"), prompt.get("tools"), prompt.get("chat_template_kwargs")],
+                    [
+                        prompt.get("messages"),
+                        prompt.get("tools"),
+                        prompt.get("chat_template_kwargs"),
+                        batch.profile.template_kwargs,
+                    ],
                     option=orjson.OPT_SORT_KEYS,
                 ),
             )
@@ -162,6 +167,7 @@ class TemplateMismatch(RecordRule):
             thinking=thinking,
             extra_kwargs=[extra if isinstance(extra, dict) else None for extra in extras],
             renderer=batch.profile.prompt_renderer,
+            template_kwargs=batch.profile.template_kwargs,
         )
         suffixes = batch.profile.prompt_suffix_texts
         completed: dict[tuple[int, str, bool, bytes], str] = {}

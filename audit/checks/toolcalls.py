@@ -219,14 +219,15 @@ class ToolMarkerAsText(ToolCallRule):
             )
             for role, token_id in batch.profile.tool_markers.items()
         ]
-        call_begin = batch.profile.tool_markers.get("call_begin")
-        if spec.format.text_markers and call_begin is not None:
+        role = spec.format.text_marker_role
+        counted = batch.profile.tool_markers.get(role)
+        if spec.format.text_markers and counted is not None:
             answer = _answer_text(batch)
             length = pl.col("output_ids").list.len().cast(pl.Int64)
             start = pl.col("answer_start").fill_null(length)
-            calls = pl.col("output_ids").list.slice(start, length - start).list.count_matches(call_begin)
+            calls = pl.col("output_ids").list.slice(start, length - start).list.count_matches(counted)
             excess.extend(
-                (f"{text} without {spec.markers['call_begin']}", answer.str.count_matches(text, literal=True) > calls)
+                (f"{text} without {spec.markers[role]}", answer.str.count_matches(text, literal=True) > calls)
                 for text in spec.format.text_markers
             )
         return excess

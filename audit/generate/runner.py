@@ -255,6 +255,7 @@ class Generator:
                 thinking=self.options.thinking,
                 extra_kwargs=[prompt.chat_template_kwargs for prompt in batch],
                 renderer=self.plan.profile.prompt_renderer,
+                template_kwargs=self.plan.profile.template_kwargs,
             )
             for prompt, ids in zip(batch, rendered, strict=True):
                 if fed == canary.size and not canary.gate.is_set():
