@@ -34,17 +34,26 @@ LETTERS = {
 _FINISHED = r"^(?:BHK?MN)*BHK?M[RL]$"
 # A cut output (length, abort): whole messages, then any prefix of one.
 _CUT = r"^(?:BHK?MN)*(?:B(?:H(?:K?(?:M[RL]?)?)?)?)?$"
-_RECIPIENT = re.compile(r"\bto=(\S+)")
+# The recipient runs to a space or to the next marker's text: gpt-oss writes
+# `to=functions.x <|constrain|>json` and `to=functions.x<|constrain|>json` alike (SGLang 0.5.23
+# function_call/gpt_oss_detector.py reads `to=NAME\s*<\|constrain\|>json`: the space is optional).
+_RECIPIENT = re.compile(r"\bto=(\S+?)(?=<\|[a-z_]+\|>|\s|$)")
 
 
 def channel_letters(batch: Batch) -> pl.Expr:
     """Per record, "B" plus its harmony markers in order as letters, e.g. "BHMNBHMR"."""
     markers = batch.profile.channel_markers
+    # An EOS the model stops on (gpt-oss: <|endoftext|>, beside <|return|> and <|call|> in its
+    # generation_config) ends the turn as <|return|> does.
+    eos = [token for token in batch.profile.eos if token not in markers.values()]
     return pl.lit("B") + (
         pl.col("output_ids")
         .list.eval(
             pl.element().replace_strict(
-                list(markers.values()), [LETTERS[r] for r in markers], default=None, return_dtype=pl.String
+                [*markers.values(), *eos],
+                [*(LETTERS[r] for r in markers), *(LETTERS["return"] for _ in eos)],
+                default=None,
+                return_dtype=pl.String,
             )
         )
         .list.drop_nulls()
@@ -69,14 +78,16 @@ def harmony_messages(batch: Batch) -> pl.DataFrame:
     Columns: `row`, `index` (0-based message number), `channel_at` / `message_at` / `end_at`
     (token indexes of its markers), `terminator` ("end" / "call" / "return"), `channel`
     (the channel name), `recipient` (from `to=`, in the header or after the role), `constrained`
-    (a `<|constrain|>` in the header), `content_tokens`.
+    (a `<|constrain|>` in the header), `content_tokens`, `end_token` (the terminator's string:
+    an EOS the model stopped on counts as "return").
     """
     return batch.shared(_parse_messages)
 
 
 def _parse_messages(batch: Batch) -> pl.DataFrame:
     markers = batch.profile.channel_markers
-    stops = [markers["end"], markers["call"], markers["return"]]
+    eos = [token for token in batch.profile.eos if token not in markers.values()]
+    stops = [markers["end"], markers["call"], markers["return"], *eos]
 
     def at(ids: list[int]) -> pl.Expr:
         return pl.col("output_ids").list.eval(pl.arg_where(pl.element().is_in(ids)))
@@ -118,9 +129,12 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
         name = head.split("<|", 1)[0].split(maxsplit=1)
         names.append(name[0] if name else "")
         found = _RECIPIENT.search(head) or _RECIPIENT.search(role)
-        recipients.append(found.group(1).removesuffix(constrain) if found else None)
+        recipients.append(found.group(1) if found else None)
         constrained.append(constrain in head)
     kind = {markers["end"]: "end", markers["call"]: "call", markers["return"]: "return"}
+    kind.update(dict.fromkeys(eos, "return"))
+    strings = {markers[role]: batch.profile.profile.channels.markers[role] for role in ("end", "call", "return")}
+    strings.update(zip(batch.profile.eos, batch.profile.profile.eos, strict=True))
     return messages.select(
         "row",
         "index",
@@ -130,6 +144,7 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
         (pl.col("t") - pl.col("m") - 1).cast(pl.Int64).alias("content_tokens"),
     ).with_columns(
         pl.Series("terminator", [kind[i] for i in terminator_ids], dtype=pl.String),
+        pl.Series("end_token", [strings[i] for i in terminator_ids], dtype=pl.String),
         pl.Series("channel", names, dtype=pl.String),
         pl.Series("recipient", recipients, dtype=pl.String),
         pl.Series("constrained", constrained, dtype=pl.Boolean),

@@ -22,7 +22,7 @@ The tool-call rules, the record statistics, `audit inspect` and the HTML samples
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import orjson
@@ -211,7 +211,11 @@ def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int
 def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -> pl.DataFrame:
     """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
     columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
+    named_by_id = batch.profile.tool_calls.format.has_call_ids
     for row, start, end, head_at, body_at, call in read:
+        if not (named_by_id or call.name or call.malformed):
+            # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
+            call = replace(call, malformed="a call with no function name")
         if call.arguments_error is not None:
             error = call.arguments_error
         elif call.elements is not None:

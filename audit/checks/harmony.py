@@ -122,7 +122,7 @@ class ChannelOrder(ChannelRule):
             .when((pl.col("channel") == spec.answer) & (pl.col("terminator") != "return"))
             .then(pl.format(f"{spec.answer} message ends with <|{{}}|>, expected <|return|>", pl.col("terminator")))
             .when((pl.col("terminator") == "return") & (pl.col("channel") != spec.answer))
-            .then(pl.format("<|return|> ends a {} message; only " + spec.answer + " ends the turn", pl.col("channel")))
+            .then(pl.format("{} ends the {} message; only " + spec.answer + " ends the turn", pl.col("end_token"), pl.col("channel")))
             .when((pl.col("terminator") == "call") & ~to_tool)
             .then(pl.lit("<|call|> ends a message addressed to no tool (no to=...)"))
             .when(to_tool & (pl.col("terminator") != "call"))
@@ -142,8 +142,10 @@ class ChannelToolCall(ChannelRule):
 
     What it checks:
         Every message ended by `<|call|>` is addressed `to=` a recipient matching the
-        profile's `recipient_pattern` (`functions.NAME`), and when it is a function call or
-        its header says `<|constrain|>json`, its content parses as JSON.
+        profile's `recipient_pattern` (`functions.NAME`, or a built-in tool called on the
+        analysis channel: `browser.*`, `python`), written with or without a space before
+        `<|constrain|>`, and when it is a function call or its header says `<|constrain|>json`,
+        its content parses as JSON (the python tool takes code).
 
     Why it matters:
         gpt-oss writes `commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`.

@@ -7,7 +7,7 @@ import re
 import polars as pl
 
 from audit.batch import Batch
-from audit.checks.base import RecordRule, findings_frame
+from audit.checks.base import RecordRule, Severity, findings_frame
 from audit.expressions import truncated
 from audit.response import response_bounds
 from audit.toolcall_formats import ROLE_LETTERS
@@ -36,7 +36,9 @@ class ToolMarkerGrammar(ToolCallRule):
         An output cut by the token limit or an abort may stop inside a call: what it has must
         be in order (the cut is TRM001's or TRM003's).
         Where part of a call's structure is text (Qwen3.5/3.6's `<function=NAME>` and
-        `<parameter=K>` tags, DeepSeek's DSML tags), that text follows the format too.
+        `<parameter=K>` tags, DeepSeek's DSML tags, MiniMax-M3's `<invoke name="NAME">`), that
+        text follows the format too, and every call names its function (Kimi's name is in its
+        call id, TCL003's).
         Markers inside the reasoning are text the model thinks with, not calls: not judged.
 
     Why it matters:
@@ -135,46 +137,51 @@ class ToolArgumentsInvalidJson(ToolCallRule):
 
 
 class ToolCallIdMalformed(ToolCallRule):
-    """A tool-call id (or function name) not of the family's form, e.g. Kimi's `functions.NAME:IDX`.
+    """A tool-call id not of the family's canonical form, e.g. Kimi's `functions.NAME:IDX` (a warning).
 
     What it checks:
-        Each call's id matches the profile's `call_id_pattern`; for families without call
-        ids, the function name is present.
+        For families whose calls carry an id (Kimi), each call's id matches the profile's
+        `call_id_pattern`. A warning by default: the id the model writes follows the ids it
+        was shown, so it is not always the canonical one.
 
     Why it matters:
-        Kimi's serving stack routes tool results by these ids; an id without its index or
-        prefix was rewritten by a parser (`get_weather:0`, `functions.get_weather`) and is
-        not what the model emits.
+        Kimi's serving stack routes tool results by these ids, and the drafter learns the ids
+        the data holds. An id without its index or prefix can be a parser's rewrite
+        (`functions.get_weather` from an OpenAI-style `tool_calls` list), but real Kimi outputs
+        carry other forms too: `get_weather:0`, and `call_...` when the conversation history
+        used OpenAI-style ids (the model copies them; vLLM's Kimi-K2 parser learned to accept
+        `call_...` ids, vllm-project/vllm#32146, and SGLang's kimik2_detector reads
+        `(functions.)?NAME:IDX`). So the rate is reported, not gated: make it an error in a
+        rule set (`[rules.TCL003] severity = "error"`) for data rendered with canonical ids,
+        or widen `call_id_pattern` in a profile for the forms your data may hold. A call with
+        no function name at all is TCL001's.
 
     Example:
-        <|tool_call_begin|>get_weather:0<|tool_call_argument_begin|>{...}<|tool_call_end|>
+        <|tool_call_begin|>get_weather<|tool_call_argument_begin|>{...}<|tool_call_end|>
 
     Fix:
         Save raw `output_ids`; do not re-render tool calls from an OpenAI-style
-        `tool_calls` list.
+        `tool_calls` list; give the history's calls ids of the canonical form.
     """
 
     code = "TCL003"
     name = "tool-call-id-malformed"
+    severity = Severity.WARNING
+
+    def applies(self, batch: Batch) -> bool:
+        spec = batch.profile.tool_calls
+        return super().applies(batch) and spec.format.has_call_ids and bool(spec.call_id_pattern)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         spec = batch.profile.tool_calls
         calls = tool_call_view(batch).calls.filter(pl.col("malformed").is_null())
-        if spec.format.has_call_ids and spec.call_id_pattern:
-            pattern = re.compile(spec.call_id_pattern)
-            bad_mask = [not (cid and pattern.match(cid.strip())) for cid in calls["call_id"].to_list()]
-            what = f"does not match {spec.call_id_pattern}"
-            shown = calls["call_id"]
-        else:
-            bad_mask = [not name for name in calls["name"].to_list()]
-            what = "has no function name"
-            shown = calls["name"]
-        bad = calls.with_columns(shown.alias("shown")).filter(pl.Series(bad_mask, dtype=pl.Boolean))
-        first = bad.group_by("row", maintain_order=True).first()
+        pattern = re.compile(spec.call_id_pattern)
+        bad_mask = [not (cid and pattern.match(cid.strip())) for cid in calls["call_id"].to_list()]
+        first = calls.filter(pl.Series(bad_mask, dtype=pl.Boolean)).group_by("row", maintain_order=True).first()
         return findings_frame(
             first["row"].to_list(),
             first["head_at"].to_list(),
-            [f"tool call id {value!r} {what}" for value in first["shown"].to_list()],
+            [f"tool call id {value!r} does not match {spec.call_id_pattern}" for value in first["call_id"].to_list()],
         )
 
 
