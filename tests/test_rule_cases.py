@@ -87,6 +87,7 @@ TOKENIZERS = {
     "glm-4.5": "glm-4.5v",
     "glm-4.7": "glm-4.7-flash",
     "gpt-oss": "harmony",
+    "minimax-m3": "minimax-m3",
 }
 MINI_TOKENIZERS = FIXTURES / "tokenizers"
 # Profiles whose tokenizer's template is a sibling model's: how that template ends a generation
