@@ -579,15 +579,16 @@ def declared_type(schema: Any) -> str | None:
 def value_error(value: str, declared: str | None) -> str | None:
     """Why a parameter written as text does not read as its declared type, or None.
 
-    A string is any text; `null` (any case) is every type's null; an undeclared parameter is
-    never an error. Booleans are accepted in any case (`True` is what Qwen's template writes for
-    a Python bool). Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
+    A string is any text; `null` (any case) is every type's null, and so is `None`, what Qwen's
+    template writes for a null value (`| string`); an undeclared parameter is never an error.
+    Booleans are accepted in any case (`True` is what Qwen's template writes for a Python bool).
+    Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
     """
     if declared is None:
         return None
     kind = declared.strip().lower()
     text = value.strip()
-    if kind in _STRING_TYPES or kind == "null" or text.lower() == "null":
+    if kind in _STRING_TYPES or kind == "null" or text.lower() == "null" or text == "None":
         return None
     if kind.startswith(_INTEGER_PREFIXES):
         try:

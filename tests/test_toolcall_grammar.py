@@ -19,7 +19,14 @@ from audit.engine import audit_file
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
 from audit.templating import prompt_ids as rendered_prompt_ids
-from audit.toolcall_formats import FORMATS, declared_type, parameter_types, value_error
+from audit.toolcall_formats import (
+    FORMATS,
+    Element,
+    declared_type,
+    elements_error,
+    parameter_types,
+    value_error,
+)
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
 TOOLS = [{
@@ -175,6 +182,7 @@ def test_declared_types_follow_sglangs_inference() -> None:
     ("null", "integer", True), ("NULL", "object", True), (" 42 ", "int64", True), ("4.2", "integer", False),
     ("1e3", "number", True), ("{'a': 1}", "object", True), ("[1, 2]", "object", False),
     ("anything {", "string", True), ("x", "enum", True), ("x", "some-custom-type", True),
+    ("None", "integer", True), ("None", "boolean", True), ("none", "integer", False),
 ])
 def test_value_error_by_declared_type(value: str, kind: str, ok: bool) -> None:
     assert (value_error(value, kind) is None) is ok
@@ -283,6 +291,7 @@ def test_declared_types_come_from_the_prompts_file_when_the_record_has_no_tools(
     ("glm-4.5", "CKkVvKkVvECE", ["K", "CKV", "CKkVvEE", "Ck"]),
     ("qwen3-xml", "CECECE", ["E", "CC", "CEE"]),
     ("dsml-v3.2", "TTTT", []),
+    ("minimax-m3", "NCNNNNNENCNNNE", ["E", "C", "NE", "NCNE", "NCNNNNE", "NCNNNEE"]),
 ])
 def test_a_cut_output_may_hold_any_prefix_of_the_grammar_and_nothing_else(name, whole, never) -> None:
     import re
@@ -292,3 +301,153 @@ def test_a_cut_output_may_hold_any_prefix_of_the_grammar_and_nothing_else(name, 
     assert re.match(f"^(?:{fmt.grammar})$", whole)
     assert all(cut.match(whole[:k]) for k in range(len(whole) + 1))
     assert not [letters for letters in never if cut.match(letters)]
+
+
+# -- MiniMax-M3: arguments as nested elements ---------------------------------------------------
+
+_KEY = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8).filter(lambda k: k != "item")
+_LEAF = st.one_of(
+    st.none(), st.booleans(), st.integers(-10**12, 10**12),
+    st.floats(allow_nan=False, allow_infinity=False, width=32),
+    st.text(st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="]"), max_size=20),
+)
+_VALUE = st.recursive(_LEAF, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEY, inner, max_size=3),
+                      max_leaves=12)
+
+
+def _schema_of(value: object) -> dict:
+    """The schema a client would declare for `value`."""
+    if isinstance(value, bool):
+        return {"type": "boolean"}
+    if isinstance(value, int):
+        return {"type": "integer"}
+    if isinstance(value, float):
+        return {"type": "number"}
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: _schema_of(v) for k, v in value.items() if v is not None}}
+    if isinstance(value, list):
+        kinds = [_schema_of(v) for v in value if v is not None]
+        if not kinds or any(k != kinds[0] for k in kinds):
+            return {"type": "array"}
+        items = kinds[0]
+        if None in value and isinstance(items["type"], str) and items["type"] not in ("object", "array"):
+            items = {**items, "type": [items["type"], "null"]}  # a null item is written empty
+        return {"type": "array", "items": items}
+    return {"type": "string"}
+
+
+def _rebuilt(element: Element) -> object:
+    """An element back to the value the template wrote (texts as written: compared as text)."""
+    if not element.children:
+        return element.text
+    if all(child.tag == "item" for child in element.children):
+        return [_rebuilt(child) for child in element.children]
+    return {child.tag: _rebuilt(child) for child in element.children}
+
+
+def _written(value: object) -> object:
+    """A value as the template writes it into elements: null dropped, booleans as JSON, numbers as
+    Python prints them, an empty object or array as an empty element."""
+    if isinstance(value, dict):
+        kept = {k: _written(v) for k, v in value.items() if v is not None}
+        return kept or ""
+    if isinstance(value, list):
+        return [_written(v) if v is not None else "" for v in value] or ""
+    if isinstance(value, bool):
+        return json.dumps(value)
+    return str(value).strip()
+
+
+@pytest.fixture(scope="module")
+def minimax(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
+    return _context("minimax-m3", tmp_path_factory)
+
+
+@settings(max_examples=150, deadline=None)
+@given(arguments=st.dictionaries(_KEY, _VALUE, min_size=1, max_size=4), calls=st.integers(1, 3))
+def test_minimax_calls_as_the_real_template_writes_them_read_back_and_judge_clean(minimax, arguments, calls) -> None:
+    """Nested arguments of every JSON type, several calls in one block, rendered by MiniMax-M3's
+    real chat template in history, read back by the format's reader: the same values, no
+    malformed call, and no type error against the schema the values follow."""
+    history = [{"id": f"call_{i}", "type": "function", "function": {"name": f"tool_{i}", "arguments": arguments}}
+               for i in range(calls)]
+    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "", "tool_calls": history}]
+    text = minimax.tokenizer.render_chat(messages, None, thinking_mode="enabled")
+    block = text[text.index("<tool_call>") + len("<tool_call>") : text.index("</tool_call>")]
+    read = FORMATS["minimax-m3"].read(block, "")
+    assert [call.name for call in read] == [f"tool_{i}" for i in range(calls)]
+    schema = _schema_of(arguments)
+    for call in read:
+        assert call.malformed is None and call.arguments_error is None, call
+        written = {k: _written(v) for k, v in arguments.items() if v is not None}
+        assert {element.tag: _rebuilt(element) for element in call.elements} == written
+        assert elements_error(call.elements, schema) is None
+
+
+def test_minimax_values_are_judged_by_the_schema_as_sglang_converts_them() -> None:
+    """SGLang's minimax_m3.py `_convert_leaf_value`: a leaf that does not convert to its declared
+    scalar type falls back to text (a type error here); booleans read true/1/yes/on and their
+    opposites; a nullable leaf may be null or empty; an untyped leaf is never wrong; an object
+    is written as elements, never as text."""
+    schema = {"type": "object", "properties": {
+        "n": {"type": "integer"}, "x": {"type": "number"}, "b": {"type": "boolean"},
+        "o": {"type": "object", "properties": {"deep": {"type": "array", "items": {"type": "integer"}}}},
+        "maybe": {"type": ["integer", "null"]}, "free": {"type": "object"},
+    }}
+
+    def error(*elements: Element) -> str | None:
+        return elements_error(elements, schema)
+
+    assert error(Element("n", "42"), Element("x", "1e-05"), Element("b", "yes"), Element("maybe", "NULL")) is None
+    assert error(Element("maybe", ""), Element("free", "", (Element("k", "anything"),))) is None
+    assert error(Element("o", "", (Element("deep", "", (Element("item", "1"), Element("item", "2"))),))) is None
+    assert "'n' declared integer" in error(Element("n", "4.5"))
+    assert "'b' declared boolean" in error(Element("b", "maybe"))
+    assert "'o' declared object, written as text" in error(Element("o", '{"deep": [1]}'))
+    assert "'o.deep.item' declared integer" in error(Element("o", "", (Element("deep", "", (Element("item", "x"),)),)))
+    assert "'n' declared integer, written as elements" in error(Element("n", "", (Element("k", "1"),)))
+    assert error(Element("undeclared", "whatever")) is None
+
+
+def test_minimax_elements_out_of_order_do_not_read() -> None:
+    ns = "]<]minimax[>["
+    read = FORMATS["minimax-m3"].read
+
+    def call(body: str) -> str:
+        return f'\n{ns}<invoke name="f">{body}{ns}</invoke>\n{ns}'
+
+    assert "</b> where </a> belongs" in read(call(f"{ns}<a>1{ns}</b>"), "")[0].arguments_error
+    assert "never closed" in read(call(f"{ns}<a>{ns}<b>1{ns}</b>"), "")[0].arguments_error
+    assert "both text and elements" in read(call(f"{ns}<a>1{ns}<b>2{ns}</b>{ns}</a>"), "")[0].arguments_error
+    assert read(f'\n{ns}<invoke name="f">{ns}</invoke>\ntext{ns}', "")[-1].malformed.startswith("text after")
+    assert read("\nno invoke here", "")[-1].malformed.startswith("no ")
+    # SGLang's tag spacing: blanks between the namespace and a tag are markup.
+    spaced = read(f'\n{ns} <invoke name="f">{ns}\n<a>1{ns} </a>{ns}</invoke>\n{ns}', "")
+    assert spaced[0].elements == (Element("a", "1"),) and spaced[0].malformed is None
+
+
+# -- Kimi call ids ------------------------------------------------------------------------------
+
+
+def _kimi_call(call_id: str) -> str:
+    return (f"Call.</think><|tool_calls_section_begin|><|tool_call_begin|>{call_id}<|tool_call_argument_begin|>"
+            '{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+
+
+def test_kimi_call_ids_of_other_forms_are_a_warning_and_the_pattern_is_the_profiles(kimi_context, tmp_path) -> None:
+    """Real Kimi outputs carry `NAME:IDX`, and `call_...` after OpenAI-style history: TCL003
+    reports them as a warning (the gate passes), and a profile may widen the accepted form."""
+    assert findings(kimi_context, tmp_path, _kimi_call("functions.get_weather:0"), tools=None) == []
+    for call_id in ("get_weather:0", "call_8f3a2b"):
+        assert [(r, s) for r, s, _ in findings(kimi_context, tmp_path, _kimi_call(call_id), tools=None)] == [
+            ("TCL003", "warning")]
+    source = (Path(__file__).resolve().parent.parent / "rules" / "profiles" / "kimi-k2.5.toml").read_text()
+    widened = tmp_path / "kimi-openai-ids.toml"
+    widened.write_text(source.replace(
+        "call_id_pattern = '^functions\\.[A-Za-z0-9_.\\-]+:[0-9]+$'",
+        "call_id_pattern = '^(?:(?:functions\\.)?[A-Za-z0-9_.\\-]+:[0-9]+|call_[A-Za-z0-9]+)$'"), encoding="utf-8")
+    context = AuditContext(load_profile(str(widened)).resolve(kimi_context.tokenizer), kimi_context.tokenizer)
+    assert context.profile.tool_calls.call_id_pattern != kimi_context.profile.tool_calls.call_id_pattern
+    for call_id in ("get_weather:0", "call_8f3a2b"):
+        assert findings(context, tmp_path, _kimi_call(call_id), tools=None) == []
+    assert [r for r, _, _ in findings(context, tmp_path, _kimi_call("functions.get_weather"), tools=None)] == ["TCL003"]
