@@ -20,26 +20,24 @@ the format has one: `head`, `body`), `"answer"` the whole answer of a record tha
 marker (formats whose calls are delimited by text, like DSML).
 
 Arguments are judged as the serving stack's parser converts them. Formats that write JSON
-arguments must give one JSON value. Formats that write each parameter as text (`parameters`)
-are judged by the tool's declared parameter type (`declared_type`, `value_error`): a `string`
-value is raw text, an integer/number/boolean/object/array value must read as one, and a
-parameter the tools do not declare is never an error.
+arguments must give one JSON value. Formats that write each parameter as text (`parameters`),
+or arguments as nested elements (`elements`, MiniMax-M3), are judged by the types the tools
+declare (`audit.toolcall_values`).
 """
 
 from __future__ import annotations
 
-import ast
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from re import _constants as sre_constants  # the parsed form of a pattern (stable since 3.11)
 from re import _parser as sre_parser
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
-from audit.json_values import json_type
+from audit.toolcall_values import Element
 
 ROLE_LETTERS = {
     "section_begin": "S",
@@ -75,16 +73,6 @@ class ToolCall:
     malformed: str | None = None
     elements: tuple[Element, ...] | None = None
     arguments_error: str | None = None
-
-
-@dataclass(frozen=True)
-class Element:
-    """One element of arguments written as nested elements: `<tag>text</tag>`, or
-    `<tag>` children `</tag>` (an object's keys, or an array's `<item>`s)."""
-
-    tag: str
-    text: str = ""
-    children: tuple[Element, ...] = ()
 
 
 # (head, body) -> the calls in that text. For unit "call", head is the text between call begin
@@ -406,250 +394,6 @@ def _minimax_elements(inner: str) -> tuple[Element, ...]:
     if len(stack) > 1:
         raise _Malformed(f"<{stack[-1][0]}> is never closed")
     return tuple(stack[0][2])
-
-
-# SGLang's minimax_m3.py: a leaf's text converted by the schema's `type` (only `type` is read).
-_M3_STRING = {"string", "str"}
-_M3_INTEGER = {"integer", "int"}
-_M3_NUMBER = {"number", "float"}
-_M3_BOOLEAN = {"boolean", "bool"}
-_M3_CONTAINER = {"object", "array"}
-_M3_SCALAR = _M3_STRING | _M3_INTEGER | _M3_NUMBER | _M3_BOOLEAN | {"null"}
-_M3_NULLS = {"null", "Null", "NULL", ""}
-_M3_TRUTHS = {"true", "1", "yes", "on", "false", "0", "no", "off"}
-
-
-def _schema_types(schema: Any) -> set[str]:
-    kind = schema.get("type") if isinstance(schema, Mapping) else None
-    if isinstance(kind, str):
-        return {kind.lower()}
-    if isinstance(kind, list):
-        return {t.lower() for t in kind if isinstance(t, str)}
-    return set()
-
-
-def _untyped(schema: Any) -> bool:
-    return not isinstance(schema, Mapping) or (
-        not _schema_types(schema) and not any(key in schema for key in ("properties", "items", "prefixItems"))
-    )
-
-
-def _child_schema(parent: Any, tag: str, index: int) -> Any:
-    """The schema of a child element (SGLang `_get_child_schema`): an array's `<item>` number
-    `index`, an object's property, or its additionalProperties."""
-    if not isinstance(parent, Mapping):
-        return None
-    if "array" in _schema_types(parent) and tag == "item":
-        prefix = parent.get("prefixItems")
-        if isinstance(prefix, list) and index < len(prefix):
-            return prefix[index]
-        for key in ("additionalItems", "items"):
-            if isinstance(parent.get(key), Mapping):
-                return parent[key]
-        return prefix[-1] if isinstance(prefix, list) and prefix else None
-    properties = _properties(parent)
-    if tag in properties:
-        return properties[tag]
-    extra = parent.get("additionalProperties")
-    return extra if isinstance(extra, Mapping) else None
-
-
-def _leaf_error(text: str, schema: Any) -> str | None:
-    """Why a leaf's text does not convert to its declared type (SGLang `_convert_leaf_value`
-    falls back to the raw string then), or None."""
-    if _untyped(schema):
-        return None
-    types = _schema_types(schema)
-    nullable = "null" in types
-    if types & _M3_STRING or (nullable and text in _M3_NULLS):
-        return None
-    if types & _M3_INTEGER:
-        try:
-            int(text)
-            return None
-        except ValueError:
-            pass
-    if types & _M3_NUMBER:
-        try:
-            float(text)
-            return None
-        except ValueError:
-            pass
-    if types & _M3_BOOLEAN and text.lower().strip() in _M3_TRUTHS:
-        return None
-    declared = "/".join(sorted(types))
-    if types & (_M3_INTEGER | _M3_NUMBER | _M3_BOOLEAN):
-        return f"declared {declared}, not one"
-    if types & _M3_CONTAINER:
-        return f"declared {declared}, written as text"
-    return None  # a type SGLang has no conversion for: kept as text
-
-
-def elements_error(elements: tuple[Element, ...], schema: Any, path: str = "") -> str | None:
-    """Why arguments written as nested elements do not read as the tool's `parameters` schema
-    declares them, or None (an undeclared tool or element is never an error).
-
-    Each leaf's text must convert to its declared scalar type, as SGLang converts it; an element
-    declared object or array is written as elements, never as text; an element declared as a
-    scalar holds no elements (SGLang cannot read such a call and drops it)."""
-    seen: dict[str, int] = {}
-    for element in elements:
-        index = seen.get(element.tag, 0)
-        seen[element.tag] = index + 1
-        child = _child_schema(schema, element.tag, index)
-        where = f"{path}.{element.tag}" if path else element.tag
-        types = _schema_types(child)
-        scalar = bool(types & _M3_SCALAR) and not types & _M3_CONTAINER
-        if element.children:
-            if scalar:
-                return f"have {where!r} declared {'/'.join(sorted(types))}, written as elements"
-            problem = elements_error(element.children, child, where)
-        elif element.text or scalar:
-            problem = _leaf_error(element.text, child)
-            problem = problem and f"have {where!r} {problem}: {element.text[:60]!r}"
-        else:
-            problem = None  # an empty element: an empty object or array
-        if problem:
-            return problem
-    return None
-
-
-def tool_parameters(tools: Any, name: str | None) -> Mapping | None:
-    """The `parameters` schema of the tool `name` in an OpenAI-style `tools` list, or None."""
-    if not isinstance(tools, list) or name is None:
-        return None
-    for tool in tools:
-        if not isinstance(tool, Mapping):
-            continue
-        function = tool.get("function", tool)
-        if isinstance(function, Mapping) and function.get("name") == name:
-            schema = function.get("parameters")
-            return schema if isinstance(schema, Mapping) else None
-    return None
-
-
-# -- judging parameter values by their declared type --------------------------------------------
-
-# SGLang's qwen3_coder_detector `_convert_param_value` and glm4_moe_detector `parse_arguments`.
-_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
-_INTEGER_PREFIXES = ("int", "uint", "long", "short", "unsigned")
-_NUMBER_PREFIXES = ("num", "float")
-_BOOLEAN_TYPES = {"boolean", "bool", "binary"}
-
-
-def declared_type(schema: Any) -> str | None:
-    """The primary type a JSON-schema property declares, as SGLang infers it
-    (`infer_type_from_json_schema`): `type` (the first non-null of a list), anyOf/oneOf, enum,
-    allOf, `properties` (object), `items` (array). None when it declares none."""
-    if not isinstance(schema, Mapping):
-        return None
-    kind = schema.get("type")
-    if isinstance(kind, str):
-        return kind
-    if isinstance(kind, list) and kind:
-        non_null = [t for t in kind if t != "null"]
-        return str(non_null[0]) if non_null else "string"
-    branches = schema.get("anyOf") or schema.get("oneOf")
-    if isinstance(branches, list):
-        types = [t for t in (declared_type(b) for b in branches) if t]
-        if types:
-            distinct = set(types)
-            if len(distinct) == 1:
-                return types[0]
-            if len(distinct) == 2 and "null" in distinct:
-                return next(t for t in types if t != "null")
-            return "string" if "string" in distinct else types[0]
-    enum = schema.get("enum")
-    if isinstance(enum, list):
-        kinds = {json_type(v) for v in enum}
-        return kinds.pop() if len(kinds) == 1 else "string"
-    if isinstance(schema.get("allOf"), list):
-        for branch in schema["allOf"]:
-            kind = declared_type(branch)
-            if kind and kind != "string":
-                return kind
-        return "string"
-    if "properties" in schema:
-        return "object"
-    if "items" in schema:
-        return "array"
-    return None
-
-
-def value_error(value: str, declared: str | None) -> str | None:
-    """Why a parameter written as text does not read as its declared type, or None.
-
-    A string is any text; `null` (any case) is every type's null, and so is `None`, what Qwen's
-    template writes for a null value (`| string`); an undeclared parameter is never an error.
-    Booleans are accepted in any case (`True` is what Qwen's template writes for a Python bool).
-    Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
-    """
-    if declared is None:
-        return None
-    kind = declared.strip().lower()
-    text = value.strip()
-    if kind in _STRING_TYPES or kind == "null" or text.lower() == "null" or text == "None":
-        return None
-    if kind.startswith(_INTEGER_PREFIXES):
-        try:
-            int(text)
-        except ValueError:
-            return f"declared {declared}, not an integer"
-        return None
-    if kind.startswith(_NUMBER_PREFIXES):
-        try:
-            float(text)
-        except ValueError:
-            return f"declared {declared}, not a number"
-        return None
-    if kind in _BOOLEAN_TYPES:
-        return None if text.lower() in ("true", "false") else f"declared {declared}, not true or false"
-    wanted = dict if kind.startswith(("object", "dict")) else list if kind.startswith(("array", "arr", "list")) else None
-    if wanted is None:
-        return None  # a type SGLang has no conversion for: kept as text
-    parsed = _literal(text)
-    if not isinstance(parsed, wanted):
-        return f"declared {declared}, not a JSON {'object' if wanted is dict else 'array'}"
-    return None
-
-
-def _literal(text: str) -> Any:
-    """JSON, else a Python literal (SGLang's `safe_literal_eval` fallback), else None."""
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-
-
-def parameter_types(tools: Any, name: str | None) -> dict[str, str | None] | None:
-    """Declared type of each parameter of the tool `name` in an OpenAI-style `tools` list.
-
-    None when the tool (or the list) is unknown: then nothing about its values is judged.
-    """
-    schema = tool_parameters(tools, name)
-    if schema is None:
-        return None
-    return {key: declared_type(value) for key, value in _properties(schema).items()}
-
-
-def _properties(schema: Mapping) -> dict[str, Any]:
-    # Top-level properties, else those of anyOf/oneOf/allOf branches (SGLang's get_schema_properties).
-    properties = schema.get("properties")
-    if isinstance(properties, Mapping):
-        return dict(properties)
-    merged: dict[str, Any] = {}
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        if isinstance(branches, list):
-            for branch in branches:
-                if isinstance(branch, Mapping):
-                    for key, value in _properties(branch).items():
-                        merged.setdefault(key, value)
-    return merged
 
 
 FORMATS: dict[str, ToolCallFormat] = {

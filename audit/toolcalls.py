@@ -31,14 +31,8 @@ import polars as pl
 from audit.batch import Batch
 from audit.fastcodec import FlatIds
 from audit.response import response_bounds
-from audit.toolcall_formats import (
-    ROLE_LETTERS,
-    ToolCall,
-    elements_error,
-    parameter_types,
-    tool_parameters,
-    value_error,
-)
+from audit.toolcall_formats import ROLE_LETTERS, ToolCall
+from audit.toolcall_values import elements_error, parameter_types, tool_parameters, value_error
 
 # One row per call (several per record), in output order.
 CALLS_SCHEMA: dict[str, pl.DataType] = {

@@ -38,9 +38,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from audit.check import CheckOptions, check_target, prepare
-from audit.check import _tokenizer as load_cached_tokenizer
+from audit.check import check_session
 from audit.profiles import ResolvedProfile, load_profile
+from audit.session import CheckOptions, prepare
+from audit.session import shared_tokenizer as load_cached_tokenizer
 from audit.targets import resolve_target
 from audit.templating import render_prompts
 from audit.tokenizer import Tokenizer
@@ -318,7 +319,7 @@ def judge(spec: FamilySpec, directory: Path, thinking: bool, labelled: list[Labe
     labels = {n: item.kind for n, item in enumerate(labelled, 1) if item.kind}
     (data.parent / "labels.json").write_text(json.dumps(labels, indent=0), encoding="utf-8")
     options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking, cache=False)
-    report = check_target(prepare(resolve_target(str(data), workdir), options))
+    report = check_session(prepare(resolve_target(str(data), workdir), options))
     errors = report.findings.filter(report.findings["severity"] == "error")
     rules_by_line: dict[int, set[str]] = defaultdict(set)
     messages: dict[int, str] = {}

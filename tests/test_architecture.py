@@ -56,6 +56,7 @@ LAYERS = {
     "model facts": (
         "audit.profiles",
         "audit.toolcall_formats",
+        "audit.toolcall_values",
         "audit.templating",
         "audit.encoders",
         "audit.chat_template",

@@ -192,6 +192,6 @@ def test_a_prompt_rendered_without_the_profiles_thinking_switch_is_flagged_in_ev
         data = tmp_path / f"thinking-{thinking}.jsonl"
         data.write_text("\n".join(lines) + "\n", encoding="utf-8")
         options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking)
-        findings = check_target(prepare(resolve_target(str(data), tmp_path), options)).findings
+        findings = check_session(prepare(resolve_target(str(data), tmp_path), options)).findings
         assert set(findings.filter(findings["line"] == 2)["rule"].to_list()) == {"PRM001", "TPL001"}, thinking
         assert findings.filter(findings["line"] == 1).is_empty(), findings.rows()

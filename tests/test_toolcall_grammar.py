@@ -19,8 +19,8 @@ from audit.engine import audit_file
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
 from audit.templating import prompt_ids as rendered_prompt_ids
-from audit.toolcall_formats import (
-    FORMATS,
+from audit.toolcall_formats import FORMATS
+from audit.toolcall_values import (
     Element,
     declared_type,
     elements_error,
