@@ -99,7 +99,7 @@ def test_github_format_appends_a_markdown_summary_when_the_step_summary_is_set(t
     assert result.exit_code == 1
     assert result.stdout.startswith("::error file=")
     text = summary.read_text()
-    assert text.startswith("earlier step\n") and "| B1_glaive | 74 | 25 |" in text and "PRM001" in text
+    assert text.startswith("earlier step\n") and "| B1_glaive | 74 | 23 |" in text and "PRM001" in text
 
 
 @pytest.mark.parametrize("fmt", ["junit", "sarif", "github", "jsonl"])

@@ -346,8 +346,8 @@ def _rebuilt(element: Element) -> object:
 
 
 def _written(value: object) -> object:
-    """A value as the template writes it into elements: null dropped, booleans as JSON, numbers as
-    Python prints them, an empty object or array as an empty element."""
+    """A value as the template writes it into elements and the reader reads it back: null dropped,
+    booleans as JSON, numbers as Python prints them, an empty object or array as an empty element."""
     if isinstance(value, dict):
         kept = {k: _written(v) for k, v in value.items() if v is not None}
         return kept or ""
@@ -355,7 +355,7 @@ def _written(value: object) -> object:
         return [_written(v) if v is not None else "" for v in value] or ""
     if isinstance(value, bool):
         return json.dumps(value)
-    return str(value).strip()
+    return str(value).rstrip()  # the reader strips the piece after the tag: trailing blanks go
 
 
 @pytest.fixture(scope="module")
