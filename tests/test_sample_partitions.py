@@ -68,3 +68,53 @@ def test_report_json_carries_the_contract(tmp_path: Path) -> None:
     first = data["findings"][0]
     assert {"line", "id", "rule", "severity", "message", "position"} <= set(first)
     assert all(f["severity"] in ("error", "warning") for f in data["findings"])
+
+
+def test_every_registered_rule_fires_on_a_shipped_sample() -> None:
+    # The README promises the shipped samples show every rule catching its case: a rule added
+    # without a sample that makes it fire fails here, naming it.
+    from audit.checks import RULES
+
+    fired = {
+        partition: set(audit_partition(partition).findings["rule"].unique().to_list())
+        for partition in LABELLED
+    }
+    silent = set(RULES) - set().union(*fired.values())
+    assert not silent, f"no shipped sample makes {sorted(silent)} fire: add a labelled case"
+    labelled = {
+        code
+        for partition in LABELLED
+        for codes in json.loads((PREPARED / partition / "labels.json").read_text()).values()
+        for code in codes
+    }
+    assert set(RULES) <= labelled, f"no label names {sorted(set(RULES) - labelled)}"
+
+
+@pytest.mark.parametrize("partition", ["B2_sharegpt", "K2_thinking", "H1_harmony"])
+def test_the_showcase_samples_are_labelled_with_exactly_what_the_audit_reports(partition: str) -> None:
+    # These samples list, per corrupted line, every code the audit reports on it: nothing more,
+    # nothing less, and a clean line has no finding at all.
+    labels = {int(k): set(v) for k, v in json.loads((PREPARED / partition / "labels.json").read_text()).items()}
+    found: dict[int, set[str]] = {}
+    for finding in audit_partition(partition).findings.iter_rows(named=True):
+        found.setdefault(finding["line"], set()).add(finding["rule"])
+    assert found == labels
+
+
+def test_the_fixture_script_rebuilds_every_shipped_file_byte_for_byte(tmp_path: Path) -> None:
+    # The samples are made, not edited by hand: the script run again on a copy writes the same bytes.
+    import shutil
+    import subprocess
+    import sys
+
+    copy = tmp_path / "fixtures"
+    shutil.copytree(PREPARED.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, str(copy / "build_fixtures.py"), "--no-verify"], check=True,
+                   capture_output=True, cwd=tmp_path)
+    shipped = {p.relative_to(PREPARED.parent): p.read_bytes() for p in PREPARED.parent.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    rebuilt = {p.relative_to(copy): p.read_bytes() for p in copy.rglob("*")
+               if p.is_file() and "__pycache__" not in p.parts}
+    assert rebuilt.keys() == shipped.keys()
+    changed = sorted(str(p) for p in shipped if shipped[p] != rebuilt[p])
+    assert not changed, f"the script no longer rebuilds {changed}"
