@@ -150,6 +150,7 @@ class AuditCache:
                 log=log,
                 seconds=meta["seconds"],
                 stats=stats,
+                cached=True,
             )
         except Exception:  # missing, partial or unreadable: audit again  # noqa: BLE001
             return None

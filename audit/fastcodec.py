@@ -121,6 +121,13 @@ class ByteDecoder:
         self.starts = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=self.starts[1:])
 
+    def piece_bytes(self, token_id: int) -> bytes | None:
+        """One id's bytes (None for an id the tokenizer lacks)."""
+        if not 0 <= token_id < len(self.lengths) or not self.known[token_id]:
+            return None
+        start = int(self.starts[token_id])
+        return self.table[start : start + int(self.lengths[token_id])].tobytes()
+
     def decode_bytes(self, flat: FlatIds) -> tuple[bytes, np.ndarray]:
         """All sequences' bytes concatenated, and per-sequence byte offsets."""
         ids = flat.values

@@ -37,7 +37,6 @@ FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
 EXAMPLE_LOCATIONS = 5
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 SARIF_VERSION = "2.1.0"
-INFORMATION_URI = "https://github.com/audit/audit"
 
 
 class OutputFormat(StrEnum):
@@ -205,6 +204,8 @@ def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
                 "id": r.code,
                 "name": r.name,
                 "shortDescription": {"text": r.summary or r.name},
+                # The project has no web page of its own: a rule's documentation is a command.
+                "help": {"text": f"audit explain {r.code}"},
                 "defaultConfiguration": {"level": "error" if r.severity == "error" else "warning"},
                 "properties": {"severity": r.severity, "threshold": r.threshold},
             }
@@ -247,7 +248,6 @@ def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
                     "driver": {
                         "name": "audit",
                         "version": __version__,
-                        "informationUri": INFORMATION_URI,
                         "rules": rules,
                     }
                 },
@@ -308,9 +308,10 @@ def step_summary(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
     parts = ["## audit\n", "| target | records | with errors | verdict | failed rules |", "|---|--:|--:|---|---|"]
     for report in reports:
         failed = ", ".join(report.judgement.failing_rules(fail_on_warning=fail_on_warning)) or "-"
+        gated = report.judgement.gate(fail_on_warning=fail_on_warning)
         parts.append(
             f"| {md(report.target)} | {report.records} | {report.failing_records} | "
-            f"{icon[report.verdict]} {report.verdict} | {md(failed)} |"
+            f"{icon[gated]} {gated} | {md(failed)} |"
         )
     for report in reports:
         flagged = [r for r in report.results if r.failing]
@@ -338,7 +339,7 @@ def summary_rows(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
                 "target": r.target,
                 "records": r.records,
                 "records_with_errors": r.failing_records,
-                "verdict": judgement.value,
+                "verdict": judgement.gate(fail_on_warning=fail_on_warning),
                 "failed": list(judgement.failing_rules(fail_on_warning=fail_on_warning)),
                 "warned": [] if fail_on_warning else list(judgement.warned),
                 "exit_code": judgement.exit_code(fail_on_warning=fail_on_warning),

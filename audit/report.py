@@ -85,6 +85,8 @@ class Report:
     seconds: float = 0.0
     # The partition's shape (audit.distributions.summarize), for plots; None in older reports.
     distributions: dict[str, Any] | None = None
+    # Taken from the result cache (an identical earlier audit), not audited by this run.
+    cached: bool = False
 
     @property
     def judgement(self) -> Verdict:
@@ -258,4 +260,5 @@ def build_report(
         log=audited.log,
         seconds=audited.seconds,
         distributions=summarize(audited.stats),
+        cached=audited.cached,
     )

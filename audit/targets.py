@@ -57,6 +57,28 @@ def data_root(explicit: str | Path | None) -> tuple[Path | ObjectPath, str | Non
     return DEFAULT_DATA_ROOT, None
 
 
+def shipped_sample_note(target: Target) -> str | None:
+    """For a shipped sample corrupted on purpose (its labels.json names cases), a line saying so.
+
+    A newcomer's first `audit check B1_glaive` ends in FAIL; that is the sample's point, and
+    the clean sample shows a pass.
+    """
+    if target.directory is None or target.directory.resolve().parent != SAMPLE_DATA_ROOT.resolve():
+        return None
+    labels = target.directory / "labels.json"
+    try:
+        corrupted = labels.is_file() and labels.read_text(encoding="utf-8").strip() not in ("", "{}")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not corrupted:
+        return None
+    return (
+        f"{target.partition} is a sample corrupted on purpose "
+        f"({SAMPLE_DATA_ROOT / target.directory.name / labels.name} names each case): "
+        "`audit check B0_clean` shows a pass"
+    )
+
+
 def names_a_path(spec: str) -> bool:
     """Is `spec` a file or directory path, rather than a partition name under the data root?"""
     return (

@@ -7,6 +7,7 @@ call takes a whole batch, so no rule ever loops over tokens in Python.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 from collections.abc import Sequence
@@ -30,6 +31,12 @@ from audit.fastcodec import (
     fast_paths_enabled,
 )
 from audit.tokenizer_cache import TokenizerState, load_state, state_key, store_state
+
+# A byte that is not a whole UTF-8 character, named as byte-fallback vocabularies name it: <0xE4>.
+BYTE_NAMES = "audit-byte-names"
+codecs.register_error(
+    BYTE_NAMES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
+)
 
 # Nothing may reach a model hub at run time: tokenizers come from local directories only.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -233,8 +240,18 @@ class Tokenizer:
         return self.encode_batch([text])[0]
 
     def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """The decoded piece of each id, one by one (for display)."""
-        return self.decode_batch([[i] for i in ids])
+        """The decoded piece of each id, one by one (for display).
+
+        A byte-level piece that is part of a character (one byte of a CJK character, say)
+        decodes to U+FFFD alone; it is shown by its bytes instead, `<0xE4>`, as the
+        tokenizers of byte-fallback vocabularies name such tokens.
+        """
+        pieces = self.decode_batch([[i] for i in ids])
+        if any("\ufffd" in piece for piece in pieces) and (table := self._byte_table) is not None:
+            for k, (token_id, piece) in enumerate(zip(ids, pieces, strict=True)):
+                if "\ufffd" in piece and (raw := table.piece_bytes(int(token_id))) is not None:
+                    pieces[k] = raw.decode("utf-8", errors=BYTE_NAMES)
+        return pieces
 
     # -- batched work ---------------------------------------------------------------------
     def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:

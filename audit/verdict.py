@@ -130,6 +130,11 @@ class Verdict:
         """Does the gate fail? On `fail`; on `warn` too under `--fail-on warning`."""
         return self.value in failing_verdicts(fail_on_warning)
 
+    def gate(self, *, fail_on_warning: bool = False) -> str:
+        """The verdict the gate reached: `fail` whenever it fails (a `warn` under `--fail-on
+        warning` too), else pass or warn. What a verdict line says, beside its exit code."""
+        return FAIL if self.fails(fail_on_warning=fail_on_warning) else self.value
+
     def failing_rules(self, *, fail_on_warning: bool = False) -> tuple[str, ...]:
         """The rules that fail the gate, in rule order: failed ones, and warned ones under
         `--fail-on warning`."""

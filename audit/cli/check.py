@@ -96,19 +96,20 @@ def emit(
                 errors.print(plain(problem, limit=None), soft_wrap=True)
         return
     for index, report in enumerate(reports):
-        print_rich_report(report, report_paths[index] if index < len(report_paths) else None)
+        path = report_paths[index] if index < len(report_paths) else None
+        print_rich_report(report, path, fail_on_warning=fail_on_warning)
     if len(reports) > 1:
         console.print(summary_table(reports, fail_on_warning=fail_on_warning))
 
 
-def print_rich_report(report: Report, path: Path | None = None) -> None:
+def print_rich_report(report: Report, path: Path | None = None, *, fail_on_warning: bool = False) -> None:
     """The rule table, the first findings and the verdict line of one report."""
     from audit.cli.tables import first_findings, report_table, verdict_line
 
     console.print(report_table(report))
-    if (findings := first_findings(report)) is not None:
+    if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
-    console.print(verdict_line(report))
+    console.print(verdict_line(report, fail_on_warning=fail_on_warning))
     if path is not None:
         console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
 
@@ -179,7 +180,7 @@ def check(
     from audit.check import check_session
     from audit.session import prepare
     from audit.storage import location
-    from audit.targets import resolve_target
+    from audit.targets import resolve_target, shipped_sample_note
 
     targets = list(targets or [])
     if all_ and targets:
@@ -207,7 +208,10 @@ def check(
                 result.write_json(path)
             reports.append(result)
             if output_format is OutputFormat.rich:
-                print_rich_report(result, path)  # as each finishes: a long run shows progress
+                # as each finishes: a long run shows progress
+                print_rich_report(result, path, fail_on_warning=fail_on_warning)
+                if note := shipped_sample_note(session.target):
+                    errors.print(plain(note, "yellow", limit=None), soft_wrap=True)
             if html is not None:
                 from audit.html import collect_samples, html_path, write_html
 

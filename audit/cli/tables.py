@@ -44,8 +44,9 @@ def report_table(report: Report) -> Table:
         collapse_padding=True,
         pad_edge=False,
     )
+    # Nothing is ever cut: at 100 columns every name fits whole, narrower the cells wrap.
     table.add_column("code", no_wrap=True)
-    table.add_column("rule", no_wrap=True, overflow="ellipsis", max_width=20)
+    table.add_column("rule", overflow="fold")
     table.add_column("severity", no_wrap=True)
     table.add_column("failing", justify="right", no_wrap=True)
     table.add_column("threshold", overflow="fold", min_width=9)
@@ -66,12 +67,18 @@ def report_table(report: Report) -> Table:
     return table
 
 
-def verdict_line(report: Report) -> Text:
-    """The one-line verdict: pass, warn or fail, how many records have errors, which rules."""
+def verdict_line(report: Report, *, fail_on_warning: bool = False) -> Text:
+    """The one-line verdict: pass, warn or fail, how many records have errors, which rules.
+
+    It says what the exit code says: under `--fail-on warning` a warned rule fails the gate,
+    and the line reads FAIL with that rule among the failed ones.
+    """
     judgement = report.judgement
-    failed, warned = judgement.failed, judgement.warned
+    failed = judgement.failing_rules(fail_on_warning=fail_on_warning)
+    warned = () if fail_on_warning else judgement.warned
+    verdict = judgement.gate(fail_on_warning=fail_on_warning)
     text = Text()
-    text.append(f"{report.verdict.upper()} ", style=VERDICT_STYLE[report.verdict])
+    text.append(f"{verdict.upper()} ", style=VERDICT_STYLE[verdict])
     text.append(
         f"{inert.terminal(report.target, inert.CELL_LIMIT)}: "
         f"{report.failing_records} of {report.records} records have errors"
@@ -81,18 +88,36 @@ def verdict_line(report: Report) -> Text:
     if warned:
         warnings = inert.terminal(", ".join(warned), inert.CELL_LIMIT)
         text.append(f"; warnings: {warnings}", style="yellow")
-    text.append(f"  ({report.seconds:.2f}s)", style="dim")
+    if fail_on_warning and judgement.warned:
+        text.append(" (--fail-on warning)", style="red")
+    if report.cached:
+        text.append(f"  (cached: an identical earlier audit; --no-cache audits again, {report.seconds:.2f}s)",
+                    style="dim")
+    else:
+        text.append(f"  ({report.seconds:.2f}s)", style="dim")
     return text
 
 
-def first_findings(report: Report, limit: int = 8) -> Table | None:
-    """The first few error findings, so the table's numbers point at something concrete."""
+def first_findings(report: Report, limit: int = 8, *, report_path: object = None) -> Table | None:
+    """The first few findings, so the table's numbers point at something concrete, and how many
+    more there are and where to see them (the saved report, `audit inspect`)."""
     shown = report.log.head(limit)
     if shown.is_empty():
         return None
-    table = Table(title="first findings", title_justify="left", header_style="bold", show_lines=False)
+    more = report.log.height - shown.height
+    caption = None
+    if more > 0:
+        where = f"audit report {report_path}" if report_path is not None else "the JSON report"
+        target = inert.terminal(report.target, inert.CELL_LIMIT)
+        caption = Text(
+            f"and {more} more: see {inert.terminal(where, None)}, or audit inspect {target}",
+            style="dim",
+        )
+    table = Table(title="first findings", title_justify="left", header_style="bold", show_lines=False,
+                  caption=caption, caption_justify="left")
+    # Lines, codes and positions never break inside; ids and messages wrap when they must.
     for column in ("line", "id", "rule", "position", "message"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, overflow="fold", no_wrap=column in ("line", "rule", "position"))
     for row in shown.iter_rows(named=True):
         position = "" if row["position"] is None else f"{row['field']}[{row['position']}]"
         table.add_row(

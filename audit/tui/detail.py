@@ -7,11 +7,13 @@ of tokens. `--print` walks every line.
 
 from __future__ import annotations
 
+import io
 from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import polars as pl
+from rich.console import Console
 from rich.text import Text
 
 from audit.inert import CELL_LIMIT, terminal
@@ -57,6 +59,8 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow"}
 FINDING_STYLE = "bold white on dark_red"
 # How many of the output's special tokens the summary line names before "+N more".
 SUMMARY_SPECIALS = 14
+# Wraps lines to a width (rich needs a console to measure with; nothing is printed on it).
+_MEASURE = Console(file=io.StringIO(), width=1000, color_system=None)
 
 
 def role_style(role: str | None) -> str:
@@ -115,9 +119,12 @@ class _TokenBlock:
 class DetailLines:
     """Every line of a record's detail, rendered one at a time on request."""
 
-    def __init__(self, view: RecordView, title: str = ""):
+    def __init__(self, view: RecordView, title: str = "", width: int | None = None):
+        """`width`: the pane's, to wrap the findings and comparisons at (None: the caller wraps,
+        as a terminal does for `--print`)."""
         self.view = view
-        self._blocks: list[list[Text] | _TokenBlock] = [_header(view, title)]
+        self.title = title
+        self._blocks: list[list[Text] | _TokenBlock] = [_header(view, title, width)]
         self._blocks.extend(_token_blocks(view, view.prompt, "prompt"))
         self._blocks.extend(_token_blocks(view, view.output, "output"))
         self._starts: list[int] = []
@@ -157,7 +164,24 @@ class DetailLines:
         return found
 
 
-def _header(view: RecordView, title: str) -> list[Text]:
+def _wrapped(text: Text, width: int | None, indent: int) -> list[Text]:
+    """`text` as lines of at most `width` cells, continuation lines indented: a finding's
+    message is read whole, never cut at the pane's edge."""
+    if width is None or text.cell_len <= width:
+        return [text]
+    lines = text.wrap(_MEASURE, max(20, width), overflow="fold")
+    out = [lines[0]]
+    for line in lines[1:]:
+        rest = Text(" " * indent, end="")
+        rest.append_text(line)
+        out.extend(rest.wrap(_MEASURE, max(20, width), overflow="fold"))
+    for line in out:
+        line.end = ""
+        line.no_wrap = True
+    return out
+
+
+def _header(view: RecordView, title: str, width: int | None = None) -> list[Text]:
     lines: list[Text] = []
     heading = Text(no_wrap=True, end="")
     if title:
@@ -177,12 +201,12 @@ def _header(view: RecordView, title: str) -> list[Text]:
         where = f"{mark.field}[{mark.position}]" if mark.position is not None else (mark.field or "line")
         text.append(f"{terminal(where):<18} ", style="dim")
         text.append(terminal(mark.message))
-        lines.append(text)
+        lines.extend(_wrapped(text, width, indent=4))
     if not view.findings:
         lines.append(Text("no findings on this line", style="green", end=""))
     if view.problem:
         problem = f"cannot show every token: {terminal(view.problem)}"
-        lines.append(Text(problem, style="bold red", end=""))
+        lines.extend(_wrapped(Text(problem, style="bold red", end=""), width, indent=4))
     if view.raw_excerpt:
         lines.append(Text(f"raw line: {view.raw_excerpt}", style="dim", no_wrap=True, end=""))
     for comparison in view.comparisons:
@@ -191,7 +215,7 @@ def _header(view: RecordView, title: str) -> list[Text]:
             row = Text(no_wrap=True, end="")
             row.append(f"  {label:>12}  ", style="green" if label == "expected" else "dim")
             row.append(terminal(value))
-            lines.append(row)
+            lines.extend(_wrapped(row, width, indent=16))
     lines.append(_legend())
     return lines
 
