@@ -10,7 +10,9 @@ regressed, so a rule that merely moved within its thresholds, or improved, never
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,33 @@ from audit.report import SCHEMA_VERSION, Report, RuleResult
 from audit.report_shape import check_report_shape
 from audit.storage import ObjectPath
 from audit.verdict import VERDICT_RANK, failing_verdicts
+
+
+# Reports `audit check` names itself in a reports directory: <partition>-<UTC time>.json.
+KEEP_REPORTS = 20
+
+
+def dated_report_path(directory: Path | ObjectPath, partition: str, when: datetime | None = None) -> Path | ObjectPath:
+    """Where `audit check` saves a partition's report by default: `<partition>-<UTC time>.json`."""
+    stamp = (when or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    return directory / f"{partition}-{stamp}.json"
+
+
+def prune_reports(directory: Path, partition: str, keep: int = KEEP_REPORTS) -> list[Path]:
+    """Delete all but the newest `keep` dated reports of `partition` in `directory` (0 keeps
+    every one); return what was deleted. Only files named as `dated_report_path` names them
+    are touched: a report saved under another name, or another partition's, never is."""
+    if keep <= 0 or not directory.is_dir():
+        return []
+    pattern = re.compile(re.escape(partition) + r"-\d{8}T\d{6}Z\.json")
+    dated = sorted(
+        (p for p in directory.iterdir() if pattern.fullmatch(p.name) and p.is_file() and not p.is_symlink()),
+        key=lambda p: p.name,
+    )
+    removed = dated[:-keep] if len(dated) > keep else []
+    for path in removed:
+        path.unlink(missing_ok=True)
+    return removed
 
 
 def load_report(path: Path | ObjectPath) -> Report:

@@ -35,7 +35,41 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
+    # Every command inherits the context settings: `audit check -h` as `audit check --help`.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+# How help names a value: the conventions of command-line help (TEXT, N, PATH, [on|off],
+# TARGETS...), not Python's type names (<str>, <list[str]>, {prompts}) typer prints otherwise.
+_VALUE_NAMES = {"str": "TEXT", "int": "N", "float": "NUMBER", "path": "PATH", "bool": "BOOLEAN"}
+
+
+def _conventional_help() -> None:
+    core = getattr(typer, "core", None)
+    parameter, argument = getattr(core, "_TyperParameter", None), getattr(core, "TyperArgument", None)
+    if parameter is None or argument is None or not hasattr(parameter, "display_type"):
+        return  # another typer: its own notation stands
+    python_names = parameter.display_type
+
+    def display_type(self, ctx):  # noqa: ANN001, ANN202
+        if self.metavar is not None:
+            return self.metavar
+        label = str(python_names(self, ctx)).strip("<>")
+        if "|" in label:  # choices
+            return "[" + label.removeprefix("list[").removesuffix("]") + "]"
+        label = label.removeprefix("list[").removesuffix("]")
+        return _VALUE_NAMES.get(label, label.upper())
+
+    def usage_name(self) -> str:
+        name = (self.metavar or self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    parameter.display_type = display_type
+    argument._usage_display_name = usage_name
+
+
+_conventional_help()
 
 console = Console()
 errors = Console(stderr=True)
@@ -81,13 +115,17 @@ DataRootOption = Annotated[
     typer.Option(
         "--data-root",
         envvar="AUDIT_DATA_ROOT",
+        metavar="DIR|URL",
         help="Where partitions live: a directory or an object storage URL (default prepared/).",
     ),
 ]
 ProfileOption = Annotated[
-    str | None, typer.Option("--profile", help="Profile name (see `audit profiles`) or a profile .toml file.")
+    str | None,
+    typer.Option("--profile", metavar="NAME|FILE", help="Profile name (see `audit profiles`) or a profile .toml file."),
 ]
-TokenizerOption = Annotated[Path | None, typer.Option("--tokenizer", help="Local Hugging Face tokenizer directory.")]
+TokenizerOption = Annotated[
+    Path | None, typer.Option("--tokenizer", metavar="DIR", help="Local Hugging Face tokenizer directory.")
+]
 TrustOption = Annotated[
     bool,
     typer.Option("--trust-remote-code", help="Allow the tokenizer's own code (Kimi's tiktoken tokenizer needs it)."),
@@ -95,10 +133,16 @@ TrustOption = Annotated[
 ThinkingOption = Annotated[
     Thinking | None, typer.Option("--thinking", help="Thinking mode the data was generated with (default: on).")
 ]
-RulesOption = Annotated[Path | None, typer.Option("--rules", help="Rule set file (default rules/default.toml).")]
+RulesOption = Annotated[
+    Path | None, typer.Option("--rules", metavar="FILE", help="Rule set file (default rules/default.toml).")
+]
 PromptsOption = Annotated[
     Path | None,
-    typer.Option("--prompts", help="JSONL of {id, messages, tools}: re-render each prompt with the chat template (TPL001)."),
+    typer.Option(
+        "--prompts",
+        metavar="FILE",
+        help="JSONL of id, messages and tools: re-render each prompt with the chat template (TPL001).",
+    ),
 ]
 FailOnOption = Annotated[FailOn, typer.Option("--fail-on", help="Lowest verdict that fails the gate.")]
 JobsOption = Annotated[

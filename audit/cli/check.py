@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
@@ -44,6 +43,7 @@ from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
 from audit.errors import AuditError, InputError
 from audit.formats import OutputFormat, format_chunks, step_summary, summary_rows
+from audit.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report import Report
 
 DEFAULT_REPORTS_DIR = Path("reports")
@@ -106,7 +106,7 @@ def print_rich_report(report: Report, path: Path | None = None, *, fail_on_warni
     """The rule table, the first findings and the verdict line of one report."""
     from audit.cli.tables import first_findings, report_table, verdict_line
 
-    console.print(report_table(report))
+    console.print(report_table(report, console.width))
     if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
     console.print(verdict_line(report, fail_on_warning=fail_on_warning))
@@ -156,14 +156,30 @@ def check(
     prompts: PromptsOption = None,
     report: Annotated[
         str | None,
-        typer.Option("--report", help="Where to write the JSON report (one target only): a path or a URL."),
+        typer.Option(
+            "--report",
+            metavar="FILE|URL|none",
+            help="Where to write the JSON report (one target only): a path or a URL; none writes no report.",
+        ),
     ] = None,
     reports_dir: Annotated[
         str,
         typer.Option(
-            "--reports-dir", help="Directory (or URL prefix) for reports named <partition>-<UTC time>.json."
+            "--reports-dir",
+            metavar="DIR|URL",
+            help="Directory (or URL prefix) for reports named <partition>-<UTC time>.json.",
         ),
     ] = str(DEFAULT_REPORTS_DIR),
+    keep_reports: Annotated[
+        int,
+        typer.Option(
+            "--keep-reports",
+            envvar="AUDIT_KEEP_REPORTS",
+            min=0,
+            metavar="N",
+            help="Keep the newest N dated reports per partition in a local --reports-dir (0 keeps all).",
+        ),
+    ] = KEEP_REPORTS,
     output_format: FormatOption = OutputFormat.rich,
     html: HtmlOption = None,
     fail_on: FailOnOption = FailOn.error,
@@ -195,17 +211,21 @@ def check(
     try:
         if all_:
             targets = all_partitions(root)
-        if report is not None and len(targets) > 1:
+        no_report = report is not None and str(report) == "none"
+        if report is not None and not no_report and len(targets) > 1:
             raise fail("--report names one file; with several targets use --reports-dir")
         sessions = [prepare(resolve_target(spec, root), options) for spec in targets]
         reports: list[Report] = []
         for session in sessions:
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
                 result = check_session(session, progress)
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-            path = location(report) if report else location(reports_dir) / f"{result.target}-{stamp}.json"
-            with writing("the report", path):
-                result.write_json(path)
+            path = None
+            if not no_report:
+                path = location(report) if report else dated_report_path(location(reports_dir), result.target)
+                with writing("the report", path):
+                    result.write_json(path)
+                if report is None and isinstance(path, Path):  # an object store keeps its own
+                    prune_reports(path.parent, result.target, keep_reports)
             reports.append(result)
             if output_format is OutputFormat.rich:
                 # as each finishes: a long run shows progress

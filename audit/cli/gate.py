@@ -46,6 +46,7 @@ def gate(
         str,
         typer.Option(
             "--out",
+            metavar="DIR|URL",
             help="Directory (or object storage URL prefix) for clean.jsonl, quarantine.jsonl and manifest.json.",
         ),
     ],
@@ -63,7 +64,8 @@ def gate(
         bool, typer.Option("--force", help="Overwrite a gate output made from a different input.")
     ] = False,
     report: Annotated[
-        str | None, typer.Option("--report", help="Also write the JSON report here (a path or a URL).")
+        str | None,
+        typer.Option("--report", metavar="FILE|URL", help="Also write the JSON report here (a path or a URL)."),
     ] = None,
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,

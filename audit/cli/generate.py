@@ -112,17 +112,17 @@ def generate(
     ],
     server: Annotated[
         list[str],
-        typer.Option("--server", help="SGLang server URL; repeat to share the load over several."),
+        typer.Option("--server", metavar="URL", help="SGLang server URL; repeat to share the load over several."),
     ],
     tokenizer: Annotated[
-        Path, typer.Option("--tokenizer", help="Local tokenizer directory of the served model.")
+        Path, typer.Option("--tokenizer", metavar="DIR", help="Local tokenizer directory of the served model.")
     ],
     profile: Annotated[
-        str, typer.Option("--profile", help="Profile name (see `audit profiles`) or .toml file.")
+        str, typer.Option("--profile", metavar="NAME|FILE", help="Profile name (see `audit profiles`) or .toml file.")
     ],
     out: Annotated[
         Path,
-        typer.Option("--out", help="Output JSONL (e.g. prepared/B1_glaive/raw_responses.jsonl)."),
+        typer.Option("--out", metavar="FILE", help="Output JSONL (e.g. prepared/B1_glaive/raw_responses.jsonl)."),
     ],
     concurrency: Annotated[
         int, typer.Option("--concurrency", help="Requests in flight for short prompts.")
@@ -160,7 +160,7 @@ def generate(
     ] = 16,
     rules: Annotated[
         Path | None,
-        typer.Option("--rules", help="Rule set for the canary (default rules/default.toml)."),
+        typer.Option("--rules", metavar="FILE", help="Rule set for the canary (default rules/default.toml)."),
     ] = None,
     trust_remote_code: TrustOption = False,
     timeout: Annotated[

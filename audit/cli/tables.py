@@ -30,38 +30,72 @@ def plain(value: object, style: str = "", limit: int | None = inert.CELL_LIMIT) 
     return Text(inert.terminal(value, limit), style=style)
 
 
-def report_table(report: Report) -> Table:
-    """One row per rule: code, name, severity, failing records, rate, threshold, verdict, lines."""
+def report_table(report: Report, width: int | None = None) -> Table:
+    """One row per rule: code, name, severity, failing records, rate, threshold, verdict, lines.
+
+    `width`: the terminal's; when the table is wider, a two-part threshold takes two lines and
+    the example lines wrap, so that every column keeps its room and nothing is cut down to 80.
+    """
     target = inert.terminal(report.target, inert.CELL_LIMIT)
     profile = inert.terminal(report.profile.get("name"), inert.CELL_LIMIT)
     title = Text(f"audit check {target}  ·  {report.records} records  ·  profile {profile}")
+    # Nothing is ever cut. At its natural width the table fits 100 columns; narrower, the
+    # rule names keep theirs and a two-part threshold takes two lines, example lines wrap.
+    rows = [
+        (
+            result,
+            f"{result.failing} ({result.rate:.1%})" if result.failing else "0",
+            ", ".join(map(str, result.example_lines)),
+        )
+        for result in report.results
+    ]
+    natural = {
+        "code": max((len(r.code) for r in report.results), default=4),
+        "rule": max((len(r.name) for r in report.results), default=4),
+        "severity": 8,
+        "failing": max((len(f) for _, f, _ in rows), default=7),
+        "threshold": max((len(r.threshold) for r in report.results), default=9),
+        "verdict": 7,
+        "lines": max((len(lines) for _, _, lines in rows), default=5),
+    }
+    gaps = 2 * (len(natural) - 1)
+    narrow = width is not None and sum(natural.values()) + gaps > width
+    fixed: dict[str, int | None] = {name: None for name in natural}
+    if narrow:
+        gaps = len(natural) - 1  # one space between columns
+        parts = [part for r in report.results for part in r.threshold.split(", ")]
+        fixed["threshold"] = max(9, *(len(p) for p in parts)) if parts else 9
+        others = sum(v for k, v in natural.items() if k != "lines") - natural["threshold"] + fixed["threshold"]
+        fixed["lines"] = max(3, (width or 0) - others - gaps)
     table = Table(
         title=title,
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
-        padding=(0, 1),
-        collapse_padding=True,
+        padding=(0, 0 if narrow else 1, 0, 0),  # and the box's blank divider between columns
         pad_edge=False,
+        show_edge=False,
     )
-    # Nothing is ever cut: at 100 columns every name fits whole, narrower the cells wrap.
     table.add_column("code", no_wrap=True)
-    table.add_column("rule", overflow="fold")
+    table.add_column("rule", overflow="fold", min_width=natural["rule"])
     table.add_column("severity", no_wrap=True)
     table.add_column("failing", justify="right", no_wrap=True)
-    table.add_column("threshold", overflow="fold", min_width=9)
+    table.add_column("threshold", overflow="fold", width=fixed["threshold"])
     table.add_column("verdict", no_wrap=True)
-    table.add_column("lines", overflow="fold", min_width=8)
-    for result in report.results:
+    table.add_column("lines", overflow="fold", width=fixed["lines"])
+    for result, failing, lines in rows:
         quiet = result.failing == 0
+        threshold = plain(result.threshold)
+        if narrow:
+            threshold = Text("\n").join(plain(part) for part in result.threshold.split(", "))
         table.add_row(
             plain(result.code, "" if quiet else SEVERITY_STYLE.get(result.severity, "")),
             plain(result.name),
             plain(result.severity),
-            f"{result.failing} ({result.rate:.1%})" if result.failing else "0",
-            plain(result.threshold),
+            failing,
+            threshold,
             Text(result.verdict, style=VERDICT_STYLE[result.verdict]),
-            ", ".join(map(str, result.example_lines)),
+            lines,
             style="dim" if quiet else None,
         )
     return table
@@ -107,12 +141,9 @@ def first_findings(report: Report, limit: int = 8, *, report_path: object = None
     more = report.log.height - shown.height
     caption = None
     if more > 0:
-        where = f"audit report {report_path}" if report_path is not None else "the JSON report"
+        where = f"audit report {inert.terminal(report_path, None)}, or " if report_path is not None else ""
         target = inert.terminal(report.target, inert.CELL_LIMIT)
-        caption = Text(
-            f"and {more} more: see {inert.terminal(where, None)}, or audit inspect {target}",
-            style="dim",
-        )
+        caption = Text(f"and {more} more: see {where}audit inspect {target}", style="dim")
     table = Table(title="first findings", title_justify="left", header_style="bold", show_lines=False,
                   caption=caption, caption_justify="left")
     # Lines, codes and positions never break inside; ids and messages wrap when they must.
@@ -169,31 +200,66 @@ def rule_panel(rule: type[Rule]) -> Panel:
     )
 
 
-def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Table:
-    """Built-in profiles, and with a tokenizer the ids each resolves to (or why it does not fit)."""
+def escaped(text: str) -> Text:
+    """Text whose newlines and tabs must be seen: `\\n` and `\\t` as Python writes them
+    (GLM's two generation prompts differ only by a trailing newline)."""
+    shown = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return plain(shown, limit=None)
+
+
+def _suffixes(texts: tuple[str, ...] | list[str]) -> Text:
+    """Each generation-prompt ending on its own line, escapes shown."""
+    out = Text()
+    for k, text in enumerate(texts or ("-",)):
+        if k:
+            out.append("\n")
+        out.append_text(escaped(text))
+    return out
+
+
+def resolved_table(resolved, tokenizer) -> Table:
+    """What a profile resolves to in a tokenizer: one row per token, its text and its id."""
+    title = Text(f"{resolved.name}: token -> id in {inert.terminal(tokenizer.directory, None)}")
+    table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
+    table.add_column("role", no_wrap=True)
+    table.add_column("token", overflow="fold")
+    table.add_column("id", justify="right", overflow="fold")
+    rows: list[tuple[str, int | None]] = [("think start", resolved.think_start), ("think end", resolved.think_end)]
+    rows += [("end of turn", i) for i in resolved.end_of_turn]
+    rows += [("eos", i) for i in resolved.eos]
+    rows += [(f"tool {role.replace('_', ' ')}", i) for role, i in resolved.tool_markers.items()]
+    rows += [(f"channel {role}", i) for role, i in resolved.channel_markers.items()]
+    rows += [("tool result", i) for i in resolved.tool_result]
+    shown = [(role, i) for role, i in rows if i is not None]
+    pieces = tokenizer.pieces([i for _, i in shown])
+    for (role, token_id), piece in zip(shown, pieces, strict=True):
+        table.add_row(role, escaped(piece), str(token_id))
+    for text, ids in zip(resolved.prompt_suffix_texts, resolved.prompt_suffixes, strict=False):
+        table.add_row("prompt ends", escaped(text), " ".join(map(str, ids)))
+    table.add_row("reasoning", resolved.reasoning, "")
+    return table
+
+
+def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Group:
+    """Built-in profiles: how each one's generation prompt ends (escapes shown); with a
+    tokenizer, whether each fits it, and for each that does a table of token -> id."""
     from audit.errors import AuditError
 
-    table = Table(title="profiles", title_justify="left", header_style="bold")
-    for column in ("name", "description", "generation suffix", "resolved"):
-        table.add_column(column, overflow="fold")
+    table = Table(title="profiles", title_justify="left", header_style="bold", show_lines=True)
+    columns = ["name", "description", "generation prompt ends"] + (["tokenizer"] if tokenizer else [])
+    for column in columns:
+        table.add_column(column, overflow="fold", no_wrap=column == "name")
     mode = "thinking" if thinking else "no_thinking"
+    resolved_tables = []
     for profile in profiles:
-        suffix = " | ".join(profile.prompt_suffixes.get(mode, ("-",)))
-        resolved = "-"
+        row: list = [plain(profile.name), plain(profile.description, limit=None),
+                     _suffixes(profile.prompt_suffixes.get(mode, ()))]
         if tokenizer is not None:
             try:
-                r = profile.resolve(tokenizer, thinking=thinking)
-                resolved = (
-                    f"think {r.think_start}/{r.think_end}, end of turn {list(r.end_of_turn)}, "
-                    f"suffix {[list(s) for s in r.prompt_suffixes]}, reasoning {r.reasoning}"
-                    + (f", tool markers {r.tool_markers}" if r.tool_markers else "")
-                )
+                resolved_tables.append(resolved_table(profile.resolve(tokenizer, thinking=thinking), tokenizer))
+                row.append(Text("fits: ids below", style="green"))
             except AuditError as exc:
-                resolved = f"does not fit: {exc}"
-        table.add_row(
-            plain(profile.name),
-            plain(profile.description, limit=None),
-            plain(suffix),
-            plain(resolved, limit=None),
-        )
-    return table
+                reason = str(exc).split("): ", 1)[-1]  # the profile is named in its row already
+                row.append(plain(f"does not fit: {reason}", "dim", limit=None))
+        table.add_row(*row)
+    return Group(table, *resolved_tables)

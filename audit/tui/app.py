@@ -71,6 +71,19 @@ class DetailView(ScrollView, can_focus=True):
         self.scroll_to(0, 0, animate=False)
         self.refresh()
 
+    def wrap_width(self) -> int | None:
+        """The width findings wrap at: the pane's, less its scroll bar (None before layout)."""
+        return self.size.width - 2 if self.size.width > 2 else None
+
+    def on_resize(self) -> None:
+        # Findings wrap to the pane: a new width, a new layout of the same record.
+        if self.lines is not None:
+            y = self.scroll_offset.y
+            self.lines = DetailLines(self.lines.view, self.lines.title, width=self.wrap_width())
+            self.virtual_size = Size(self.lines.width, len(self.lines))
+            self.scroll_to(0, y, animate=False)
+            self.refresh()
+
     def show_message(self, message: str) -> None:
         """Show a line of text instead of a record (an empty list, say)."""
         self.lines = None
@@ -214,7 +227,8 @@ class InspectApp(App[None]):
             )
             return
         self.current_line = line
-        self.query_one(DetailView).show(DetailLines(view))
+        detail = self.query_one(DetailView)
+        detail.show(DetailLines(view, width=detail.wrap_width()))
         self._update_status()
 
     def _update_status(self) -> None:
