@@ -25,7 +25,6 @@ from audit.report_shape import check_report_shape
 from audit.storage import ObjectPath
 from audit.verdict import VERDICT_RANK, failing_verdicts
 
-
 # Reports `audit check` names itself in a reports directory: <partition>-<UTC time>.json.
 KEEP_REPORTS = 20
 

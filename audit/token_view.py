@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import polars as pl
 
 from audit import inert
@@ -204,8 +205,23 @@ class Inspector:
         return [e for e in self.entries if (rule is None or rule in e.rules) and e.matches(query)]
 
     def line_of_id(self, record_id: str) -> int | None:
-        """The first line with findings whose record has this id."""
-        return next((e.line for e in self.entries if e.id == record_id), None)
+        """The first line whose record has this id: one with findings, else any, clean ones too
+        (`1` and `"1"` are one id, as INT004 reads them)."""
+        found = next((e.line for e in self.entries if e.id == record_id), None)
+        if found is not None:
+            return found
+        wanted = record_id.encode("utf-8", "surrogatepass")
+        with self.data_file.open("rb") as lines:
+            for number, raw in enumerate(lines, start=1):
+                if wanted not in raw:  # a cheap test first: most lines do not mention it
+                    continue
+                try:
+                    value = orjson.loads(raw).get("id")
+                except (orjson.JSONDecodeError, AttributeError):
+                    continue
+                if value is not None and not isinstance(value, bool) and str(value) == record_id:
+                    return number
+        return None
 
     @property
     def lines(self) -> int:

@@ -69,7 +69,7 @@ def test_a_clean_partition_says_so_and_exits_zero() -> None:
 def test_bad_choices_are_one_line_errors_with_exit_2() -> None:
     for args, message in (
         (("B1_glaive", "--rule", "XYZ999"), "no rule 'XYZ999'"),
-        (("B1_glaive", "--id", "nobody"), "no record with findings has id 'nobody'"),
+        (("B1_glaive", "--id", "nobody"), "raw_responses.jsonl has id 'nobody'"),
         (("B1_glaive", "--line", "9999"), "line 9999 is past the end"),
         (("B1_glaive", "--id", "glaive-0019", "--line", "20"), "--id and --line both pick a record"),
         (("B0_clean", "--rule", "SEG001"), None),  # no findings at all: that is not an error

@@ -51,7 +51,7 @@ def _conventional_help() -> None:
         return  # another typer: its own notation stands
     python_names = parameter.display_type
 
-    def display_type(self, ctx):  # noqa: ANN001, ANN202
+    def display_type(self, ctx):
         if self.metavar is not None:
             return self.metavar
         label = str(python_names(self, ctx)).strip("<>")

@@ -19,6 +19,7 @@ from audit.cli.app import (
     TrustOption,
     app,
     console,
+    errors,
     fail,
     os_error,
     writing,
@@ -60,6 +61,7 @@ def report_command(
             "--trust-remote-code runs a tokenizer's own code: name that tokenizer with --tokenizer DIR "
             "(the path a report records is data, not your choice)"
         )
+    pages: list[Path] = []
     try:
         reports = [load_report(location(path)) for path in files]
         if html is not None:
@@ -70,11 +72,15 @@ def report_command(
                 page = html_path(location(html), saved.target, several=len(reports) > 1)
                 with writing("the HTML page", page):
                     write_html(saved, page, samples)
+                pages.append(page)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:  # what the samples read
         raise fail(os_error(exc)) from None
-    emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning)
+    emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning, report_paths=files)
+    for page in pages:  # where the pages went; on stderr when stdout carries a machine format
+        where = console if output_format is OutputFormat.rich else errors
+        where.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
 
 
 class DiffFormat(StrEnum):

@@ -95,7 +95,7 @@ def inspect_command(
         prompt_tail=prompt_tail,
         rules={configured.code: configured.rule for configured in session.rule_set.rules},
     )
-    if not inspector.entries:
+    if not inspector.entries and record_id is None and line is None:
         message = f"no findings in {report.target}: all {report.records} records pass every rule"
         if output_format is InspectFormat.json:
             _dump_json(report.target, inspector, [])
@@ -134,7 +134,8 @@ def _start_line(inspector, record_id: str | None, line: int | None) -> int | Non
         found = inspector.line_of_id(record_id)
         if found is None:
             known = ", ".join(str(e.id) for e in inspector.entries[:8] if e.id is not None)
-            raise fail(f"no record with findings has id {record_id!r} (some that do: {known})")
+            some = f" (some with findings: {known})" if known else ""
+            raise fail(f"no record in {inspector.data_file} has id {record_id!r}{some}")
         return found
     if line is not None and line > inspector.lines:
         raise fail(f"line {line} is past the end of {inspector.data_file} ({inspector.lines} lines)")
