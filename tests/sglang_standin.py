@@ -107,6 +107,7 @@ class SGLangStandin:
         trickle: float = 0.0,
         bad_body: str | None = None,
         bad_body_every: int = 1,
+        port: int = 0,
     ):
         if bad_body is not None and bad_body not in BAD_BODIES:
             raise ValueError(f"bad_body must be one of {BAD_BODIES}")
@@ -132,7 +133,7 @@ class SGLangStandin:
         self.generate_requests = 0  # every /generate request, answered or not
         self.received: list[dict[str, Any]] = []  # request bodies that were answered with 200
         self.sent: dict[tuple[int, ...], list[int]] = {}  # prompt ids -> output ids answered
-        self._server: _QuietServer | None = self._listen(0)
+        self._server: _QuietServer | None = self._listen(port)
         self.port = self._server.server_address[1]
         self._thread: threading.Thread | None = None
 
@@ -394,28 +395,56 @@ def _handler_for(server: SGLangStandin) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-if __name__ == "__main__":  # a server to try `audit generate` against by hand
+def _serve_from_command_line() -> None:
+    """A server to try `audit generate` against by hand (README: Generating data)."""
     import argparse
+    import os
+    import signal
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tokenizer")
+    parser.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: any free one)")
+    parser.add_argument("--background", action="store_true",
+                        help="return once the server listens, leaving it to serve in the background")
+    parser.add_argument("--pid-file", type=Path, help="write the serving process's id here")
+    parser.add_argument("--exit-after", type=float, default=0.0, help="stop after this many seconds (0: never)")
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--strip-think", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--trickle", type=float, default=0.0, help="seconds per answer byte")
     parser.add_argument("--bad-body", choices=BAD_BODIES)
     arguments = parser.parse_args()
-    standin = SGLangStandin(
-        Path(arguments.tokenizer),
-        fail_every=arguments.fail_every,
-        strip_think=arguments.strip_think,
-        delay=arguments.delay,
-        trickle=arguments.trickle,
-        bad_body=arguments.bad_body,
-    ).start()
-    print(standin.url, flush=True)
     try:
-        while True:
-            time.sleep(3600)
+        standin = SGLangStandin(
+            Path(arguments.tokenizer),
+            fail_every=arguments.fail_every,
+            strip_think=arguments.strip_think,
+            delay=arguments.delay,
+            trickle=arguments.trickle,
+            bad_body=arguments.bad_body,
+            port=arguments.port,
+        )
+    except OSError as exc:
+        sys.exit(f"sglang_standin: cannot listen on 127.0.0.1:{arguments.port}: {exc.strerror}")
+    if arguments.background and os.fork():
+        os._exit(0)  # the parent returns: the port is already listening, the child serves
+    if arguments.pid_file:
+        arguments.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        arguments.pid_file.write_text(f"{os.getpid()}\n")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    standin.start()
+    print(f"stand-in SGLang server on {standin.url} (pid {os.getpid()})", flush=True)
+    if arguments.background:  # let go of the caller's terminal or pipe: it may be waiting for its end
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for stream in (0, 1, 2):
+            os.dup2(devnull, stream)
+    try:
+        time.sleep(arguments.exit_after) if arguments.exit_after > 0 else threading.Event().wait()
     except KeyboardInterrupt:
+        pass
+    finally:
         standin.stop()
+
+
+if __name__ == "__main__":
+    _serve_from_command_line()
