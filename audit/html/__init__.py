@@ -30,6 +30,8 @@ from audit.storage import ObjectPath, write_output
 __all__ = ["Samples", "collect_samples", "html_path", "render_html", "samples_for_saved_report", "write_html"]
 
 FINDINGS_SHOWN = 50
+# An id up to this long stays on one line in the findings table; a longer one may break anywhere.
+ID_KEPT_WHOLE = 40
 # Blocks remote fetches and scripts even if escaping ever failed: the page needs neither.
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -281,10 +283,12 @@ def _findings(report: Report) -> str:
     rows = []
     for f in shown.iter_rows(named=True):
         where = "" if f["position"] is None else f"{f['field']}[{f['position']}]"
+        sample_id = f["id"] or ""
+        id_class = "keep" if len(sample_id) <= ID_KEPT_WHOLE else "long"
         rows.append(
-            f"<tr><td class=\"num\">{f['line']}</td><td>{escape(f['id'] or '')}</td>"
-            f"<td><code>{escape(f['rule'])}</code></td><td>{escape(where)}</td>"
-            f"<td>{escape(f['message'] or '')}</td></tr>"
+            f"<tr><td class=\"num keep\">{f['line']}</td><td class=\"{id_class}\">{escape(sample_id)}</td>"
+            f"<td class=\"keep\"><code>{escape(f['rule'])}</code></td><td class=\"keep\">{escape(where)}</td>"
+            f"<td class=\"message\">{escape(f['message'] or '')}</td></tr>"
         )
     more = report.log.height - shown.height
     tail = f'<p class="note">… and {more:,} more findings in the JSON report.</p>' if more > 0 else ""
@@ -296,10 +300,17 @@ def _findings(report: Report) -> str:
 
 STYLE = """
 :root { --fail: #c62828; --warn: #b26a00; --pass: #2e7d32; --ink: #1d232b; --dim: #6b7480;
-  --line: #dde2e8; --bg: #f6f7f9; --accent: #3b6fb6; }
+  --line: #dde2e8; --bg: #f6f7f9; --accent: #3b6fb6;
+  /* Latin fonts first, then fonts with CJK and full-width forms (DeepSeek's ｜ and ▁, Chinese,
+     Japanese and Korean data) on Linux, macOS and Windows, before the generic family. */
+  --cjk: "Noto Sans CJK SC", "Noto Sans CJK JP", "Source Han Sans SC", "PingFang SC", "Hiragino Sans",
+    "Microsoft YaHei", "Yu Gothic", "Malgun Gothic", "WenQuanYi Micro Hei";
+  --sans: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, var(--cjk), sans-serif;
+  --mono: ui-monospace, "SFMono-Regular", Menlo, Consolas, "DejaVu Sans Mono", "Noto Sans Mono CJK SC",
+    var(--cjk), monospace; }
 * { box-sizing: border-box; }
 body { margin: 0 auto; max-width: 1200px; padding: 24px 28px 48px; color: var(--ink); background: #fff;
-  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; }
+  font: 14px/1.45 var(--sans); }
 header { display: flex; gap: 20px; align-items: center; padding-bottom: 16px; border-bottom: 1px solid var(--line); }
 h1 { font-size: 22px; margin: 0; word-break: break-all; }
 h2 { font-size: 17px; margin: 28px 0 10px; }
@@ -316,11 +327,15 @@ table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; padding: 4px 8px; border-bottom: 1px solid var(--line); vertical-align: top; }
 thead th { background: var(--bg); font-weight: 600; }
 table.facts th { width: 150px; color: var(--dim); font-weight: 500; }
-table.facts td { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 12.5px; word-break: break-all; }
+table.facts td { font-family: var(--mono); font-size: 12.5px; word-break: break-all; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.quiet td, tr.quiet .sev { color: #9aa2ac; font-weight: 400; }
-table.findings td { font-size: 12.5px; word-break: break-word; }
-code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
+table.findings td { font-size: 12.5px; }
+/* Lines, codes, positions and short ids never break inside; the message takes the room left. */
+table.findings td.keep { white-space: nowrap; }
+table.findings td.long { word-break: break-all; }
+table.findings td.message { width: 100%; overflow-wrap: anywhere; }
+code { font-family: var(--mono); }
 .plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: 14px; }
 figure { margin: 0; padding: 8px; border: 1px solid var(--line); border-radius: 6px; background: #fff; }
 svg.plot { display: block; max-width: 100%; height: auto; font-family: inherit; }
@@ -341,8 +356,8 @@ svg .dots circle { fill: var(--accent); fill-opacity: 0.55; }
 .count { color: var(--dim); font-weight: 400; font-size: 12.5px; }
 .sample { margin: 8px 0 12px; }
 .sample-head { font-size: 12.5px; color: var(--dim); margin-bottom: 4px; word-break: break-word; }
-.rid { color: var(--ink); font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
-.tokens { display: flex; flex-wrap: wrap; gap: 4px 2px; font-family: ui-monospace, "DejaVu Sans Mono", monospace;
+.rid { color: var(--ink); font-family: var(--mono); }
+.tokens { display: flex; flex-wrap: wrap; gap: 4px 2px; font-family: var(--mono);
   font-size: 12.5px; line-height: 1.5; background: var(--bg); border: 1px solid var(--line); border-radius: 6px;
   padding: 6px 8px; }
 .tok { white-space: pre; border: 1px solid #d5dae1; border-radius: 3px; padding: 0 2px; background: #fff; }
@@ -357,7 +372,7 @@ table.explain { font-size: 12px; margin: 4px 0 6px; border-collapse: collapse; }
 table.explain caption { text-align: left; color: var(--dim); }
 table.explain th { text-align: right; font-weight: 400; color: var(--dim); padding: 1px 8px 1px 0; vertical-align: top; }
 table.explain td code { white-space: pre-wrap; word-break: break-all; }
-.gap { color: var(--dim); font-style: italic; margin: 0 6px; white-space: nowrap; font-family: system-ui, sans-serif; }
+.gap { color: var(--dim); font-style: italic; margin: 0 6px; white-space: nowrap; font-family: var(--sans); }
 pre.raw { white-space: pre-wrap; word-break: break-all; background: var(--bg); border: 1px solid var(--line);
   border-radius: 6px; padding: 6px 8px; font-size: 12px; margin: 0; }
 footer { margin-top: 32px; color: var(--dim); font-size: 12px; }
