@@ -169,12 +169,16 @@ def _wrapped(text: Text, width: int | None, indent: int) -> list[Text]:
     message is read whole, never cut at the pane's edge."""
     if width is None or text.cell_len <= width:
         return [text]
-    lines = text.wrap(_MEASURE, max(20, width), overflow="fold")
+    width = max(20, width)
+    lines = text.wrap(_MEASURE, width, overflow="fold", no_wrap=False)
     out = [lines[0]]
-    for line in lines[1:]:
-        rest = Text(" " * indent, end="")
-        rest.append_text(line)
-        out.extend(rest.wrap(_MEASURE, max(20, width), overflow="fold"))
+    # The rest of the text (the first line is a prefix of it), indented, wrapped again at the
+    # width less its indent.
+    rest = text.plain[len(lines[0].plain.rstrip()) :].strip()
+    for line in Text(rest, end="").wrap(_MEASURE, width - indent, overflow="fold", no_wrap=False):
+        shifted = Text(" " * indent, end="")
+        shifted.append_text(line)
+        out.append(shifted)
     for line in out:
         line.end = ""
         line.no_wrap = True
