@@ -218,6 +218,29 @@ def random_sample(rng: random.Random, spec: FamilySpec, profile: ResolvedProfile
     return Sample(messages, tools, reasoning, paragraph(rng))
 
 
+def spelled(rng: random.Random, profile: ResolvedProfile, text: str) -> str:
+    """The clean output in one of the other spellings the family's model really writes.
+
+    Harmony (gpt-oss): `to=functions.NAME<|constrain|>json` without the space, a built-in tool
+    (`browser.search`, `python`) called on the analysis channel, a final answer ended by
+    `<|endoftext|>` (one of its stop tokens) instead of `<|return|>`.
+    """
+    channels = profile.profile.channels
+    if channels is None:
+        return text
+    if rng.random() < 0.5:
+        text = text.replace(" <|constrain|>", "<|constrain|>")
+    if text.endswith("<|return|>") and profile.profile.eos and rng.random() < 0.15:
+        text = text.removesuffix("<|return|>") + profile.profile.eos[0]
+    if text.endswith("<|call|>") and rng.random() < 0.25:
+        head = text[: text.index("<|start|>assistant") + len("<|start|>assistant")]
+        if rng.random() < 0.5:
+            text = head + '<|channel|>analysis to=browser.search <|constrain|>json<|message|>{"query": "x"}<|call|>'
+        else:
+            text = head + "<|channel|>analysis to=python code<|message|>print(1 + 1)<|call|>"
+    return text
+
+
 # -- corruptions a judge would try beyond the family partitions' ---------------------------------
 
 
@@ -278,7 +301,7 @@ def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, reco
             input_ids = builder.render(sample, profile.thinking)
         except AssertionError:
             continue  # the template refused the conversation (a judge would not keep it)
-        output = tokenizer.encode_text(output_text(spec, profile, sample))
+        output = tokenizer.encode_text(spelled(rng, profile, output_text(spec, profile, sample)))
         draft = Draft(sample=sample, sample_id=f"{spec.name}-{seed}-{len(out):06d}", input_ids=list(input_ids),
                       output_ids=list(output), finish={"type": "stop", "matched": output[-1]})
         if kind is not None:
