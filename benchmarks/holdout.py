@@ -164,7 +164,7 @@ def call_id(rng: random.Random, spec: FamilySpec, name: str, index: int, count: 
     return rng.choice([f"call_{count + index}", "call_" + "".join(rng.choices(string.ascii_lowercase + string.digits, k=8))])
 
 
-def random_sample(rng: random.Random, spec: FamilySpec, profile: ResolvedProfile) -> Sample:
+def random_sample(rng: random.Random, spec: FamilySpec, profile: ResolvedProfile, drafts: bool = True) -> Sample:
     """A conversation ending where the model speaks, and what it says (answer, or text and calls)."""
     agentic = "after-tool-result" in spec.shapes
     tools = random_tools(rng) if "call" in spec.shapes and rng.random() < 0.7 else None
@@ -205,7 +205,7 @@ def random_sample(rng: random.Random, spec: FamilySpec, profile: ResolvedProfile
     stops = [*profile.profile.end_of_turn, *profile.profile.eos]
     # Harmony ends the turn with each call: one call per turn there.
     one_call_per_turn = any(stop in spec.output.call for stop in stops)
-    if tools and not one_call_per_turn and rng.random() < 0.1:
+    if tools and drafts and not one_call_per_turn and rng.random() < 0.1:
         # Models draft calls inside their reasoning: text they think with, not calls.
         draft = call_text(spec, Sample(messages, tools, "", None, calls=[random_call(rng, tools)]))
         for stop in stops:
@@ -291,8 +291,12 @@ def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, reco
     kinds = corruption_kinds(profile, spec)
     out: list[Labelled] = []
     while len(out) < records:
-        sample = random_sample(rng, spec, profile)
         kind = rng.choice(sorted(kinds)) if rng.random() < 0.33 else None
+        # Where a call may end the reasoning (SGLang's parser ends it at the first call marker), a
+        # call drafted in the reasoning is a draft only because </think> follows: no drafts in
+        # records whose </think> a corruption removes.
+        may_end = profile.tool_calls is not None and profile.tool_calls.may_end_reasoning
+        sample = random_sample(rng, spec, profile, drafts=not (may_end and kind and "SEG001" in kinds[kind].catches))
         if kind is not None:
             needs = kinds[kind].needs
             if (needs == "call" and sample.answer is not None) or (needs == "answer" and sample.answer is None):
