@@ -28,6 +28,16 @@ def first_index_in(column: str, token_ids: Sequence[int]) -> pl.Expr:
     return pl.col(column).list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
 
 
+def ends_with(column: str, suffix: Sequence[int]) -> pl.Expr:
+    """Does the list column end with exactly these ids? (False for shorter lists.)"""
+    width = len(suffix)
+    matches = [
+        pl.col(column).list.get(index - width, null_on_oob=True) == token
+        for index, token in enumerate(suffix)
+    ]
+    return pl.all_horizontal(matches).fill_null(False)
+
+
 def truncated() -> pl.Expr:
     """The server stopped the output early: length limit or abort (the termination rules speak)."""
     return pl.col("finish_type").is_in(["length", "abort"]).fill_null(False)

@@ -25,9 +25,17 @@ PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 # What the prompt leaves the output to do about reasoning:
 #   prompt_opens  the prompt ends inside <think>: the output closes it exactly once
 #   model_opens   the model writes <think> itself, first, then closes it exactly once
-#   closed        thinking is off (the prompt holds <think></think>): no think tokens at all
+#   may_open      the output is reasoning from its start, with or without a <think> of its own
+#                 first, and closes it exactly once (SGLang's DeepSeekR1Detector reads an
+#                 output as `(<think>)*(.*)</think>`): DeepSeek-R1 after tool results
+#   closed        no reasoning: thinking is off (the prompt holds <think></think>), or the
+#                 family's turn after a tool result has none: no think tokens at all
 #   none          the family has no think tokens (gpt-oss: segmented by harmony channels)
-Reasoning = Literal["prompt_opens", "model_opens", "closed", "none"]
+Reasoning = Literal["prompt_opens", "model_opens", "may_open", "closed", "none"]
+REASONING_STATES: tuple[str, ...] = ("prompt_opens", "model_opens", "may_open", "closed", "none")
+# The states in which an output holds reasoning that it closes with the response token.
+THINKING_STATES: tuple[str, ...] = ("prompt_opens", "model_opens", "may_open")
+_MODES = ("thinking", "no_thinking")
 
 _TOP_KEYS = {
     "name",
@@ -41,7 +49,11 @@ _TOP_KEYS = {
     "template",
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
-_PROMPT_KEYS = {"thinking", "no_thinking"}
+_PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
+_CONTINUATION_KEYS = {"suffix", "modes", "reasoning"}
+# What may precede a suffix in a real prompt: a suffix's ids are those its text keeps after any
+# of them (a BPE merge across the boundary changes the first ids of a suffix written as text).
+_CONTEXTS = ("a", ".", " ", "\n", ">", "1", "\u3002", "\"")
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
 CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
 _CHANNEL_NAMES = ("reasoning", "answer", "tools")
@@ -77,6 +89,21 @@ class ChannelSpec:
 
 
 @dataclass(frozen=True)
+class Continuation:
+    """A prompt ending other than the generation prompt: an agentic continuation.
+
+    Some templates add no assistant prefix after a tool result (DeepSeek-V3.1, R1): the prompt
+    ends with the result and the model goes on; others re-open the reasoning there in their own
+    way (DeepSeek-V3.2's `</function_results>\\n\\n<think>`). Each such ending is accepted in
+    the listed thinking modes, and leaves the output in its own reasoning state.
+    """
+
+    suffix: str
+    modes: tuple[str, ...]
+    reasoning: Reasoning
+
+
+@dataclass(frozen=True)
 class Profile:
     """A model family's token vocabulary for the rules, as written in its TOML file."""
 
@@ -95,7 +122,9 @@ class Profile:
     # The family's built-in prompt encoder (a name in audit.templating.RENDERERS), for models
     # that ship Python instead of a chat template; None: the tokenizer's chat template.
     encoder: str | None = None
-    # Tokens that open or close a tool result: the prompt's, never in a model's output.
+    # Markers that open or close a tool result: the prompt's, never in a model's output. Single
+    # tokens are found by id; markers the tokenizer spells as text (DeepSeek-V3.2's
+    # `<function_results>`) are found in the decoded answer.
     tool_result: tuple[str, ...] = ()
     # The template variables that set each thinking mode (`[template]`: "thinking" /
     # "no_thinking" -> variables), for families whose template reads its own switch
@@ -109,6 +138,8 @@ class Profile:
         if mode in self.thinking_switch:
             return dict(self.thinking_switch[mode])
         return thinking_kwargs(thinking)
+    # Prompt endings after a tool result (agentic continuations), each with its reasoning state.
+    continuations: tuple[Continuation, ...] = ()
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -135,23 +166,46 @@ class Profile:
         suffix_texts = self.prompt_suffixes.get(mode)
         if not suffix_texts:
             raise ConfigError(f"{where}: has no generation_prompt.{mode}; this family has no such mode")
-        suffixes = tuple(tuple(tokenizer.encode_text(text)) for text in suffix_texts)
-        if not all(suffixes):
-            raise ConfigError(
-                f"{where}: generation_prompt.{mode} has an empty suffix; give the text the chat "
-                "template appends to open the assistant turn"
-            )
-
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
+
+        def ids_of(text: str, key: str) -> tuple[int, ...]:
+            if not text:
+                raise ConfigError(
+                    f"{where}: {key} has an empty suffix; give the text the chat template "
+                    "appends to open the assistant turn"
+                )
+            ids = suffix_ids(tokenizer, text)
+            if not ids:
+                raise ConfigError(
+                    f"{where}: {key} {text!r} has no ids of its own (it merges with whatever "
+                    "precedes it); give the text the chat template appends to open the turn"
+                )
+            return ids
+
+        suffixes = tuple(ids_of(text, f"generation_prompt.{mode}") for text in suffix_texts)
         reasoning = _reasoning(suffixes[0], think_start, think_end, thinking)
         for text, ids in zip(suffix_texts[1:], suffixes[1:], strict=True):
             if _reasoning(ids, think_start, think_end, thinking) != reasoning:
                 raise ConfigError(
                     f"{where}: generation_prompt.{mode} suffix {text!r} leaves reasoning in a "
-                    "different state than the first one; list such variants in separate profiles"
+                    "different state than the first one; list such variants in separate "
+                    "profiles, or as a [[generation_prompt.continuation]] that says its state"
                 )
+        states = [reasoning] * len(suffixes)
+        for continuation in self.continuations:
+            if mode not in continuation.modes:
+                continue
+            key = "generation_prompt.continuation.suffix"
+            ids = ids_of(continuation.suffix, key)
+            _check_continuation(
+                continuation, ids, think_start, think_end, thinking, f"{where}: {key}"
+            )
+            suffix_texts = (*suffix_texts, continuation.suffix)
+            suffixes = (*suffixes, ids)
+            states.append(continuation.reasoning)
 
+        spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
         markers: dict[str, int] = {}
         if self.tool_calls is not None:
             markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
@@ -170,10 +224,29 @@ class Profile:
             prompt_suffixes=suffixes,
             prompt_suffix_texts=suffix_texts,
             reasoning=reasoning,
+            suffix_reasoning=tuple(states),
             tool_markers=markers,
             channel_markers=channel_markers,
-            tool_result=tuple(token(t) for t in self.tool_result),
+            tool_result=tuple(tokenizer.token_id(t) for t in self.tool_result if t not in spelled),
+            tool_result_text=spelled,
         )
+
+
+def suffix_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
+    """The ids a prompt ending with `text` ends with, whatever text precedes it.
+
+    A suffix of single-id markers (`<｜Assistant｜><think>`) is its own encoding. A suffix
+    written as plain text may merge with the text before it (`.<｜` is one piece in Qwen's
+    BPE): its ids are the tail that every context leaves unchanged.
+    """
+    encodings = tokenizer.encode_batch([text, *(context + text for context in _CONTEXTS)])
+    bare = encodings[0]
+    kept = 0
+    while kept < len(bare) and all(
+        len(other) > kept and other[-1 - kept] == bare[-1 - kept] for other in encodings[1:]
+    ):
+        kept += 1
+    return tuple(bare[len(bare) - kept :])
 
 
 def _reasoning(
@@ -181,11 +254,41 @@ def _reasoning(
 ) -> Reasoning:
     if think_start is None or think_end is None:
         return "none"
-    if think_end in suffix:
+    if think_end in suffix and (
+        think_start not in suffix or _last(suffix, think_end) > _last(suffix, think_start)
+    ):
         return "closed"
     if think_start in suffix:
         return "prompt_opens"
     return "model_opens" if thinking else "closed"
+
+
+def _last(ids: tuple[int, ...], token_id: int) -> int:
+    return len(ids) - 1 - ids[::-1].index(token_id)
+
+
+def _check_continuation(
+    continuation: Continuation,
+    ids: tuple[int, ...],
+    think_start: int | None,
+    think_end: int | None,
+    thinking: bool,
+    where: str,
+) -> None:
+    """A continuation's declared state must agree with the think tokens its suffix holds."""
+    state = continuation.reasoning
+    if think_start is None or think_end is None:
+        if state != "none":
+            raise ConfigError(f"{where}: the family has no think tokens: its reasoning is 'none'")
+        return
+    derived = _reasoning(ids, think_start, think_end, thinking)
+    holds_think = think_start in ids or think_end in ids
+    off_but_open = not thinking and state != "closed"
+    if state == "none" or (holds_think and derived != state) or off_but_open:
+        raise ConfigError(
+            f"{where}: {continuation.suffix!r} cannot leave reasoning {state!r} "
+            f"({'thinking' if thinking else 'no_thinking'}; its think tokens say {derived!r})"
+        )
 
 
 @dataclass(frozen=True)
@@ -200,14 +303,39 @@ class ResolvedProfile:
     eos: tuple[int, ...]
     prompt_suffixes: tuple[tuple[int, ...], ...]
     prompt_suffix_texts: tuple[str, ...]
-    reasoning: Reasoning
+    reasoning: Reasoning  # the state the generation prompt (the first suffix) leaves
     tool_markers: dict[str, int]  # role -> id
     channel_markers: dict[str, int] = field(default_factory=dict)  # harmony role -> id
     tool_result: tuple[int, ...] = ()
+    tool_result_text: tuple[str, ...] = ()  # tool-result markers that are text in this vocabulary
+    # The reasoning state each accepted ending (prompt_suffixes, continuations last) leaves.
+    suffix_reasoning: tuple[Reasoning, ...] = ()
 
     @property
     def name(self) -> str:
         return self.profile.name
+
+    @property
+    def reasonings(self) -> frozenset[str]:
+        """Every reasoning state a record of this run may be in (one per kind of ending)."""
+        return frozenset(self.suffix_reasoning or (self.reasoning,))
+
+    @property
+    def thinks(self) -> bool:
+        """Can a record of this run hold reasoning (closed by the response token)?"""
+        return bool(self.reasonings & set(THINKING_STATES))
+
+    def prompt_reasoning(self, input_ids: list[int]) -> Reasoning:
+        """The reasoning state a prompt leaves its output in: that of the longest accepted
+        ending it ends with; the generation prompt's when it ends with none (PRM001's finding)."""
+        states = self.suffix_reasoning or (self.reasoning,) * len(self.prompt_suffixes)
+        fitting = [
+            (len(suffix), state)
+            for suffix, state in zip(self.prompt_suffixes, states, strict=True)
+            if len(input_ids) >= len(suffix)
+            and tuple(input_ids[len(input_ids) - len(suffix) :]) == suffix
+        ]
+        return max(fitting, key=lambda item: item[0])[1] if fitting else self.reasoning
 
     @property
     def stop_ids(self) -> tuple[int, ...]:
@@ -244,8 +372,14 @@ class ResolvedProfile:
             "end_of_turn": list(self.end_of_turn),
             "eos": list(self.eos),
             "prompt_suffixes": [list(s) for s in self.prompt_suffixes],
+            **(
+                {"suffix_reasoning": list(self.suffix_reasoning)}
+                if len(set(self.suffix_reasoning)) > 1
+                else {}
+            ),
             "tool_markers": self.tool_markers,
             **({"tool_result": list(self.tool_result)} if self.tool_result else {}),
+            **({"tool_result_text": list(self.tool_result_text)} if self.tool_result_text else {}),
             **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
         }
 
@@ -275,8 +409,9 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     reject_unknown(data, _TOP_KEYS, where)
     tokens = expect(data.get("tokens", {}), dict, f"{where}: [tokens]")
     reject_unknown(tokens, _TOKEN_KEYS, f"{where}: [tokens]")
-    prompt = expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]")
+    prompt = dict(expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]"))
     reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
+    continuations = _parse_continuations(prompt.pop("continuation", []), prompt, where)
     if "thinking" not in prompt and "no_thinking" not in prompt:
         raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
     pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
@@ -318,6 +453,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         channels=_parse_channels(data.get("channels"), where),
         encoder=encoder,
         thinking_switch=_parse_template(data.get("template"), prompt, where),
+        continuations=continuations,
     )
 
 
@@ -327,7 +463,7 @@ def _parse_template(table: Any, modes: dict[str, Any], where: str) -> dict[str, 
         return {}
     where = f"{where}: [template]"
     expect(table, dict, where)
-    reject_unknown(table, _PROMPT_KEYS, where)
+    reject_unknown(table, _MODES, where)
     for mode, variables in table.items():
         expect(variables, dict, f"{where}.{mode}")
         if mode not in modes:
@@ -335,6 +471,35 @@ def _parse_template(table: Any, modes: dict[str, Any], where: str) -> dict[str, 
                 f"{where}.{mode}: [generation_prompt] has no {mode}; give the suffix this mode renders"
             )
     return {mode: dict(variables) for mode, variables in table.items()}
+
+
+def _parse_continuations(value: Any, modes: dict[str, Any], where: str) -> tuple[Continuation, ...]:
+    where = f"{where}: [[generation_prompt.continuation]]"
+    tables = expect(value, list, where)
+    parsed = []
+    for number, table in enumerate(tables, start=1):
+        here = f"{where} #{number}"
+        expect(table, dict, here)
+        reject_unknown(table, _CONTINUATION_KEYS, here)
+        for key in ("suffix", "reasoning"):
+            if key not in table:
+                raise ConfigError(f"{here}: needs `{key}`")
+        suffix = expect(table["suffix"], str, f"{here}.suffix")
+        if not suffix:
+            raise ConfigError(f"{here}.suffix is empty; give the text the prompt ends with")
+        state = expect(table["reasoning"], str, f"{here}.reasoning")
+        if state not in REASONING_STATES:
+            known = ", ".join(REASONING_STATES)
+            raise ConfigError(f"{here}.reasoning: {state!r} is not one of {known}")
+        listed = string_list(table.get("modes", [m for m in _MODES if m in modes]), f"{here}.modes")
+        unknown = [m for m in listed if m not in modes]
+        if unknown or not listed:
+            raise ConfigError(
+                f"{here}.modes: {unknown[0] if unknown else '[]'!r} is not a mode of the profile "
+                f"(it has: {', '.join(m for m in _MODES if m in modes)})"
+            )
+        parsed.append(Continuation(suffix, listed, state))  # type: ignore[arg-type]
+    return tuple(parsed)
 
 
 def _parse_channels(table: Any, where: str) -> ChannelSpec | None:

@@ -1,9 +1,12 @@
 """Where each output's reasoning ends and its answer begins, for a whole batch at once.
 
 The response token (`</think>`) splits an output of a thinking family in two. Where the
-reasoning starts depends on the profile (the prompt opened `<think>`, or the model opens it);
-where it ends, on the output: at the first `</think>`, or, for families whose profile says a
-tool call may end the reasoning (`may_end_reasoning`: Kimi, Qwen3.5/3.6), at a tool call
+reasoning starts depends on the record's prompt: its ending, one the profile accepts, leaves
+the output in a reasoning state (`prompt_reasoning`): the prompt opened `<think>`, the model
+opens it, it may, or there is no reasoning at all (thinking off, or a family whose turn after a
+tool result has none: an agentic continuation). Where the reasoning ends depends on the
+output: at the first `</think>`, or, for families whose profile says a tool call may end the
+reasoning (`may_end_reasoning`: Kimi, Qwen3.5/3.6), at a tool call
 entered with no `</think>` before it, as SGLang's reasoning parsers split it. Everything after
 is the answer, up to the trailing stop token(s).
 
@@ -17,10 +20,14 @@ from __future__ import annotations
 import polars as pl
 
 from audit.batch import Batch
-from audit.profiles import ResolvedProfile
+from audit.expressions import ends_with
+from audit.profiles import REASONING_STATES, ResolvedProfile
+
+REASONING = pl.Enum(REASONING_STATES)
 
 # One row per record, in batch order. Indexes are into `output_ids`; ends are exclusive.
 BOUNDS_SCHEMA: dict[str, pl.DataType] = {
+    "reasoning": REASONING,  # the state the prompt's ending leaves the output in
     "reasoning_start": pl.Int64(),  # null: no reasoning segment (thinking off, harmony, never opened)
     "reasoning_end": pl.Int64(),
     "response_at": pl.Int64(),  # the first response token (</think>), or null
@@ -34,6 +41,48 @@ def tool_entry_ids(profile: ResolvedProfile) -> list[int]:
     """Ids that open a tool call: the section begin where the family has one, else call begin."""
     markers = profile.tool_markers
     return [markers[role] for role in ("section_begin", "call_begin") if role in markers][:1]
+
+
+def prompt_reasoning(profile: ResolvedProfile) -> pl.Expr:
+    """Per record, the reasoning state its prompt leaves the output in (`REASONING`): that of
+    the longest accepted ending `input_ids` end with, else the generation prompt's."""
+    default = pl.lit(profile.reasoning, dtype=REASONING)
+    states = profile.suffix_reasoning
+    if len(set(states)) <= 1:
+        return default
+    expression = None
+    endings = sorted(zip(profile.prompt_suffixes, states, strict=True), key=lambda p: -len(p[0]))
+    for suffix, state in endings:
+        matched = ends_with("input_ids", suffix)
+        value = pl.lit(state, dtype=REASONING)
+        chain = pl.when(matched) if expression is None else expression.when(matched)
+        expression = chain.then(value)
+    return expression.otherwise(default)
+
+
+def answer_text(profile: ResolvedProfile) -> pl.Expr:
+    """The decoded answer of each record, over a frame of the records' `decoded` output
+    (special tokens kept) beside their bounds: after the response token's text, from the
+    entry of a call that ended the reasoning, the whole output when there is no reasoning;
+    empty when the reasoning never ended."""
+    decoded = pl.col("decoded")
+    think_end = profile.profile.think_end
+    after_response = decoded.str.split(think_end).list.last() if think_end else decoded
+    spec = profile.tool_calls
+    entry = next(iter(spec.markers.values()), None) if spec is not None else None
+    from_entry = (
+        decoded.str.slice(decoded.str.find(entry, literal=True).fill_null(0)) if entry else decoded
+    )
+    return (
+        pl.when(pl.col("reasoning_start").is_null())
+        .then(decoded)
+        .when(pl.col("response_at").is_not_null())
+        .then(after_response)
+        .when(pl.col("answer_start").is_not_null())
+        .then(from_entry)
+        .otherwise(pl.lit(""))
+        .fill_null("")
+    )
 
 
 def response_bounds(batch: Batch) -> pl.DataFrame:
@@ -74,13 +123,28 @@ def _bounds(batch: Batch) -> pl.DataFrame:
     entry = _first(tool_entry_ids(profile))
     null = pl.lit(None, dtype=pl.Int64)
 
-    if profile.reasoning == "prompt_opens":
-        start = pl.lit(0, dtype=pl.Int64)
-    elif profile.reasoning == "model_opens":
+    state = pl.col("reasoning")
+    if profile.think_start is not None:
         opened = _first([profile.think_start])
         # A `<think>` lost but its `</think>` kept: the reasoning still ran from the start.
-        start = pl.when(opened.is_not_null()).then(opened + 1).when(close.is_not_null()).then(0).otherwise(null)
-    else:  # thinking off, or a family without think tokens: everything is answer
+        model_start = (
+            pl.when(opened.is_not_null())
+            .then(opened + 1)
+            .when(close.is_not_null())
+            .then(0)
+            .otherwise(null)
+        )
+        own_think = pl.col("output_ids").list.first() == profile.think_start
+        start = (
+            pl.when(state == "prompt_opens")
+            .then(pl.lit(0, dtype=pl.Int64))
+            .when(state == "model_opens")
+            .then(model_start)
+            .when(state == "may_open")
+            .then(pl.when(own_think.fill_null(False)).then(1).otherwise(0).cast(pl.Int64))
+            .otherwise(null)
+        )
+    else:  # a family without think tokens: everything is answer
         start = null
 
     spec = profile.tool_calls
@@ -104,7 +168,8 @@ def _bounds(batch: Batch) -> pl.DataFrame:
         .then(entry)
         .otherwise(null)
     )
-    return batch.records.select(
+    return batch.records.with_columns(prompt_reasoning(profile).alias("reasoning")).select(
+        "reasoning",
         start.alias("reasoning_start"),
         reasoning_end.alias("reasoning_end"),
         close.alias("response_at"),

@@ -131,9 +131,9 @@ def record_summary(batch: Batch) -> pl.DataFrame:
 def _reasoning_spans(batch: Batch) -> pl.DataFrame:
     bounds = response_bounds(batch).with_row_index("row")
     # `<think>` written by the model belongs to its reasoning; so does the closing `</think>`.
-    opened_by_model = 1 if batch.profile.reasoning == "model_opens" else 0
+    # The reasoning starts after the model's own `<think>` (the id before it), else at 0.
     length = batch.records["output_ids"].list.len().cast(pl.Int64).alias("length")
-    start = (pl.col("reasoning_start") - opened_by_model).clip(lower_bound=0)
+    start = (pl.col("reasoning_start") - 1).clip(lower_bound=0)
     end = (
         pl.when(pl.col("response_at").is_not_null())
         .then(pl.col("response_at") + 1)

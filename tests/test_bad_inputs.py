@@ -82,8 +82,47 @@ def test_rule_set_that_is_a_directory(tmp_path):
             'thinking = [""]',
             "generation_prompt.thinking has an empty suffix",
         ),
+        (
+            "[tool_calls]",
+            (
+                '[[generation_prompt.continuation]]\nsuffix = "<|im_end|>"\nreasoning = "open"\n'
+                "\n[tool_calls]"
+            ),
+            "continuation]] #1.reasoning: 'open' is not one of",
+        ),
+        (
+            "[tool_calls]",
+            (
+                '[[generation_prompt.continuation]]\nsuffix = "<|im_end|>"\nmodes = ["thinkng"]\n'
+                'reasoning = "closed"\n\n[tool_calls]'
+            ),
+            "continuation]] #1.modes: 'thinkng' is not a mode of the profile",
+        ),
+        (
+            "[tool_calls]",
+            '[[generation_prompt.continuation]]\nreasoning = "closed"\n\n[tool_calls]',
+            "continuation]] #1: needs `suffix`",
+        ),
+        (
+            "[tool_calls]",
+            (
+                '[[generation_prompt.continuation]]\nsuffix = "<|im_middle|></think>"\n'
+                'modes = ["thinking"]\nreasoning = "prompt_opens"\n\n[tool_calls]'
+            ),
+            "cannot leave reasoning 'prompt_opens' (thinking; its think tokens say 'closed')",
+        ),
     ],
-    ids=["think-start-list", "think-start-empty", "no-end-of-turn", "negative-window", "empty-suffix"],
+    ids=[
+        "think-start-list",
+        "think-start-empty",
+        "no-end-of-turn",
+        "negative-window",
+        "empty-suffix",
+        "continuation-state",
+        "continuation-mode",
+        "continuation-suffix",
+        "continuation-contradicts",
+    ],
 )
 def test_bad_profiles(tmp_path, old, new, says):
     text = KIMI_PROFILE.read_text()

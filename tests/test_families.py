@@ -21,7 +21,7 @@ from audit.profiles import load_profile
 from audit.session import CheckOptions, prepare
 from audit.session import shared_tokenizer as _tokenizer_cache
 from audit.targets import resolve_target
-from audit.templating import prompt_ids, render_prompts
+from audit.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
 from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     CORRUPTIONS,
@@ -120,8 +120,14 @@ def test_real_generation_suffixes_match_the_profiles(workdir: Path, spec_name: s
         if mode not in load_profile(spec.profile).prompt_suffixes:
             continue
         profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
-        ids = prompt_ids(tokenizer, [[{"role": "user", "content": "hi"}]], [None], thinking=thinking,
-                         template_kwargs=profile.template_kwargs)[0]
+        ids = prompt_ids(
+            tokenizer,
+            [[{"role": "user", "content": "hi"}]],
+            [None],
+            thinking=thinking,
+            renderer=profile.prompt_renderer,
+            template_kwargs=profile.template_kwargs,
+        )[0]
         assert any(tuple(ids[-len(s):]) == s for s in profile.prompt_suffixes), (spec_name, thinking)
 
 
@@ -139,7 +145,8 @@ def test_the_spec_writes_tool_calls_as_the_template_renders_them(workdir: Path, 
         {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"},
     ]
-    [rendered] = render_prompts(tokenizer, [messages], [None], thinking=True)
+    renderer = load_profile(spec.profile).encoder or CHAT_TEMPLATE
+    [rendered] = render_prompts(tokenizer, [messages], [None], thinking=True, renderer=renderer)
     sample = Sample(messages=messages, tools=None, reasoning="", answer=None, arguments=arguments)
     assert call_text(spec, sample) in rendered, (call_text(spec, sample), rendered)
 
@@ -161,7 +168,11 @@ def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: P
                 {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"}]
 
     as_object, as_string = render_prompts(
-        tokenizer, [conversation(arguments), conversation(json.dumps(arguments))], [None, None], thinking=True
+        tokenizer,
+        [conversation(arguments), conversation(json.dumps(arguments))],
+        [None, None],
+        thinking=True,
+        renderer=load_profile(spec.profile).encoder or CHAT_TEMPLATE,
     )
     assert isinstance(as_object, str) and as_object == as_string
 

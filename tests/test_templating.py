@@ -199,3 +199,116 @@ def test_reading_a_partition_does_not_load_the_http_client():
     code = "import sys, audit.targets, audit.check; print('httpx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# -- models that ship a Python encoder instead of a chat template (DeepSeek-V3.2, V4) ---------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+CALL = {
+    "id": "call_0",
+    "type": "function",
+    "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+}
+AGENTIC = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Oslo?"},
+    {"role": "assistant", "content": "", "reasoning_content": "Look.", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_0", "content": "Snow, -3 C."},
+]
+
+
+def test_deepseek_prompts_are_rendered_by_the_built_in_encoders(real_tokenizer_dirs):
+    from audit.encoders import encoder
+    from audit.profiles import load_profile
+    from audit.templating import get_renderer
+    from tests.conftest import real_tokenizer
+
+    for name in ("deepseek-v3.2", "deepseek-v4"):
+        _, tokenizer = real_tokenizer(real_tokenizer_dirs, name)
+        profile = load_profile(name).resolve(tokenizer)
+        # No chat template ships with these models: the profile's encoder renders instead.
+        assert not getattr(tokenizer.hf, "chat_template", None)
+        assert profile.prompt_renderer == name and get_renderer(name).available(tokenizer)
+        [ids, off] = prompt_ids(
+            tokenizer,
+            [AGENTIC, AGENTIC],
+            [[WEATHER], [WEATHER]],
+            thinking=True,
+            extra_kwargs=[None, {"thinking": False}],
+            renderer=name,
+        )
+        assert ids == tokenizer.encode_text(encoder(name)(AGENTIC, [WEATHER], thinking=True))
+        assert off == tokenizer.encode_text(encoder(name)(AGENTIC, [WEATHER], thinking=False))
+        assert ids != off
+    # V4's reasoning effort comes from the record's template arguments too.
+    [effort] = render_prompts(
+        tokenizer,
+        [HELLO],
+        [None],
+        thinking=True,
+        extra_kwargs=[{"reasoning_effort": "max"}],
+        renderer="deepseek-v4",
+    )
+    assert effort.startswith("<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum")
+    # A conversation the encoder (as SGLang) refuses is a failure in its place, never a crash.
+    [refused] = render_prompts(
+        tokenizer,
+        [[{"role": "user", "content": "x"}, {"role": "oracle", "content": "y"}]],
+        [None],
+        thinking=True,
+        renderer="deepseek-v4",
+    )
+    assert isinstance(refused, RenderFailure) and "EncoderError" in refused.reason
+
+
+def test_the_generator_sends_and_tpl001_expects_the_encoders_prompt(tmp_path, real_tokenizer_dirs):
+    """DeepSeek-V3.2 end to end: `audit generate` renders with the built-in encoder (agentic
+    continuations included), and the audit of what it wrote passes; a prompt with the tools
+    preamble of DeepSeek's release file passes too, one mangled otherwise does not."""
+    from audit.encoders import deepseek_v32
+    from tests.conftest import real_tokenizer
+    from tests.sglang_standin import SGLangStandin
+
+    directory, tokenizer = real_tokenizer(real_tokenizer_dirs, "deepseek-v3.2")
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [
+        {"id": "agentic", "messages": AGENTIC, "tools": [WEATHER]},
+        {"id": "call", "messages": AGENTIC[:2], "tools": [WEATHER]},
+        {"id": "chat", "messages": HELLO},
+    ]
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "P1" / "raw_responses.jsonl"
+    with SGLangStandin(directory, end_of_turn="<｜end▁of▁sentence｜>") as server:
+        args = generate_args(prompts, out, server.url, extra=("--canary", "0"))
+        args[args.index("--tokenizer") + 1] = str(directory)
+        args[args.index("--profile") + 1] = "deepseek-v3.2"
+        result = run_cli(args)
+
+    assert result.exit_code == 0, result.output
+    samples = {sample["id"]: sample for sample in read_samples(out)}
+    decoded = tokenizer.decode_batch([s["input_ids"] for s in samples.values()])
+    texts = dict(zip(samples, decoded, strict=True))
+    # After tool results: no <｜Assistant｜>, the reasoning re-opened.
+    assert texts["agentic"].endswith("</function_results>\n\n<think>")
+    assert "## Tools\nYou have access" in texts["call"]  # SGLang's preamble
+    assert _findings(out.parent) == []
+
+    release = deepseek_v32.render(
+        AGENTIC[:2], [WEATHER], thinking=True, tools_preamble=deepseek_v32.RELEASE_TOOLS_PREAMBLE
+    )
+    mangled = release.replace("## Tools\n\n", "## Tools\n", 1)  # one blank line of seven
+    for text in (release, mangled):
+        assert text != deepseek_v32.render(AGENTIC[:2], [WEATHER], thinking=True)
+    rows = [
+        dict(samples["call"], id=name, input_ids=tokenizer.encode_text(text))
+        for name, text in (("release", release), ("mangled", mangled))
+    ]
+    out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [(line, rule) for line, rule, _ in _findings(out.parent)] == [(2, "TPL001")]

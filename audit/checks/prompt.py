@@ -8,17 +8,8 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
-from audit.expressions import first_index_of
-
-
-def _ends_with(column: str, suffix: tuple[int, ...]) -> pl.Expr:
-    """Does the list column end with exactly these ids?"""
-    width = len(suffix)
-    matches = [
-        pl.col(column).list.get(index - width, null_on_oob=True) == token
-        for index, token in enumerate(suffix)
-    ]
-    return pl.all_horizontal(matches).fill_null(False)
+from audit.expressions import ends_with, first_index_of
+from audit.response import prompt_reasoning
 
 
 class PromptSuffix(RecordRule):
@@ -28,7 +19,10 @@ class PromptSuffix(RecordRule):
         `input_ids` end with the profile's generation-prompt suffix for the thinking mode in
         use, resolved to ids by the tokenizer. Kimi-K2.5 thinking:
         `<|im_assistant|>assistant<|im_middle|><think>`; DeepSeek-V3.1 thinking:
-        `<｜Assistant｜><think>`.
+        `<｜Assistant｜><think>`. Or with one of the profile's agentic continuations, the
+        endings its template gives a prompt that ends after a tool result (DeepSeek-V3.1:
+        `<｜tool▁output▁end｜>`, no assistant prefix; V3.2:
+        `</function_results>\\n\\n<think>`).
 
     Why it matters:
         The drafter learns from the target's hidden states at every prompt position. A prompt
@@ -50,7 +44,7 @@ class PromptSuffix(RecordRule):
     position_field: ClassVar[str] = "input_ids"
 
     def violation(self, batch: Batch) -> pl.Expr:
-        accepted = [_ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
+        accepted = [ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
         return ~pl.any_horizontal(accepted) & (pl.col("input_ids").list.len() > 0)
 
     def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
@@ -113,12 +107,16 @@ class ThinkNotOpened(RecordRule):
     name = "think-not-opened"
 
     def applies(self, batch: Batch) -> bool:
-        return batch.profile.reasoning == "model_opens"
+        return "model_opens" in batch.profile.reasonings
 
     def violation(self, batch: Batch) -> pl.Expr:
         opened_at = first_index_of("output_ids", batch.profile.think_start)
         window = batch.profile.profile.think_open_window
-        return (pl.col("output_ids").list.len() > 0) & (opened_at.is_null() | (opened_at > window))
+        # Only records whose prompt leaves the opening to the model (not an agentic
+        # continuation with a reasoning state of its own).
+        model_opens = prompt_reasoning(batch.profile) == "model_opens"
+        not_opened = opened_at.is_null() | (opened_at > window)
+        return model_opens & (pl.col("output_ids").list.len() > 0) & not_opened
 
     def position(self, batch: Batch) -> pl.Expr:
         return pl.lit(0)

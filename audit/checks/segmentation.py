@@ -7,11 +7,18 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.expressions import first_index_in, first_index_of, nth_index_of, truncated
+from audit.profiles import THINKING_STATES
 from audit.response import response_bounds, tool_entry_ids
 
 
 def _thinking(batch: Batch) -> bool:
-    return batch.profile.reasoning in ("prompt_opens", "model_opens")
+    """Can records of this run hold reasoning? (Each record's own state is in its bounds.)"""
+    return batch.profile.thinks
+
+
+def _reasons() -> pl.Expr:
+    """The record's prompt leaves its output reasoning to close (its bounds' `reasoning`)."""
+    return pl.col("reasoning").cast(pl.String).is_in(list(THINKING_STATES))
 
 
 def _with_bounds(batch: Batch) -> pl.DataFrame:
@@ -29,9 +36,11 @@ class ResponseTokenMissing(RecordRule):
 
     What it checks:
         When the prompt (or the model) opened `<think>`, the output contains the response
-        token `</think>`. Truncated and aborted outputs are left to the termination rules;
-        for families whose profile says a tool call may end the reasoning (Kimi,
-        `may_end_reasoning`), a tool-call section entered without `</think>` to SEG004.
+        token `</think>`; each record as its own prompt leaves it (an agentic continuation
+        after a tool result may leave no reasoning: DeepSeek-V3.1). Truncated and aborted
+        outputs are left to the termination rules; for families whose profile says a tool
+        call may end the reasoning (Kimi, `may_end_reasoning`), a tool-call section entered
+        without `</think>` to SEG004.
 
     Why it matters:
         Without it everything lands in the reasoning segment and the training sequence no
@@ -61,7 +70,8 @@ class ResponseTokenMissing(RecordRule):
         # Only families known to enter a tool call straight from reasoning (Kimi, Qwen3.5/3.6)
         # are excused: elsewhere a tool call with no </think> before it means the token was stripped.
         in_tool_call = pl.col("tool_entry").is_not_null() if _call_ends_reasoning(batch) else pl.lit(False)
-        return missing & (output.list.len() > 0) & ~truncated() & ~in_tool_call
+        finished = (output.list.len() > 0) & ~truncated()
+        return _reasons() & missing & finished & ~in_tool_call
 
     def message(self, batch: Batch) -> pl.Expr:
         end = batch.profile.profile.think_end
@@ -108,8 +118,11 @@ class ThinkTokenInOutput(RecordRule):
     """A `<think>` in the output where none belongs.
 
     What it checks:
-        When the prompt already opened `<think>`, the output has none; when the model opens
-        it itself, only once and only at the start; when thinking is off, the output has
+        As each record's prompt leaves it: when the prompt already opened `<think>`, the
+        output has none; when the model opens it itself, only once and only at the start;
+        when the output is reasoning from its start (DeepSeek-R1 after tool results), at most
+        one, as its first token; when thinking is off, or the prompt is a continuation after
+        a tool result the family answers without thinking (DeepSeek-V3.1), the output has
         neither `<think>` nor `</think>`.
 
     Why it matters:
@@ -132,20 +145,51 @@ class ThinkTokenInOutput(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return batch.profile.reasoning != "none"
 
-    def _stray(self, batch: Batch) -> tuple[pl.Expr, pl.Expr]:
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        return _with_bounds(batch)
+
+    def _stray(self, batch: Batch) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
+        """Per record, as its prompt left it: is a think token out of place, where, and why."""
         profile = batch.profile
         start, end = profile.think_start, profile.think_end
         output = pl.col("output_ids")
-        if profile.reasoning == "prompt_opens":
-            return output.list.count_matches(start) > 0, first_index_of("output_ids", start)
-        if profile.reasoning == "model_opens":
-            second = nth_index_of("output_ids", start, 1)
-            return second.is_not_null(), second
-        # thinking off: no think tokens at all
-        return (
-            (output.list.count_matches(start) + output.list.count_matches(end)) > 0,
-            first_index_in("output_ids", [start, end]),
-        )
+        state = pl.col("reasoning")
+        think = repr(profile.profile.think_start)
+        opens = output.list.count_matches(start)
+        own_first = (output.list.first() == start).fill_null(False)
+        first, second = first_index_of("output_ids", start), nth_index_of("output_ids", start, 1)
+        cases = [
+            # the prompt opened it: none in the output
+            ("prompt_opens", opens > 0, first, f"{think} in the output, but the prompt opened it"),
+            # the model opens it: once
+            ("model_opens", opens > 1, second, f"{think} opened a second time"),
+            # the model may open it: only as its first token
+            (
+                "may_open",
+                opens > own_first.cast(pl.UInt32),
+                pl.when(own_first).then(second).otherwise(first),
+                f"{think} after the start of an output that is reasoning from its first token",
+            ),
+            # no reasoning: no think tokens at all
+            (
+                "closed",
+                (opens + output.list.count_matches(end)) > 0,
+                first_index_in("output_ids", [start, end]),
+                (
+                    "think token in the output, but its prompt leaves no reasoning (thinking off, "
+                    "or a turn after a tool result that the family answers without thinking)"
+                ),
+            ),
+        ]
+        violation = pl.lit(False)
+        position = pl.lit(None, dtype=pl.Int64)
+        message = pl.lit(None, dtype=pl.String)
+        for name, bad, at, text in reversed(cases):
+            here = state == name
+            violation = pl.when(here).then(bad).otherwise(violation)
+            position = pl.when(here).then(at.cast(pl.Int64)).otherwise(position)
+            message = pl.when(here).then(pl.lit(text)).otherwise(message)
+        return violation.fill_null(False), position, message
 
     def violation(self, batch: Batch) -> pl.Expr:
         return self._stray(batch)[0]
@@ -154,13 +198,7 @@ class ThinkTokenInOutput(RecordRule):
         return self._stray(batch)[1]
 
     def message(self, batch: Batch) -> pl.Expr:
-        profile = batch.profile
-        think = repr(profile.profile.think_start)
-        if profile.reasoning == "prompt_opens":
-            return pl.lit(f"{think} in the output, but the prompt already opened it")
-        if profile.reasoning == "model_opens":
-            return pl.lit(f"{think} opened a second time")
-        return pl.lit("think token in the output, but thinking is off for this run")
+        return self._stray(batch)[2]
 
 
 class ToolCallInReasoning(RecordRule):
@@ -204,24 +242,37 @@ class ToolCallInReasoning(RecordRule):
         if flagged.is_empty():
             return empty_findings()
         start, end = profile.profile.think_start, profile.profile.think_end
-        if profile.reasoning == "prompt_opens":
-            # The prompt's last think token says whether reasoning was open when the output began.
-            last = [
-                pl.col("input_ids").list.eval(pl.arg_where(pl.element() == token).last()).list.first()
-                for token in (profile.think_start, profile.think_end)
-            ]
-            reasoning_open = (last[0].is_not_null() & (last[1].is_null() | (last[0] > last[1]))).fill_null(False)
-            why_not = f"the prompt does not leave {start!r} open"
-        else:
-            reasoning_open = pl.col("reasoning_start").is_not_null()
-            why_not = f"the model never opened {start!r}"
+        # The prompt's last think token says whether reasoning was open when the output began.
+        last = [
+            pl.col("input_ids").list.eval(pl.arg_where(pl.element() == token).last()).list.first()
+            for token in (profile.think_start, profile.think_end)
+        ]
+        prompt_open = (last[0].is_not_null() & (last[1].is_null() | (last[0] > last[1]))).fill_null(
+            False
+        )
+        state = pl.col("reasoning")
+        reasoning_open = (
+            pl.when(state == "prompt_opens")
+            .then(prompt_open)
+            .otherwise(pl.col("reasoning_start").is_not_null())
+        )
+        why_not = (
+            pl.when(state == "prompt_opens")
+            .then(pl.lit(f"the prompt does not leave {start!r} open"))
+            .when(state == "model_opens")
+            .then(pl.lit(f"the model never opened {start!r}"))
+            .otherwise(pl.lit("its prompt leaves no reasoning"))
+        )
         rows, positions, messages = [], [], []
-        for row, entry, is_open in flagged.select("row", "tool_entry", reasoning_open.alias("open")).iter_rows():
+        for row, entry, is_open, reason in flagged.select(
+            "row", "tool_entry", reasoning_open.alias("open"), why_not.alias("why")
+        ).iter_rows():
             rows.append(row)
             positions.append(entry)
             messages.append(
                 f"tool call entered before {end!r}: the call ended the reasoning"
                 if is_open
-                else f"tool call in an output with no reasoning ({why_not}): was it generated with thinking off?"
+                else f"tool call in an output with no reasoning ({reason}): was it generated "
+                "with thinking off?"
             )
         return findings_frame(rows, positions, messages)

@@ -17,7 +17,13 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.templating import RenderFailure, encode_prompts, get_renderer, render_prompts
+from audit.templating import (
+    RenderFailure,
+    encode_prompts,
+    get_renderer,
+    render_prompts,
+    render_variants,
+)
 
 # Tokens of context shown on each side of the first difference.
 _CONTEXT = 6
@@ -38,7 +44,12 @@ class TemplateMismatch(RecordRule):
         finding names the first differing position with the decoded text on both sides. The
         generation-prompt ending itself is PRM001's to judge: a prompt that does not end with
         the profile's suffix is compared up to it, and a template whose ending stops short of
-        the profile's is completed with it first.
+        the profile's is completed with it first. Models that ship a Python encoder instead
+        of a template (DeepSeek-V3.2, V4: the profile's `encoder`) are rendered by the
+        project's own copy of it, as SGLang prepares the request; a conversation it refuses
+        is a finding. A renderer's other real renderings are accepted too, and nothing else:
+        DeepSeek-V3.2's tools preamble as SGLang and vLLM copy it, and as DeepSeek's release
+        file has it (a blank line between paragraphs).
 
     Why it matters:
         The drafter is trained on `input_ids + output_ids` and served behind the real
@@ -67,6 +78,8 @@ class TemplateMismatch(RecordRule):
         # messages+tools+kwargs as JSON bytes).
         self._rendered: dict[tuple[int, str, bool, bytes], list[int] | str] = {}
         self._rendered_ids = 0
+        # The ids of the renderer's other real renderings, for prompts that differ from the first.
+        self._variants: dict[tuple[int, str, bool, bytes], list[list[int]]] = {}
 
     def applies(self, batch: Batch) -> bool:
         return get_renderer(batch.profile.prompt_renderer).available(batch.tokenizer)
@@ -97,9 +110,11 @@ class TemplateMismatch(RecordRule):
 
         input_ids = batch.records["input_ids"]
         suffixes = batch.profile.prompt_suffixes
+        encoder = batch.profile.profile.encoder
+        what = f"{encoder} encoder" if encoder else "chat template"
         rows, positions, messages = [], [], []
         mismatched: list[tuple[int, list[int], list[int], int]] = []
-        for row, key, _ in keyed:
+        for row, key, prompt in keyed:
             rendered = self._rendered[key]
             saved = input_ids[row]
             if saved is None:
@@ -107,14 +122,15 @@ class TemplateMismatch(RecordRule):
             if isinstance(rendered, str):  # the renderer refused these messages
                 rows.append(row)
                 positions.append(None)
-                messages.append(f"the chat template cannot render this record's messages: {rendered}")
+                messages.append(f"the {what} cannot render this record's messages: {rendered}")
                 continue
             saved_list = saved.to_list()
-            if not _ends_with_any(saved_list, suffixes):
-                # A wrong ending is PRM001's finding; compare only what precedes the suffix.
-                body = len(rendered) - _suffix_length(rendered, suffixes)
-                saved_list, rendered = saved_list[:body], rendered[:body]
-            if saved_list != rendered:
+            compared = _compared(saved_list, rendered, suffixes)
+            if compared[0] != compared[1] and not any(
+                _same(*_compared(saved_list, variant, suffixes))
+                for variant in self._variant_ids(batch, key, prompt, thinking)
+            ):
+                saved_list, rendered = compared
                 at = next(
                     (i for i, (a, b) in enumerate(zip(saved_list, rendered, strict=False)) if a != b),
                     min(len(saved_list), len(rendered)),
@@ -131,12 +147,40 @@ class TemplateMismatch(RecordRule):
                 rows.append(row)
                 positions.append(at)
                 messages.append(
-                    f"input_ids differ from the chat template's rendering at input_ids[{at}] "
+                    f"input_ids differ from the {what}'s rendering at input_ids[{at}] "
                     f"({len(saved_list)} ids saved, {len(rendered)} rendered): saved "
-                    f"{texts[2 * index]!r}, template {texts[2 * index + 1]!r}"
+                    f"{texts[2 * index]!r}, {'encoder' if encoder else 'template'} "
+                    f"{texts[2 * index + 1]!r}"
                 )
         self._forget_oldest()
         return findings_frame(rows, positions, messages)
+
+    def _variant_ids(
+        self,
+        batch: Batch,
+        key: tuple[int, str, bool, bytes],
+        prompt: dict[str, Any],
+        thinking: bool,
+    ) -> list[list[int]]:
+        """The ids of the renderer's other real renderings of this prompt (rendered only for
+        prompts that differ from the first rendering, once each)."""
+        if key not in self._variants:
+            renderer = batch.profile.prompt_renderer
+            extra = prompt.get("chat_template_kwargs")
+            texts = render_variants(
+                batch.tokenizer,
+                prompt["messages"],
+                prompt.get("tools") or None,
+                thinking=thinking,
+                extra_kwargs=extra if isinstance(extra, dict) else None,
+                renderer=renderer,
+                template_kwargs=batch.profile.template_kwargs,
+            )
+            suffixes = batch.profile.prompt_suffix_texts
+            completed = [_complete_suffix(text, suffixes) for text in texts]
+            self._variants[key] = encode_prompts(batch.tokenizer, completed) if completed else []
+            self._rendered_ids += sum(map(len, self._variants[key]))
+        return self._variants[key]
 
     def _sources(self, batch: Batch) -> list[tuple[int, dict[str, Any]]]:
         """(row, prompt object) for each record whose source messages are known."""
@@ -183,10 +227,27 @@ class TemplateMismatch(RecordRule):
 
     def _forget_oldest(self) -> None:
         """Drop the oldest renderings beyond the kept budget (between blocks, never within one)."""
+        while self._rendered_ids > _KEPT_RENDERED_IDS and self._variants:
+            self._rendered_ids -= sum(map(len, self._variants.pop(next(iter(self._variants)))))
         while self._rendered_ids > _KEPT_RENDERED_IDS and self._rendered:
             rendered = self._rendered.pop(next(iter(self._rendered)))
             if not isinstance(rendered, str):
                 self._rendered_ids -= len(rendered)
+
+
+def _compared(
+    saved: list[int], rendered: list[int], suffixes: tuple[tuple[int, ...], ...]
+) -> tuple[list[int], list[int]]:
+    """What of the saved and rendered ids is compared: all of them, or, when the saved prompt
+    has a wrong ending (PRM001's finding), only what precedes the rendering's suffix."""
+    if _ends_with_any(saved, suffixes):
+        return saved, rendered
+    body = len(rendered) - _suffix_length(rendered, suffixes)
+    return saved[:body], rendered[:body]
+
+
+def _same(saved: list[int], rendered: list[int]) -> bool:
+    return saved == rendered
 
 
 def _ends_with_any(ids: list[int], suffixes: tuple[tuple[int, ...], ...]) -> bool:

@@ -7,7 +7,7 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.expressions import first_index_in, id_set
-from audit.response import trailing_stops
+from audit.response import answer_text, response_bounds, trailing_stops
 
 
 class Truncated(RecordRule):
@@ -164,7 +164,9 @@ class TurnJoined(RecordRule):
         The profile's end-of-turn and EOS ids appear only at the end of `output_ids` (the
         stop token SGLang includes), never with other tokens after them; and no tool-result
         marker the profile names (`tokens.tool_result`: `<tool_response>`, DeepSeek's
-        `<｜tool▁outputs▁begin｜>`, ...) appears in the output at all. For every family.
+        `<｜tool▁outputs▁begin｜>`, ...) appears in the output at all; markers the vocabulary
+        spells as text (DeepSeek-V3.2's `<function_results>`, V4's `<tool_result>`) are
+        looked for in the decoded answer (the model may think about them). For every family.
 
     Why it matters:
         A model's turn ends at its first stop token; a tool result is written by the
@@ -190,25 +192,38 @@ class TurnJoined(RecordRule):
         # The output's own trailing stop token(s) end it; any stop id before them does not.
         body = pl.col("output_ids").list.len() - trailing_stops(profile.stop_ids)
         stop_at = first_index_in("output_ids", list(profile.stop_ids))
-        result_at = first_index_in("output_ids", list(profile.tool_result)) if profile.tool_result else pl.lit(None)
-        flagged = (
-            batch.records.with_row_index("row")
-            .select(
-                "row",
-                pl.when(stop_at < body).then(stop_at).alias("stop_at"),
-                result_at.cast(pl.Int64).alias("result_at"),
-                pl.col("output_ids").list.len().alias("length"),
-                pl.col("output_ids"),
-            )
-            .filter(pl.col("stop_at").is_not_null() | pl.col("result_at").is_not_null())
+        result_at = (
+            first_index_in("output_ids", list(profile.tool_result))
+            if profile.tool_result
+            else pl.lit(None)
+        )
+        frame = batch.records.with_row_index("row").select(
+            "row",
+            pl.when(stop_at < body).then(stop_at).alias("stop_at"),
+            result_at.cast(pl.Int64).alias("result_at"),
+            pl.col("output_ids").list.len().alias("length"),
+            pl.col("output_ids"),
+        )
+        text_results = self._text_results(batch)
+        flagged = frame.filter(
+            pl.col("stop_at").is_not_null()
+            | pl.col("result_at").is_not_null()
+            | pl.col("row").is_in(list(text_results))
         )
         if flagged.is_empty():
             return empty_findings()
-        names = dict(zip(profile.end_of_turn + profile.eos, profile.profile.end_of_turn + profile.profile.eos, strict=True))
-        names.update(zip(profile.tool_result, profile.profile.tool_result, strict=True))
+        stops = profile.profile.end_of_turn + profile.profile.eos
+        names = dict(zip(profile.end_of_turn + profile.eos, stops, strict=True))
+        for text in profile.profile.tool_result:
+            token = batch.tokenizer.token_id(text)
+            if token is not None:
+                names[token] = text
         rows, positions, messages = [], [], []
         for row, stop, result, length, ids in flagged.iter_rows():
             rows.append(row)
+            marker = None
+            if row in text_results and (result is None or text_results[row][1] < result):
+                marker, result = text_results[row]
             if stop is not None and (result is None or stop < result):
                 positions.append(stop)
                 messages.append(
@@ -217,9 +232,49 @@ class TurnJoined(RecordRule):
                 )
             else:
                 positions.append(result)
+                shown = marker if marker is not None else names.get(ids[result], ids[result])
                 messages.append(
-                    f"tool-result marker {names.get(ids[result], ids[result])!r} at output_ids[{result}]: "
+                    f"tool-result marker {shown!r} at output_ids[{result}]: "
                     "a tool result belongs to the next prompt, not to the model's output"
                 )
         return findings_frame(rows, positions, messages)
 
+
+    def _text_results(self, batch: Batch) -> dict[int, tuple[str, int]]:
+        """Rows whose decoded answer holds a tool-result marker spelled as text: the first
+        marker, and the index of the token where it starts."""
+        markers = batch.profile.tool_result_text
+        if not markers:
+            return {}
+        frame = pl.concat(
+            [batch.records.select(batch.decoded_output.alias("decoded")), response_bounds(batch)],
+            how="horizontal",
+        ).with_row_index("row")
+        answer = answer_text(batch.profile)
+        holds = pl.any_horizontal([answer.str.contains(m, literal=True) for m in markers])
+        found = frame.filter(holds.fill_null(False))
+        results: dict[int, tuple[str, int]] = {}
+        for row, text, answer_from in found.select("row", answer, "answer_start").iter_rows():
+            marker = min((m for m in markers if m in text), key=text.index)
+            ids = batch.records["output_ids"][row].to_list()
+            results[row] = (marker, _token_at(batch, ids, answer_from or 0, marker))
+        return results
+
+
+def _token_at(batch: Batch, ids: list[int], start: int, marker: str) -> int:
+    """The index of the token of `ids` (from `start` on) where the first `marker` begins."""
+    decode = batch.tokenizer.decode_batch
+    # The shortest prefix whose text holds the marker ends with the token that completes it...
+    low, high = start, len(ids) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if marker in decode([ids[start : middle + 1]])[0]:
+            high = middle
+        else:
+            low = middle + 1
+    # ...and the marker starts in the last token whose prefix before it is shorter than that.
+    begin = decode([ids[start : low + 1]])[0].index(marker)
+    first = low
+    while first > start and len(decode([ids[start:first]])[0]) > begin:
+        first -= 1
+    return first

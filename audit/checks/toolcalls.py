@@ -9,7 +9,7 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, findings_frame
 from audit.expressions import truncated
-from audit.response import response_bounds
+from audit.response import answer_text, response_bounds
 from audit.toolcall_formats import ROLE_LETTERS
 from audit.toolcalls import tool_call_view
 
@@ -34,7 +34,8 @@ class ToolMarkerGrammar(ToolCallRule):
         profile's grammar. Kimi: section begin, then per call: call begin, call id, argument
         begin, arguments, call end; then section end. Every call closed, every section closed.
         An output cut by the token limit or an abort may stop inside a call: what it has must
-        be in order (the cut is TRM001's or TRM003's).
+        be in order, and the unfinished call's text is not judged (the cut is TRM001's or
+        TRM003's).
         Where part of a call's structure is text (Qwen3.5/3.6's `<function=NAME>` and
         `<parameter=K>` tags, DeepSeek's DSML tags, MiniMax-M3's `<invoke name="NAME">`), that
         text follows the format too, and every call names its function (Kimi's name is in its
@@ -84,8 +85,14 @@ class ToolMarkerGrammar(ToolCallRule):
                 + " ".join(_ROLE_OF_LETTER[letter].replace("_", "-") for letter in letters)
                 + f"; expected {expected}"
             )
+        # A call's text cut by the limit is unfinished, not malformed: the cut is TRM001's.
+        cut_rows = batch.records.with_row_index("row").filter(truncated())["row"]
         malformed = (
-            view.calls.filter(pl.col("malformed").is_not_null()).group_by("row", maintain_order=True).first()
+            view.calls.filter(
+                pl.col("malformed").is_not_null() & ~pl.col("row").is_in(cut_rows.implode())
+            )
+            .group_by("row", maintain_order=True)
+            .first()
         )
         for row, start, problem in malformed.select("row", "start", "malformed").iter_rows():
             rows.append(row)
@@ -212,7 +219,13 @@ class ToolMarkerAsText(ToolCallRule):
 
     def frame(self, batch: Batch) -> pl.DataFrame:
         return pl.concat(
-            [batch.records.with_columns(batch.decoded_output.alias("decoded")), response_bounds(batch)],
+            [
+                batch.records.with_columns(
+                    batch.decoded_output.alias("decoded"),
+                    tool_call_view(batch).per_record.alias("calls_read"),
+                ),
+                response_bounds(batch),
+            ],
             how="horizontal",
         )
 
@@ -228,13 +241,19 @@ class ToolMarkerAsText(ToolCallRule):
         ]
         role = spec.format.text_marker_role
         counted = batch.profile.tool_markers.get(role)
-        if spec.format.text_markers and counted is not None:
-            answer = _answer_text(batch)
-            length = pl.col("output_ids").list.len().cast(pl.Int64)
-            start = pl.col("answer_start").fill_null(length)
-            calls = pl.col("output_ids").list.slice(start, length - start).list.count_matches(counted)
+        if spec.format.text_markers:
+            answer = answer_text(batch.profile)
+            if counted is not None:
+                length = pl.col("output_ids").list.len().cast(pl.Int64)
+                start = pl.col("answer_start").fill_null(length)
+                answer_ids = pl.col("output_ids").list.slice(start, length - start)
+                calls = answer_ids.list.count_matches(counted)
+                marker = spec.markers[role]
+            else:  # calls delimited by text around one tag id (DSML): the calls read
+                calls = pl.col("calls_read")
+                marker = "its marker tokens"
             excess.extend(
-                (f"{text} without {spec.markers[role]}", answer.str.count_matches(text, literal=True) > calls)
+                (f"{text} without {marker}", answer.str.count_matches(text, literal=True) > calls)
                 for text in spec.format.text_markers
             )
         return excess
@@ -248,25 +267,3 @@ class ToolMarkerAsText(ToolCallRule):
             "marker as plain text, not its token: {}",
             pl.concat_list(names).list.drop_nulls().list.join(", "),
         )
-
-
-def _answer_text(batch: Batch) -> pl.Expr:
-    """The decoded answer: after the response token's text, from the entry of a call that ended
-    the reasoning, the whole output when thinking is off; empty when the reasoning never ended."""
-    profile = batch.profile
-    decoded = pl.col("decoded")
-    after_response = (
-        decoded.str.split(profile.profile.think_end).list.last() if profile.profile.think_end else decoded
-    )
-    entry = next(iter(profile.tool_calls.markers.values()))
-    from_entry = decoded.str.slice(decoded.str.find(entry, literal=True).fill_null(0))
-    return (
-        pl.when(pl.col("reasoning_start").is_null())
-        .then(decoded)
-        .when(pl.col("response_at").is_not_null())
-        .then(after_response)
-        .when(pl.col("answer_start").is_not_null())
-        .then(from_entry)
-        .otherwise(pl.lit(""))
-        .fill_null("")
-    )

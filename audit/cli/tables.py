@@ -236,7 +236,8 @@ def resolved_table(resolved, tokenizer) -> Table:
         table.add_row(role, escaped(piece), str(token_id))
     for text, ids in zip(resolved.prompt_suffix_texts, resolved.prompt_suffixes, strict=False):
         table.add_row("prompt ends", escaped(text), " ".join(map(str, ids)))
-    table.add_row("reasoning", resolved.reasoning, "")
+    reasoning = "/".join(dict.fromkeys(resolved.suffix_reasoning or (resolved.reasoning,)))
+    table.add_row("reasoning", reasoning, "")
     return table
 
 
@@ -252,8 +253,13 @@ def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Gro
     mode = "thinking" if thinking else "no_thinking"
     resolved_tables = []
     for profile in profiles:
-        row: list = [plain(profile.name), plain(profile.description, limit=None),
-                     _suffixes(profile.prompt_suffixes.get(mode, ()))]
+        ends = _suffixes(profile.prompt_suffixes.get(mode, ()))
+        for c in profile.continuations:
+            if mode in c.modes:
+                ends.append("\nafter a tool result: ")
+                ends.append_text(escaped(c.suffix))
+                ends.append(f" ({c.reasoning})")
+        row: list = [plain(profile.name), plain(profile.description, limit=None), ends]
         if tokenizer is not None:
             try:
                 resolved_tables.append(resolved_table(profile.resolve(tokenizer, thinking=thinking), tokenizer))

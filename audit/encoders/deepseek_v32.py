@@ -56,6 +56,19 @@ If the thinking_mode is enabled, then after function results you should strongly
 Here are the functions available in JSONSchema format:
 <functions>
 """
+# The same preamble with a blank line between its paragraphs, as DeepSeek's release file
+# `encoding/encoding_dsv32.py` reads in the copies made of it outside the serving stacks
+# (e.g. cywinski/non-assistant-sampling src/mask/encoding_dsv32.py); SGLang's and vLLM's
+# copies have none. A prompt rendered from the release file is just as real.
+RELEASE_TOOLS_PREAMBLE = (
+    TOOLS_PREAMBLE.replace("## Tools\n", "## Tools\n\n", 1)
+    .replace(f"</{D}function_calls>\nString", f"</{D}function_calls>\n\nString", 1)
+    .replace("objects).\nIf the", "objects).\n\nIf the", 1)
+    .replace("Here is an example:\n", "Here is an example:\n\n", 1)
+    .replace("calls>\n<function_results>", "calls>\n\n<function_results>", 1)
+    .replace(f"</function_results>\n{THINK_START}", f"</function_results>\n\n{THINK_START}", 1)
+    .replace(f"{THINK_END}\nHere are", f"{THINK_END}\n\nHere are", 1)
+)
 RESPONSE_FORMAT = (
     "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n"
 )
@@ -66,6 +79,7 @@ def render(
     tools: Sequence[Mapping[str, Any]] | None = None,
     *,
     thinking: bool,
+    tools_preamble: str = TOOLS_PREAMBLE,
 ) -> str:
     """The prompt SGLang gives DeepSeek-V3.2 for an OpenAI-style conversation.
 
@@ -73,10 +87,14 @@ def render(
     objects); `thinking` is the request's `chat_template_kwargs.thinking`. Raises
     `EncoderError` for a conversation SGLang or the encoder refuses.
     """
-    return encode(sglang_request_messages(messages, tools), thinking=thinking)
+    return encode(
+        sglang_request_messages(messages, tools), thinking=thinking, tools_preamble=tools_preamble
+    )
 
 
-def encode(messages: Sequence[Mapping[str, Any]], *, thinking: bool) -> str:
+def encode(
+    messages: Sequence[Mapping[str, Any]], *, thinking: bool, tools_preamble: str = TOOLS_PREAMBLE
+) -> str:
     """`encode_messages(messages, thinking_mode)` of the reference encoder (BOS added, past
     reasoning dropped), for messages already prepared as SGLang prepares them."""
     last_user = _last_user_index(messages)
@@ -84,7 +102,8 @@ def encode(messages: Sequence[Mapping[str, Any]], *, thinking: bool) -> str:
         messages = _without_past_reasoning(messages, last_user)
         last_user = _last_user_index(messages)
     return BOS + "".join(
-        _message(index, messages, last_user, thinking) for index in range(len(messages))
+        _message(index, messages, last_user, thinking, tools_preamble)
+        for index in range(len(messages))
     )
 
 
@@ -117,18 +136,22 @@ def _without_past_reasoning(
 
 
 def _message(
-    index: int, messages: Sequence[Mapping[str, Any]], last_user: int, thinking: bool
+    index: int,
+    messages: Sequence[Mapping[str, Any]],
+    last_user: int,
+    thinking: bool,
+    tools_preamble: str,
 ) -> str:
     message = messages[index]
     role = message.get("role")
     content = message.get("content")
     if role == "system":
-        return (content or "") + _extras(message)
+        return (content or "") + _extras(message, tools_preamble)
     if role in ("user", "developer"):
         if role == "developer":
             if not content:
                 raise EncoderError(f"messages[{index}]: a developer message needs content")
-            content = _extras(message) + f"\n\n# The user's message is: {content}"
+            content = _extras(message, tools_preamble) + f"\n\n# The user's message is: {content}"
         think = THINK_START if thinking and index == last_user else THINK_END
         return f"{USER}{content}{ASSISTANT}{think}"
     if role == "tool":
@@ -148,11 +171,11 @@ def _message(
     raise EncoderError(f"messages[{index}]: role {role!r} is not one DeepSeek-V3.2 knows")
 
 
-def _extras(message: Mapping[str, Any]) -> str:
+def _extras(message: Mapping[str, Any], tools_preamble: str) -> str:
     """The tool preamble and response format a system or developer message carries."""
     text = ""
     if message.get("tools"):
-        text += "\n\n" + TOOLS_PREAMBLE + dsml.tool_schemas(message["tools"]) + "\n</functions>\n"
+        text += "\n\n" + tools_preamble + dsml.tool_schemas(message["tools"]) + "\n</functions>\n"
     if message.get("response_format"):
         text += "\n\n" + RESPONSE_FORMAT + to_json(message["response_format"])
     return text
