@@ -207,7 +207,11 @@ class Profile:
 
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
         markers: dict[str, int] = {}
-        if self.tool_calls is not None:
+        text_markers: dict[str, str] = {}
+        if self.tool_calls is not None and self.tool_calls.format.unit == "text":
+            # A format whose markers this vocabulary spells as text: found in the decoded answer.
+            text_markers = dict(self.tool_calls.markers)
+        elif self.tool_calls is not None:
             markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
 
         channel_markers: dict[str, int] = {}
@@ -226,6 +230,7 @@ class Profile:
             reasoning=reasoning,
             suffix_reasoning=tuple(states),
             tool_markers=markers,
+            tool_text_markers=text_markers,
             channel_markers=channel_markers,
             tool_result=tuple(tokenizer.token_id(t) for t in self.tool_result if t not in spelled),
             tool_result_text=spelled,
@@ -305,6 +310,7 @@ class ResolvedProfile:
     prompt_suffix_texts: tuple[str, ...]
     reasoning: Reasoning  # the state the generation prompt (the first suffix) leaves
     tool_markers: dict[str, int]  # role -> id
+    tool_text_markers: dict[str, str] = field(default_factory=dict)  # role -> text (unit "text")
     channel_markers: dict[str, int] = field(default_factory=dict)  # harmony role -> id
     tool_result: tuple[int, ...] = ()
     tool_result_text: tuple[str, ...] = ()  # tool-result markers that are text in this vocabulary
@@ -378,6 +384,7 @@ class ResolvedProfile:
                 else {}
             ),
             "tool_markers": self.tool_markers,
+            **({"tool_text_markers": self.tool_text_markers} if self.tool_text_markers else {}),
             **({"tool_result": list(self.tool_result)} if self.tool_result else {}),
             **({"tool_result_text": list(self.tool_result_text)} if self.tool_result_text else {}),
             **({"channel_markers": self.channel_markers} if self.channel_markers else {}),

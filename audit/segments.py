@@ -73,7 +73,8 @@ def segment_spans(batch: Batch) -> pl.DataFrame:
     if batch.profile.channels is not None:
         return _harmony_spans(batch)
     parts = [_reasoning_spans(batch)]
-    if batch.profile.tool_calls is not None and batch.profile.tool_markers:
+    profile = batch.profile
+    if profile.tool_calls is not None and (profile.tool_markers or profile.tool_text_markers):
         parts.append(_tool_spans(batch))
     return pl.concat([pl.DataFrame(schema=SPANS_SCHEMA), *parts], how="vertical")
 
@@ -111,7 +112,7 @@ def record_summary(batch: Batch) -> pl.DataFrame:
     bounds = response_bounds(batch)
     markers = batch.profile.tool_markers
     spec = batch.profile.tool_calls
-    if spec is None or not markers:
+    if spec is None or not (markers or batch.profile.tool_text_markers):
         calls = pl.repeat(0, batch.height, dtype=pl.UInt32, eager=True)
     elif spec.format.unit == "call" and "call_begin" in markers:
         length = pl.col("output_ids").list.len().cast(pl.Int64)
@@ -153,7 +154,7 @@ def _tool_spans(batch: Batch) -> pl.DataFrame:
     """From each opening marker to its closing one, counted in the answer (balanced or not)."""
     markers = batch.profile.tool_markers
     spec = batch.profile.tool_calls
-    if spec.format.unit == "answer":
+    if spec.format.unit in ("answer", "text"):
         calls = tool_call_view(batch).calls
         return calls.group_by("row", maintain_order=True).agg(
             pl.col("start").min(), pl.col("end").max()

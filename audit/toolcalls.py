@@ -22,6 +22,7 @@ The tool-call rules, the record statistics, `audit inspect` and the HTML samples
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +31,7 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.fastcodec import FlatIds
-from audit.response import response_bounds
+from audit.response import answer_text, response_bounds
 from audit.toolcall_formats import ROLE_LETTERS, ToolCall
 from audit.toolcall_values import elements_error, parameter_types, tool_parameters, value_error
 
@@ -92,6 +93,8 @@ def _answer_frame(batch: Batch) -> pl.DataFrame:
 def _view(batch: Batch) -> ToolCallView:
     profile = batch.profile
     fmt = profile.tool_calls.format
+    if fmt.unit == "text":
+        return _text_view(batch)
     markers = profile.tool_markers
     answers = _answer_frame(batch)
     element = pl.element()
@@ -200,6 +203,80 @@ def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int
         start = answer_from + at
         read.extend((row, start, answer_from + length, start, start, call) for call in fmt.read(text, ""))
     return read
+
+
+def _text_view(batch: Batch) -> ToolCallView:
+    """Formats whose markers are all text in the vocabulary (DeepSeek's markers in R1-0528's
+    Qwen3 tokenizer): the answers that hold a marker's text are decoded, their markers found in
+    the text and matched against the same grammar, and the calls between them read."""
+    profile = batch.profile
+    fmt = profile.tool_calls.format
+    markers = profile.tool_text_markers
+    frame = pl.concat(
+        [batch.records.select(batch.decoded_output.alias("decoded")), response_bounds(batch)],
+        how="horizontal",
+    ).with_row_index("row")
+    answer = answer_text(profile)
+    holds = pl.any_horizontal([answer.str.contains(t, literal=True) for t in markers.values()])
+    found = frame.filter(holds.fill_null(False)).select(
+        "row", answer.alias("answer"), "answer_start"
+    )
+    letters = [""] * batch.height
+    first_marker: list[int | None] = [None] * batch.height
+    longest_first = sorted(markers.values(), key=len, reverse=True)
+    pattern = re.compile("|".join(re.escape(text) for text in longest_first))
+    role_of = {text: role for role, text in markers.items()}
+    grammar = re.compile(f"^(?:{fmt.grammar})$")
+    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    for row, text, answer_from in found.iter_rows():
+        matches = list(pattern.finditer(text))
+        letters[row] = "".join(ROLE_LETTERS[role_of[m.group()]] for m in matches)
+        ids = batch.records["output_ids"][row].to_list()
+        start = answer_from or 0
+        # The decoded answer is the text of ids[start:]: each marker's characters are tokens there.
+        offset = len(text) - len(batch.tokenizer.decode_batch([ids[start:]])[0])
+        edges = sorted({edge for m in matches for edge in (m.start(), m.end(), m.end() - 1)})
+        at = batch.tokenizer.tokens_at(ids[start:], [max(edge - offset, 0) for edge in edges])
+        token_of = {edge: start + index for edge, index in zip(edges, at, strict=True)}
+
+        def token(char: int, token_of: dict[int, int] = token_of) -> int:
+            return token_of[char]
+
+        first_marker[row] = token(matches[0].start())
+        if not grammar.match(letters[row]):
+            continue
+        head_at = body_at = None
+        for match in matches:
+            role = role_of[match.group()]
+            if role == "call_begin":
+                head_at, body_at = match.end(), None
+            elif role == "argument_begin" and head_at is not None:
+                body_at = match.end()
+            elif role == "call_end" and head_at is not None:
+                head_end = match.start()
+                if body_at is not None:
+                    head_end = body_at - len(markers["argument_begin"])
+                head = text[head_at:head_end]
+                body = text[body_at : match.start()] if body_at is not None else ""
+                begin = head_at - len(markers["call_begin"])
+                spans = (
+                    row,
+                    token(begin),
+                    token(match.end() - 1) + 1,
+                    token(head_at),
+                    token(body_at or head_at),
+                )
+                read.extend((*spans, call) for call in fmt.read(head, body))
+                head_at = body_at = None
+    letter_series = pl.Series("letters", letters, dtype=pl.String)
+    return ToolCallView(
+        letters=letter_series,
+        grammar_ok=letter_series.str.contains(f"^(?:{fmt.grammar})$").alias("grammar_ok"),
+        prefix_ok=letter_series.str.contains(f"^(?:{fmt.cut_grammar})$").alias("prefix_ok"),
+        empty_head=pl.Series("empty_head", [False] * batch.height, dtype=pl.Boolean),
+        first_marker=pl.Series("first_marker", first_marker, dtype=pl.Int64),
+        calls=_judge(batch, read) if read else pl.DataFrame(schema=CALLS_SCHEMA),
+    )
 
 
 def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -> pl.DataFrame:

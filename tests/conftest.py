@@ -53,6 +53,7 @@ REAL_TOKENIZERS = (
     "qwen3",
     "qwen-3.6",
     "deepseek-r1",
+    "deepseek-r1-0528",
     "deepseek-v3.1",
     "deepseek-v3.2",
     "deepseek-v4",

@@ -84,6 +84,7 @@ TOKENIZERS = {
     "qwen3.6": "qwen-3.6",
     "deepseek-v3.1": "deepseek-v3.1",
     "deepseek-r1": "deepseek-r1",
+    "deepseek-r1-0528": "deepseek-r1-0528",
     "deepseek-v3.2": "deepseek-v3.2",
     "deepseek-v4": "deepseek-v4",
     "glm-4.5": "glm-4.5v",

@@ -257,24 +257,9 @@ class TurnJoined(RecordRule):
         for row, text, answer_from in found.select("row", answer, "answer_start").iter_rows():
             marker = min((m for m in markers if m in text), key=text.index)
             ids = batch.records["output_ids"][row].to_list()
-            results[row] = (marker, _token_at(batch, ids, answer_from or 0, marker))
+            start = answer_from or 0
+            text = batch.tokenizer.decode_batch([ids[start:]])[0]
+            [at] = batch.tokenizer.tokens_at(ids[start:], [text.index(marker)])
+            results[row] = (marker, start + at)
         return results
 
-
-def _token_at(batch: Batch, ids: list[int], start: int, marker: str) -> int:
-    """The index of the token of `ids` (from `start` on) where the first `marker` begins."""
-    decode = batch.tokenizer.decode_batch
-    # The shortest prefix whose text holds the marker ends with the token that completes it...
-    low, high = start, len(ids) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if marker in decode([ids[start : middle + 1]])[0]:
-            high = middle
-        else:
-            low = middle + 1
-    # ...and the marker starts in the last token whose prefix before it is shorter than that.
-    begin = decode([ids[start : low + 1]])[0].index(marker)
-    first = low
-    while first > start and len(decode([ids[start:first]])[0]) > begin:
-        first -= 1
-    return first

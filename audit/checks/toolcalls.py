@@ -23,7 +23,9 @@ class ToolCallRule(RecordRule):
     reads_source = True
 
     def applies(self, batch: Batch) -> bool:
-        return batch.profile.tool_calls is not None and bool(batch.profile.tool_markers)
+        profile = batch.profile
+        markers = profile.tool_markers or profile.tool_text_markers
+        return profile.tool_calls is not None and bool(markers)
 
 
 class ToolMarkerGrammar(ToolCallRule):
@@ -198,8 +200,11 @@ class ToolMarkerAsText(ToolCallRule):
     What it checks:
         The decoded output does not contain a marker's string more often than the output
         contains the marker's id. For formats whose calls hold text of their own
-        (Qwen3.5/3.6's `<function=NAME>`), the answer holds that text no more often than it
-        has calls: a call's text with its marker ids stripped is flagged too.
+        (Qwen3.5/3.6's `<function=NAME>`, DSML's `invoke name="`), the answer holds that
+        text no more often than it has calls: a call's text with its marker ids stripped is
+        flagged too. Where the markers themselves are text in the vocabulary (DeepSeek's in
+        R1-0528's tokenizer), a call's text with the markers removed (`functionNAME` then a
+        fenced JSON block) is flagged.
 
     Why it matters:
         This is exactly what a pipeline that decodes with `skip_special_tokens` or through
@@ -256,13 +261,17 @@ class ToolMarkerAsText(ToolCallRule):
                 (f"{text} without {marker}", answer.str.count_matches(text, literal=True) > calls)
                 for text in spec.format.text_markers
             )
+        if spec.format.stripped_call:
+            stripped = answer_text(batch.profile).str.contains(spec.format.stripped_call)
+            excess.append(("a call's text with its markers removed", stripped.fill_null(False)))
         return excess
 
     def violation(self, batch: Batch) -> pl.Expr:
-        return pl.any_horizontal([excess for _, excess in self._excess(batch)])
+        return pl.any_horizontal([pl.lit(False), *[excess for _, excess in self._excess(batch)]])
 
     def message(self, batch: Batch) -> pl.Expr:
-        names = [pl.when(excess).then(pl.lit(text)) for text, excess in self._excess(batch)]
+        names = [pl.lit(None, dtype=pl.String)]
+        names += [pl.when(excess).then(pl.lit(text)) for text, excess in self._excess(batch)]
         return pl.format(
             "marker as plain text, not its token: {}",
             pl.concat_list(names).list.drop_nulls().list.join(", "),
