@@ -90,19 +90,24 @@ def _render_chat_template(
         # MiniMax iterate a mapping (a JSON string raises), DeepSeek-R1/V3.1 concatenate a
         # string (a mapping raises). Serving stacks parse string arguments first (SGLang's
         # normalize_assistant_tool_call_arguments); render the form the template accepts.
-        other = other_argument_form(messages)
-        if other is None:
+        # A conversation may mix both forms: try every call as an object, then as a string.
+        forms = [other_argument_form(messages, to_objects=side) for side in (True, False)]
+        forms = [form for form in forms if form is not None and form != messages]
+        if not forms:
             raise
-        try:
-            return render(other)
-        except Exception:  # noqa: BLE001 (the first refusal is the one to report)
-            raise refused from None
+        for form in forms:
+            try:
+                return render(form)
+            except Exception:  # noqa: BLE001, S112 (the first refusal is the one to report)
+                continue
+        raise refused from None
 
 
-def other_argument_form(messages: Messages) -> Messages | None:
+def other_argument_form(messages: Messages, to_objects: bool | None = None) -> Messages | None:
     """The messages with every assistant tool call's arguments in the other form: JSON strings
-    parsed to objects, or objects written as JSON strings. None when there are no arguments to
-    turn, or a string does not parse to an object."""
+    parsed to objects, or objects written as JSON strings (`to_objects` chooses; by default
+    objects when any argument is a string). None when there are no arguments to turn, or a
+    string does not parse to an object."""
     calls = [
         call["function"]
         for message in messages
@@ -112,7 +117,8 @@ def other_argument_form(messages: Messages) -> Messages | None:
     ]
     if not calls:
         return None
-    to_objects = any(isinstance(function["arguments"], str) for function in calls)
+    if to_objects is None:
+        to_objects = any(isinstance(function["arguments"], str) for function in calls)
     turned: dict[int, Any] = {}
     for function in calls:
         value = function["arguments"]
@@ -123,7 +129,7 @@ def other_argument_form(messages: Messages) -> Messages | None:
                 return None
             if not isinstance(value, dict):
                 return None
-        elif not to_objects:
+        elif not to_objects and not isinstance(value, str):
             value = json.dumps(value, ensure_ascii=False)
         turned[id(function)] = value
     return [_with_arguments(message, turned) for message in messages]
@@ -194,11 +200,15 @@ RENDERERS: dict[str, PromptRenderer] = {
             _encoder_render("deepseek-v3.2", tools_preamble=deepseek_v32.RELEASE_TOOLS_PREAMBLE),
         ),
     ),
+    # DeepSeek-V4 as its release encoder renders it; a request at reasoning effort "max" (an
+    # option the messages do not carry) puts a fixed paragraph first: accepted too, unless the
+    # record's chat_template_kwargs name its effort.
     "deepseek-v4": PromptRenderer(
         name="deepseek-v4",
         render=_encoder_render("deepseek-v4"),
         available=lambda tokenizer: True,
         requirement="nothing (the encoder is built in)",
+        variants=(_encoder_render("deepseek-v4", reasoning_effort="max"),),
     ),
 }
 

@@ -195,6 +195,10 @@ def _r1_call(head: str, body: str) -> list[ToolCall]:
     return [ToolCall(name=name.strip() or None, arguments=arguments)]
 
 
+# A DeepSeek-R1 call with its markers removed: `function` glued to the name, on a line of its
+# own, then the fenced JSON block the template writes.
+R1_STRIPPED_CALL = r"(?m)^function[A-Za-z_][\w.\-]*\n```json\n"
+
 _JSON_NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 
 
@@ -424,6 +428,8 @@ FORMATS: dict[str, ToolCallFormat] = {
         roles=("section_begin", "section_end", "call_begin", "argument_begin", "call_end"),
         grammar=r"(?:S(?:CAE)+s)*",
         read=_r1_call,
+        # With its marker ids stripped a call reads `functionNAME` then a fenced JSON block.
+        stripped_call=R1_STRIPPED_CALL,
         description="calls-begin( call-begin function sep NAME fenced-JSON call-end )+ calls-end",
     ),
     # DeepSeek-R1's calls in a vocabulary without its marker tokens (R1-0528's Qwen3-8B distill,
@@ -436,7 +442,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         grammar=r"(?:S(?:CAE)+s)*",
         read=_r1_call,
         unit="text",
-        stripped_call=r"(?m)^function[A-Za-z_][\w.\-]*\n```json\n",
+        stripped_call=R1_STRIPPED_CALL,
         description=(
             "calls-begin( call-begin function sep NAME fenced-JSON call-end )+ calls-end, as text"
         ),

@@ -162,19 +162,31 @@ def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: P
     _, tokenizer = spec_tokenizer(spec, workdir)
     arguments = {"city": "Paris", "days": 3, "detailed": True}
 
-    def conversation(written: object) -> list[dict]:
-        call = {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": written}}
-        return [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"}]
+    def conversation(*forms: object) -> list[dict]:
+        messages: list[dict] = [{"role": "user", "content": "Weather?"}]
+        for number, written in enumerate(forms):
+            call = {"id": f"call_{number}", "type": "function",
+                    "function": {"name": "get_weather", "arguments": written}}
+            messages += [{"role": "assistant", "content": "", "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": f"call_{number}", "content": "SUNNY"}]
+        return messages
 
-    as_object, as_string = render_prompts(
+    text = json.dumps(arguments)
+    as_object, as_string, both, strings = render_prompts(
         tokenizer,
-        [conversation(arguments), conversation(json.dumps(arguments))],
-        [None, None],
+        [
+            conversation(arguments),
+            conversation(text),
+            conversation(arguments, text),
+            conversation(text, text),
+        ],
+        [None, None, None, None],
         thinking=True,
         renderer=load_profile(spec.profile).encoder or CHAT_TEMPLATE,
     )
     assert isinstance(as_object, str) and as_object == as_string
+    # One conversation that mixes the forms (a call as an object, a later one as a string).
+    assert isinstance(both, str) and both == strings
 
 
 @pytest.mark.parametrize(

@@ -312,3 +312,28 @@ def test_the_generator_sends_and_tpl001_expects_the_encoders_prompt(tmp_path, re
     ]
     out.write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert [(line, rule) for line, rule, _ in _findings(out.parent)] == [(2, "TPL001")]
+
+
+def test_a_v4_prompt_at_reasoning_effort_max_passes_unless_the_record_names_another(
+    tmp_path, real_tokenizer_dirs
+):
+    """The effort is a request option the messages do not carry: a prompt rendered at "max"
+    is a real rendering of them, unless the record's own template arguments say otherwise."""
+    from audit.encoders import deepseek_v4
+    from tests.conftest import real_tokenizer
+
+    directory, tokenizer = real_tokenizer(real_tokenizer_dirs, "deepseek-v4")
+    prompt = deepseek_v4.render(AGENTIC, [WEATHER], thinking=True, reasoning_effort="max")
+    at_max = tokenizer.encode_text(prompt)
+    output = tokenizer.encode_text("It snows.</think>It snows, -3 C.<｜end▁of▁sentence｜>")
+    base = {"input_ids": at_max, "output_ids": output, "messages": AGENTIC, "tools": [WEATHER]}
+    rows = [
+        {**base, "id": "unsaid"},
+        {**base, "id": "said-max", "chat_template_kwargs": {"reasoning_effort": "max"}},
+        {**base, "id": "said-high", "chat_template_kwargs": {"reasoning_effort": "high"}},
+    ]
+    data = tmp_path / "P" / "raw_responses.jsonl"
+    data.parent.mkdir()
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    found = _findings(data.parent, profile="deepseek-v4", tokenizer=directory)
+    assert [(line, rule) for line, rule, _ in found] == [(3, "TPL001")]
