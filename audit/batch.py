@@ -13,10 +13,9 @@ import pandera.polars as pa
 import polars as pl
 
 from audit.contract import contract_failures, in_vocabulary, record_contract
-from audit.fastcodec import FlatIds
+from audit.flat_ids import FlatIds, MarkerIndex
 from audit.profiles import ResolvedProfile
 from audit.tokenizer import Tokenizer
-
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
@@ -101,6 +100,23 @@ class Batch:
     def contract_failures(self) -> pl.DataFrame:
         """`row`, `rule`, `column` of every contract failure in this batch."""
         return contract_failures(self.context.contract, self.records)
+
+    @cached_property
+    def output_flat(self) -> FlatIds:
+        """`output_ids` of every row as one flat array (a missing list is empty; see
+        `output_present`)."""
+        return FlatIds.from_series(self.records["output_ids"])
+
+    @cached_property
+    def output_present(self) -> np.ndarray:
+        """Per row: does the record have `output_ids` at all?"""
+        return self.records["output_ids"].is_not_null().to_numpy()
+
+    @cached_property
+    def markers(self) -> MarkerIndex:
+        """Where the profile's marker ids (think, stop, tool-call, tool-result and channel
+        tokens) occur in each output: found once per batch, asked by many rules."""
+        return MarkerIndex(self.output_flat, self.profile.marker_ids)
 
     @cached_property
     def decodable(self) -> pl.Series:

@@ -20,12 +20,12 @@ against. A tokenizer the fast paths do not understand falls back on its own.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import polars as pl
+
+from audit.flat_ids import FlatIds
 
 BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
 
@@ -42,59 +42,6 @@ FAST_ENCODER_AFTER_CHARS = 4_000_000
 def fast_paths_enabled() -> bool:
     """False when the user asked for the plain tokenizer backend (the reference)."""
     return os.environ.get(BACKEND_ENV, "fast").strip().lower() not in {"tokenizers", "plain", "reference"}
-
-
-@dataclass
-class FlatIds:
-    """Many id lists as one flat array: sequence i is `values[offsets[i]:offsets[i + 1]]`."""
-
-    values: np.ndarray  # int64
-    offsets: np.ndarray  # int64, len = sequences + 1
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    @classmethod
-    def from_series(cls, series: pl.Series) -> FlatIds:
-        """A polars list column (no nulls, no null elements) without going through Python lists."""
-        lengths = series.list.len().fill_null(0).to_numpy().astype(np.int64, copy=False)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        values = series.explode(empty_as_null=False, keep_nulls=False).to_numpy()
-        return cls(values.astype(np.int64, copy=False), offsets)
-
-    def sequence(self, i: int) -> list[int]:
-        return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()
-
-    @classmethod
-    def slices(cls, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> FlatIds:
-        """`values[starts[i]:ends[i]]` for every i, as flat ids, with numpy gathers only."""
-        lengths = np.maximum(ends - starts, 0).astype(np.int64)
-        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        index = np.repeat(starts.astype(np.int64) - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
-        return cls(values[index], offsets)
-
-
-def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
-    """Boolean per sequence: are the two flat id lists different there? (vectorised)"""
-    differs = left.lengths != right.lengths
-    same_length = ~differs
-    if same_length.any():
-        # Over the sequences of equal length the two flat arrays line up element by element.
-        left_keep = np.repeat(same_length, left.lengths)
-        right_keep = np.repeat(same_length, right.lengths)
-        unequal = left.values[left_keep] != right.values[right_keep]
-        if unequal.any():
-            rows = np.flatnonzero(same_length)
-            lengths = left.lengths[rows]
-            owner = np.repeat(rows, lengths)
-            differs[np.unique(owner[unequal])] = True
-    return differs
 
 
 class ByteDecoder:

@@ -349,6 +349,13 @@ class ResolvedProfile:
         return tuple(dict.fromkeys(self.end_of_turn + self.eos))
 
     @property
+    def marker_ids(self) -> tuple[int, ...]:
+        """Every id the profile names in outputs: think, stop, tool-call, tool-result, channels."""
+        named = (self.think_start, self.think_end, *self.stop_ids, *self.tool_markers.values(),
+                 *self.tool_result, *self.channel_markers.values())
+        return tuple(dict.fromkeys(i for i in named if i is not None))
+
+    @property
     def tool_calls(self) -> ToolCallSpec | None:
         return self.profile.tool_calls
 

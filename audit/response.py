@@ -10,17 +10,20 @@ reasoning (`may_end_reasoning`: Kimi, Qwen3.5/3.6), at a tool call
 entered with no `</think>` before it, as SGLang's reasoning parsers split it. Everything after
 is the answer, up to the trailing stop token(s).
 
-`response_bounds(batch)` computes these bounds once per batch with polars list expressions (no
-per-token Python); the tool-call grammar, the segmentation and degenerate-output rules, the
-record statistics, `audit inspect` and the HTML samples all read them.
+`response_bounds(batch)` computes these bounds once per batch from the batch's marker index
+(`audit.flat_ids`: one look-up over the flat output ids, no per-token Python); the tool-call
+grammar, the segmentation and degenerate-output rules, the record statistics, `audit inspect`
+and the HTML samples all read them.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from audit.batch import Batch
 from audit.expressions import ends_with
+from audit.flat_ids import ABSENT, MarkerIndex, absent_as_null
 from audit.profiles import REASONING_STATES, ResolvedProfile
 
 REASONING = pl.Enum(REASONING_STATES)
@@ -90,42 +93,44 @@ def response_bounds(batch: Batch) -> pl.DataFrame:
     return batch.shared(_bounds)
 
 
-def _first(token_ids: list[int]) -> pl.Expr:
-    if not token_ids:
-        return pl.lit(None, dtype=pl.Int64)
-    wanted = pl.lit(pl.Series(token_ids, dtype=pl.Int64)).implode()
-    return (
-        pl.col("output_ids")
-        .list.eval(pl.arg_where(pl.element().is_in(wanted)).first())
-        .list.first()
-        .cast(pl.Int64)
-    )
+def _first(markers: MarkerIndex, token_ids: list[int | None]) -> np.ndarray:
+    wanted = [i for i in token_ids if i is not None]
+    return markers.first(wanted) if wanted else np.full(markers.sequences, ABSENT, dtype=np.int64)
 
 
-def trailing_stops(stop_ids: tuple[int, ...]) -> pl.Expr:
-    """How many stop tokens end each output (usually one)."""
-    stops = pl.lit(pl.Series(list(stop_ids), dtype=pl.Int64)).implode()
-    return (
-        pl.col("output_ids")
-        .list.reverse()
-        .list.eval(pl.element().is_in(stops).cum_min())
-        .list.sum()
-        .fill_null(0)
-        .cast(pl.Int64)
-    )
+def stop_run(batch: Batch) -> np.ndarray:
+    """Per record: how many stop tokens end its output (usually one; 0 for none or no output)."""
+    return batch.markers.trailing_run(batch.profile.stop_ids)
 
 
 def _bounds(batch: Batch) -> pl.DataFrame:
     profile = batch.profile
-    length = pl.col("output_ids").list.len().cast(pl.Int64)
-    end = length - trailing_stops(profile.stop_ids)
-    close = _first([profile.think_end] if profile.think_end is not None else [])
-    entry = _first(tool_entry_ids(profile))
+    markers = batch.markers
     null = pl.lit(None, dtype=pl.Int64)
+    # The scans over every id come from the batch's marker index (one look-up over the flat
+    # ids); what follows is arithmetic on a few numbers per record.
+    lengths = pl.Series("length", batch.output_flat.lengths, dtype=pl.Int64)
+    scanned = pl.DataFrame(
+        [
+            lengths.set(pl.Series(~batch.output_present), None),
+            pl.Series("trailing", stop_run(batch), dtype=pl.Int64),
+            absent_as_null(_first(markers, [profile.think_end]), "close"),
+            absent_as_null(_first(markers, tool_entry_ids(profile)), "entry"),
+            absent_as_null(_first(markers, [profile.think_start]), "opened"),
+        ]
+    ).with_columns(
+        batch.records.select(
+            prompt_reasoning(profile).alias("reasoning"),
+            pl.col("output_ids").list.first().cast(pl.Int64).alias("first_id"),
+        )
+    )
+    end = pl.col("length") - pl.col("trailing")
+    close = pl.col("close")
+    entry = pl.col("entry")
 
     state = pl.col("reasoning")
     if profile.think_start is not None:
-        opened = _first([profile.think_start])
+        opened = pl.col("opened")
         # A `<think>` lost but its `</think>` kept: the reasoning still ran from the start.
         model_start = (
             pl.when(opened.is_not_null())
@@ -134,7 +139,7 @@ def _bounds(batch: Batch) -> pl.DataFrame:
             .then(0)
             .otherwise(null)
         )
-        own_think = pl.col("output_ids").list.first() == profile.think_start
+        own_think = pl.col("first_id") == profile.think_start
         start = (
             pl.when(state == "prompt_opens")
             .then(pl.lit(0, dtype=pl.Int64))
@@ -168,7 +173,7 @@ def _bounds(batch: Batch) -> pl.DataFrame:
         .then(entry)
         .otherwise(null)
     )
-    return batch.records.with_columns(prompt_reasoning(profile).alias("reasoning")).select(
+    return scanned.select(
         "reasoning",
         start.alias("reasoning_start"),
         reasoning_end.alias("reasoning_end"),

@@ -30,7 +30,7 @@ import orjson
 import polars as pl
 
 from audit.batch import Batch
-from audit.fastcodec import FlatIds
+from audit.flat_ids import FlatIds
 from audit.response import answer_text, response_bounds
 from audit.toolcall_formats import ROLE_LETTERS, ToolCall
 from audit.toolcall_values import elements_error, parameter_types, tool_parameters, value_error

@@ -22,7 +22,8 @@ from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine import audit_file
-from audit.fastcodec import BACKEND_ENV, FlatIds
+from audit.fastcodec import BACKEND_ENV
+from audit.flat_ids import FlatIds
 from audit.profiles import load_profile
 from audit.ruleset import load_rule_set
 from audit.session import CheckOptions, prepare

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import polars as pl
 
 from audit.batch import Batch
 from audit.channels import harmony_messages
 from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
-from audit.expressions import id_set, truncated
+from audit.expressions import truncated
 from audit.response import response_bounds
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
@@ -23,7 +24,7 @@ class RepetitionLoop(RecordRule):
     What it checks:
         The last `loop_min_tokens` ids of the output (its final stop token set aside) repeat
         with a period of at most `loop_max_period` tokens: `ids[i] == ids[i - period]`
-        throughout. One vectorised comparison per period over the output tails.
+        throughout. Vectorised over the flat output ids, a few comparisons per period.
 
     Why it matters:
         A model stuck in a loop repeats a phrase until `max_new_tokens` cuts it. Those tokens
@@ -49,31 +50,59 @@ class RepetitionLoop(RecordRule):
         ),
     }
 
-    def _loop_period(self, batch: Batch) -> pl.Expr:
+    def find(self, batch: Batch) -> pl.DataFrame:
         span = self.options["loop_min_tokens"]
-        output = pl.col("output_ids")
-        ends_with_stop = output.list.last().is_in(id_set(batch.profile.stop_ids)).fill_null(False)
-        usable = output.list.len() - ends_with_stop.cast(pl.Int64)
-        periods = []
-        for period in range(1, self.options["loop_max_period"] + 1):
-            window = output.list.slice(usable - span - period, span + period)
-            periodic = (window.list.head(span) == window.list.tail(span)) & (usable >= span + period)
-            periods.append(pl.when(periodic).then(pl.lit(period)))
-        return pl.coalesce(periods)
-
-    def violation(self, batch: Batch) -> pl.Expr:
-        return self._loop_period(batch).is_not_null()
-
-    def position(self, batch: Batch) -> pl.Expr:
-        return pl.col("output_ids").list.len() - self.options["loop_min_tokens"]
-
-    def message(self, batch: Batch) -> pl.Expr:
-        return pl.format(
-            "output ends in a loop: a {}-token n-gram repeated over its last {} tokens (finish {})",
-            self._loop_period(batch),
-            pl.lit(self.options["loop_min_tokens"]),
-            pl.coalesce(pl.col("finish_type"), pl.lit("not saved")),
+        periods = loop_periods(batch, span, self.options["loop_max_period"])
+        rows = np.flatnonzero(periods)
+        if not len(rows):
+            return empty_findings()
+        lengths = batch.output_flat.lengths
+        finish = batch.records["finish_type"].gather(rows).to_list()
+        return findings_frame(
+            rows.tolist(),
+            (lengths[rows] - span).tolist(),
+            [
+                f"output ends in a loop: a {period}-token n-gram repeated over its last {span} tokens "
+                f"(finish {kind if kind is not None else 'not saved'})"
+                for period, kind in zip(periods[rows].tolist(), finish, strict=True)
+            ],
         )
+
+
+# Tokens compared first, for every record, before a whole tail is (only loops get that far).
+_LOOP_PROBE = 8
+
+
+def loop_periods(batch: Batch, span: int, max_period: int) -> np.ndarray:
+    """Per record: the shortest period (1..max_period) with which the last `span` ids of its
+    output repeat, its final stop token set aside; 0 when there is none.
+
+    Over the flat output ids (numpy): for each period, `ids[i] == ids[i - period]` over each
+    tail, first for its last few ids (which rules out nearly every record at once), then over
+    the whole tail for the records still in the running.
+    """
+    flat = batch.output_flat
+    lengths = flat.lengths
+    ends = flat.offsets[1:]
+    last = flat.values[np.maximum(ends - 1, 0)] if len(flat.values) else np.zeros(len(lengths), np.int64)
+    ends_with_stop = (lengths > 0) & np.isin(last, np.array(batch.profile.stop_ids, dtype=np.int64))
+    usable = lengths - ends_with_stop
+    end = flat.offsets[:-1] + usable  # one past the last id of each usable tail, in the flat array
+    periods = np.zeros(len(lengths), dtype=np.int64)
+    probe = np.arange(1, min(span, _LOOP_PROBE) + 1)
+    for period in range(1, max_period + 1):
+        rows = np.flatnonzero((usable >= span + period) & (periods == 0))
+        if not len(rows):
+            if not (usable >= span + period).any():
+                break  # longer periods need longer outputs still
+            continue
+        at = end[rows, None] - probe  # the probe's positions, per record
+        rows = rows[(flat.values[at] == flat.values[at - period]).all(axis=1)]
+        if len(rows):
+            at = (end[rows, None] - span + np.arange(span)).ravel()  # whole tails, record by record
+            mismatched = np.add.reduceat(flat.values[at] != flat.values[at - period], np.arange(len(rows)) * span)
+            periods[rows[mismatched == 0]] = period
+    return periods
 
 
 class SegmentTooShort(RecordRule):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.expressions import first_index_in, id_set
-from audit.response import answer_text, response_bounds, trailing_stops
+from audit.expressions import id_set
+from audit.flat_ids import ABSENT, absent_as_null
+from audit.response import answer_text, response_bounds, stop_run
 
 
 class Truncated(RecordRule):
@@ -189,26 +191,24 @@ class TurnJoined(RecordRule):
 
     def find(self, batch: Batch) -> pl.DataFrame:
         profile = batch.profile
+        markers = batch.markers
         # The output's own trailing stop token(s) end it; any stop id before them does not.
-        body = pl.col("output_ids").list.len() - trailing_stops(profile.stop_ids)
-        stop_at = first_index_in("output_ids", list(profile.stop_ids))
-        result_at = (
-            first_index_in("output_ids", list(profile.tool_result))
-            if profile.tool_result
-            else pl.lit(None)
-        )
-        frame = batch.records.with_row_index("row").select(
-            "row",
-            pl.when(stop_at < body).then(stop_at).alias("stop_at"),
-            result_at.cast(pl.Int64).alias("result_at"),
-            pl.col("output_ids").list.len().alias("length"),
-            pl.col("output_ids"),
-        )
+        body = batch.output_flat.lengths - stop_run(batch)
+        stop_at = markers.first(profile.stop_ids)
+        stop_at = np.where(stop_at < body, stop_at, ABSENT)
+        result_at = markers.first(profile.tool_result) if profile.tool_result else np.full_like(stop_at, ABSENT)
         text_results = self._text_results(batch)
-        flagged = frame.filter(
-            pl.col("stop_at").is_not_null()
-            | pl.col("result_at").is_not_null()
-            | pl.col("row").is_in(list(text_results))
+        joined = (stop_at != ABSENT) | (result_at != ABSENT)
+        joined[list(text_results)] = True
+        rows = np.flatnonzero(joined)
+        flagged = pl.DataFrame(
+            [
+                pl.Series("row", rows, dtype=pl.UInt32),
+                absent_as_null(stop_at[rows], "stop_at"),
+                absent_as_null(result_at[rows], "result_at"),
+                pl.Series("length", batch.output_flat.lengths[rows], dtype=pl.Int64),
+                batch.records["output_ids"].gather(rows),
+            ]
         )
         if flagged.is_empty():
             return empty_findings()

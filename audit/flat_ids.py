@@ -1,0 +1,146 @@
+"""Many id lists as one flat numpy array, and the scans the rules make over them.
+
+A block holds a few hundred outputs of thousands of ids each, and the rules ask the same few
+questions of every output: where is its first `</think>`, how many stop tokens end it, is there
+a tool-result marker, does its tail repeat. Asked of a polars list column, each question is a
+pass of list expressions over every id. Here the outputs are one flat int64 array with offsets
+(`FlatIds`), and the ids any rule looks for (the profile's markers, a few dozen at most) are
+found in a single table look-up over that array (`MarkerIndex`); every question about them is
+then answered from those few hits, not from the ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+
+@dataclass
+class FlatIds:
+    """Many id lists as one flat array: sequence i is `values[offsets[i]:offsets[i + 1]]`."""
+
+    values: np.ndarray  # int64
+    offsets: np.ndarray  # int64, len = sequences + 1
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @classmethod
+    def from_series(cls, series: pl.Series) -> FlatIds:
+        """A polars list column without going through Python lists (a null list is empty;
+        the reader leaves no null element in an id list)."""
+        lengths = series.list.len().fill_null(0).to_numpy().astype(np.int64, copy=False)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        values = series.explode(empty_as_null=False, keep_nulls=False).to_numpy()
+        return cls(values.astype(np.int64, copy=False), offsets)
+
+    def sequence(self, i: int) -> list[int]:
+        return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()
+
+    @classmethod
+    def slices(cls, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> FlatIds:
+        """`values[starts[i]:ends[i]]` for every i, as flat ids, with numpy gathers only."""
+        lengths = np.maximum(ends - starts, 0).astype(np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        index = np.repeat(starts.astype(np.int64) - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+        return cls(values[index], offsets)
+
+
+def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
+    """Boolean per sequence: are the two flat id lists different there? (vectorised)"""
+    differs = left.lengths != right.lengths
+    same_length = ~differs
+    if same_length.any():
+        # Over the sequences of equal length the two flat arrays line up element by element.
+        left_keep = np.repeat(same_length, left.lengths)
+        right_keep = np.repeat(same_length, right.lengths)
+        unequal = left.values[left_keep] != right.values[right_keep]
+        if unequal.any():
+            rows = np.flatnonzero(same_length)
+            lengths = left.lengths[rows]
+            owner = np.repeat(rows, lengths)
+            differs[np.unique(owner[unequal])] = True
+    return differs
+
+
+# What `MarkerIndex` answers when a sequence does not hold the id asked about.
+ABSENT = -1
+
+
+class MarkerIndex:
+    """Every place where one of a few ids (a profile's markers) occurs in a `FlatIds`.
+
+    Built with one boolean table look-up over all the ids; the hits are kept in sequence
+    order, then position order. Answers are numpy arrays with one entry per sequence,
+    `ABSENT` (-1) where there is no such occurrence.
+    """
+
+    def __init__(self, flat: FlatIds, ids: Iterable[int]):
+        wanted = np.array(sorted({int(i) for i in ids if i is not None and i >= 0}), dtype=np.int64)
+        self.sequences = len(flat)
+        self.lengths = flat.lengths
+        if len(wanted) and len(flat.values):
+            # The table's last entry is False: every id beyond the largest wanted one lands there.
+            table = np.zeros(int(wanted[-1]) + 2, dtype=bool)
+            table[wanted] = True
+            at = np.flatnonzero(table[np.minimum(flat.values, len(table) - 1)])
+        else:
+            at = np.zeros(0, dtype=np.int64)
+        self.row = np.searchsorted(flat.offsets, at, side="right") - 1
+        self.position = at - flat.offsets[self.row]
+        self.id = flat.values[at]
+
+    def _hits(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(row, position) of the hits of `ids`, in order."""
+        keep = np.isin(self.id, np.fromiter((i for i in ids if i is not None), dtype=np.int64))
+        return self.row[keep], self.position[keep]
+
+    def first(self, ids: Iterable[int]) -> np.ndarray:
+        """Per sequence: index of the first occurrence of any of `ids`, or ABSENT."""
+        return self.nth(ids, 0)
+
+    def nth(self, ids: Iterable[int], n: int) -> np.ndarray:
+        """Per sequence: index of the n-th (0-based) occurrence of any of `ids`, or ABSENT."""
+        rows, positions = self._hits(ids)
+        found = np.full(self.sequences, ABSENT, dtype=np.int64)
+        if len(rows):
+            # Rank of each hit within its sequence: hits are sorted by sequence, then position.
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            rank = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
+            chosen = rank == n
+            found[rows[chosen]] = positions[chosen]
+        return found
+
+    def count(self, ids: Iterable[int]) -> np.ndarray:
+        """Per sequence: how many of its ids are any of `ids`."""
+        rows, _ = self._hits(ids)
+        return np.bincount(rows, minlength=self.sequences).astype(np.int64)
+
+    def trailing_run(self, ids: Iterable[int]) -> np.ndarray:
+        """Per sequence: how many of its last ids are all `ids` (the stop tokens that end it)."""
+        rows, positions = self._hits(ids)
+        if not len(rows):
+            return np.zeros(self.sequences, dtype=np.int64)
+        counts = np.bincount(rows, minlength=self.sequences)
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        rank = np.arange(len(rows)) - np.repeat(starts, np.diff(np.r_[starts, len(rows)]))
+        from_end = counts[rows] - 1 - rank
+        # The k-th hit from the end sits at length-1-k exactly when it and every later hit are
+        # the run that ends the sequence (positions strictly increase).
+        at_end = positions == self.lengths[rows] - 1 - from_end
+        return np.bincount(rows[at_end], minlength=self.sequences).astype(np.int64)
+
+
+def absent_as_null(values: np.ndarray, name: str) -> pl.Series:
+    """A `MarkerIndex` answer as an Int64 series, null where ABSENT."""
+    series = pl.Series(name, values, dtype=pl.Int64)
+    return series.set(series == ABSENT, None) if (values == ABSENT).any() else series

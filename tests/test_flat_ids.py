@@ -1,0 +1,199 @@
+"""The scans over flat output ids answer exactly what the polars list expressions answered.
+
+Response bounds, the stop tokens that end an output, the stop or tool-result marker inside it
+(TRM005) and the tail loops (DEG001) are computed with numpy over one flat array of a batch's
+output ids (`audit.flat_ids`). Each is compared here, on random outputs drawn from the profile's
+marker ids and a few ordinary ids (null and empty outputs included), with the polars list
+expressions they replace, written out below as the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from audit.batch import AuditContext, Batch
+from audit.checks import RULES
+from audit.checks.degenerate import loop_periods
+from audit.flat_ids import ABSENT, FlatIds, MarkerIndex
+from audit.profiles import load_profile
+from audit.records import RECORD_COLUMNS
+from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
+from audit.tokenizer import load_tokenizer
+
+from .conftest import KIMI_TOKENIZER
+
+# (profile, thinking): prompt opens <think>, the model opens it, thinking off.
+PROFILES = [("kimi-k2.5", True), ("kimi-k2-thinking", True), ("kimi-k2.5", False)]
+
+
+@pytest.fixture(scope="module")
+def contexts() -> dict[tuple[str, bool], AuditContext]:
+    tokenizer = load_tokenizer(KIMI_TOKENIZER)
+    return {
+        (name, thinking): AuditContext(load_profile(name).resolve(tokenizer, thinking=thinking), tokenizer)
+        for name, thinking in PROFILES
+    }
+
+
+def batch_of(context: AuditContext, outputs: list[list[int] | None], finish: list[str | None]) -> Batch:
+    columns = {name: [None] * len(outputs) for name in RECORD_COLUMNS}
+    columns["line"] = list(range(1, len(outputs) + 1))
+    columns["output_ids"] = outputs
+    columns["finish_type"] = finish
+    return Batch(pl.DataFrame(columns, schema=RECORD_COLUMNS), context)
+
+
+def outputs_strategy(alphabet: list[int], max_size: int = 40):
+    ids = st.sampled_from(alphabet)
+    output = st.one_of(st.none(), st.lists(ids, max_size=max_size))
+    return st.lists(output, min_size=1, max_size=12)
+
+
+def alphabet_of(context: AuditContext) -> list[int]:
+    return [*context.profile.marker_ids, 5, 6, 7]
+
+
+# -- the polars list expressions the numpy scans replace (the reference) -----------------------
+
+
+def first_in(token_ids: list[int]) -> pl.Expr:
+    if not token_ids:
+        return pl.lit(None, dtype=pl.Int64)
+    wanted = pl.lit(pl.Series(token_ids, dtype=pl.Int64)).implode()
+    return pl.col("output_ids").list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first().cast(pl.Int64)
+
+
+def trailing_stops(stop_ids: tuple[int, ...]) -> pl.Expr:
+    stops = pl.lit(pl.Series(list(stop_ids), dtype=pl.Int64)).implode()
+    return (
+        pl.col("output_ids").list.reverse().list.eval(pl.element().is_in(stops).cum_min())
+        .list.sum().fill_null(0).cast(pl.Int64)
+    )
+
+
+def reference_bounds(batch: Batch) -> pl.DataFrame:
+    profile = batch.profile
+    length = pl.col("output_ids").list.len().cast(pl.Int64)
+    end = length - trailing_stops(profile.stop_ids)
+    close = first_in([profile.think_end] if profile.think_end is not None else [])
+    entry = first_in(tool_entry_ids(profile))
+    null = pl.lit(None, dtype=pl.Int64)
+    state = pl.col("reasoning")
+    if profile.think_start is not None:
+        opened = first_in([profile.think_start])
+        model_start = pl.when(opened.is_not_null()).then(opened + 1).when(close.is_not_null()).then(0).otherwise(null)
+        own_think = pl.col("output_ids").list.first() == profile.think_start
+        start = (
+            pl.when(state == "prompt_opens").then(pl.lit(0, dtype=pl.Int64))
+            .when(state == "model_opens").then(model_start)
+            .when(state == "may_open").then(pl.when(own_think.fill_null(False)).then(1).otherwise(0).cast(pl.Int64))
+            .otherwise(null)
+        )
+    else:
+        start = null
+    spec = profile.tool_calls
+    closed_by_call = (close.is_null() & entry.is_not_null()) if spec is not None and spec.may_end_reasoning else pl.lit(False)
+    reasoning_end = pl.when(start.is_null()).then(null).when(close.is_not_null()).then(close).when(closed_by_call).then(entry).otherwise(end)
+    answer_start = (
+        pl.when(start.is_null()).then(pl.lit(0, dtype=pl.Int64)).when(close.is_not_null()).then(close + 1)
+        .when(closed_by_call).then(entry).otherwise(null)
+    )
+    return batch.records.with_columns(prompt_reasoning(profile).alias("reasoning")).select(
+        "reasoning", start.alias("reasoning_start"), reasoning_end.alias("reasoning_end"), close.alias("response_at"),
+        entry.alias("tool_entry"), answer_start.alias("answer_start"),
+        pl.max_horizontal(end, answer_start).alias("answer_end"),
+    ).cast(BOUNDS_SCHEMA)
+
+
+def reference_loop_period(batch: Batch, span: int, max_period: int) -> pl.Series:
+    output = pl.col("output_ids")
+    stops = pl.lit(pl.Series(list(batch.profile.stop_ids), dtype=pl.Int64)).implode()
+    usable = output.list.len() - output.list.last().is_in(stops).fill_null(False).cast(pl.Int64)
+    periods = []
+    for period in range(1, max_period + 1):
+        window = output.list.slice(usable - span - period, span + period)
+        periodic = (window.list.head(span) == window.list.tail(span)) & (usable >= span + period)
+        periods.append(pl.when(periodic).then(pl.lit(period)))
+    return batch.records.select(pl.coalesce(periods).fill_null(0)).to_series()
+
+
+# -- the comparisons ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("setup", PROFILES)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_response_bounds_equal_the_list_expressions(contexts, setup, data) -> None:
+    context = contexts[setup]
+    outputs = data.draw(outputs_strategy(alphabet_of(context)))
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    assert response_bounds(batch).equals(reference_bounds(batch))
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:
+    context = contexts[PROFILES[0]]
+    alphabet = alphabet_of(context)
+    outputs = data.draw(outputs_strategy(alphabet))
+    wanted = data.draw(st.lists(st.sampled_from(context.profile.marker_ids), min_size=1, max_size=3, unique=True))
+    n = data.draw(st.integers(0, 3))
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    index = MarkerIndex(FlatIds.from_series(batch.records["output_ids"]), context.profile.marker_ids)
+    ids = pl.lit(pl.Series(wanted, dtype=pl.Int64)).implode()
+    expected = batch.records.select(
+        first_in(wanted).fill_null(ABSENT).alias("first"),
+        pl.col("output_ids").list.eval(pl.arg_where(pl.element().is_in(ids))).list.get(n, null_on_oob=True)
+        .cast(pl.Int64).fill_null(ABSENT).alias("nth"),
+        pl.col("output_ids").list.eval(pl.element().is_in(ids).sum()).list.first().fill_null(0).cast(pl.Int64).alias("count"),
+        trailing_stops(tuple(wanted)).alias("trailing"),
+    )
+    assert index.first(wanted).tolist() == expected["first"].to_list()
+    assert index.nth(wanted, n).tolist() == expected["nth"].to_list()
+    assert index.count(wanted).tolist() == expected["count"].to_list()
+    assert index.trailing_run(wanted).tolist() == expected["trailing"].to_list()
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_loop_periods_equal_the_list_expressions(contexts, data) -> None:
+    context = contexts[PROFILES[0]]
+    stop = context.profile.stop_ids[0]
+    # Short periodic tails from a tiny alphabet, with or without a stop token after them.
+    piece = st.lists(st.sampled_from([5, 6, 7]), min_size=1, max_size=4)
+    output = st.builds(
+        lambda head, unit, times, stop_after: head + unit * times + ([stop] if stop_after else []),
+        st.lists(st.sampled_from([5, 6, 7, stop]), max_size=6), piece, st.integers(0, 12), st.booleans(),
+    )
+    outputs = data.draw(st.lists(st.one_of(st.none(), output), min_size=1, max_size=10))
+    span = data.draw(st.integers(1, 12))
+    max_period = data.draw(st.integers(1, 6))
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    assert loop_periods(batch, span, max_period).tolist() == reference_loop_period(batch, span, max_period).to_list()
+
+
+def test_loop_rule_reports_period_position_and_finish(contexts) -> None:
+    context = contexts[PROFILES[0]]
+    stop = context.profile.stop_ids[0]
+    looping = [9, 8] + [5, 6, 7] * 30 + [stop]
+    batch = batch_of(context, [looping, [5, 6] * 3, None], ["stop", "length", None])
+    found = RULES["DEG001"](loop_min_tokens=64).check(batch)
+    assert found.rows() == [
+        (0, len(looping) - 64, "output ends in a loop: a 3-token n-gram repeated over its last 64 tokens (finish stop)")
+    ]
+    assert RULES["DEG001"](loop_min_tokens=2**31 - 1).check(batch).is_empty()
+
+
+def test_turn_joined_points_at_a_stop_token_inside_the_output(contexts) -> None:
+    context = contexts[PROFILES[0]]
+    profile = context.profile
+    eot = profile.end_of_turn[0]
+    outputs = [[5, eot, 6, eot], [5, eot, eot], [5, 6], None, []]
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    found = RULES["TRM005"]().check(batch)
+    assert found["row"].to_list() == [0] and found["position"].to_list() == [1]
+    assert np.array_equal(batch.markers.first([eot]), [1, 1, ABSENT, ABSENT, ABSENT])
