@@ -120,9 +120,12 @@ class MarkerIndex:
             found[rows[chosen]] = positions[chosen]
         return found
 
-    def count(self, ids: Iterable[int]) -> np.ndarray:
-        """Per sequence: how many of its ids are any of `ids`."""
-        rows, _ = self._hits(ids)
+    def count(self, ids: Iterable[int], since: np.ndarray | None = None) -> np.ndarray:
+        """Per sequence: how many of its ids are any of `ids` (at index `since[i]` or later,
+        when given)."""
+        rows, positions = self._hits(ids)
+        if since is not None:
+            rows = rows[positions >= since[rows]]
         return np.bincount(rows, minlength=self.sequences).astype(np.int64)
 
     def trailing_run(self, ids: Iterable[int]) -> np.ndarray:

@@ -142,6 +142,7 @@ def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:
     outputs = data.draw(outputs_strategy(alphabet))
     wanted = data.draw(st.lists(st.sampled_from(context.profile.marker_ids), min_size=1, max_size=3, unique=True))
     n = data.draw(st.integers(0, 3))
+    since = data.draw(st.lists(st.integers(0, 45), min_size=len(outputs), max_size=len(outputs)))
     batch = batch_of(context, outputs, [None] * len(outputs))
     index = MarkerIndex(FlatIds.from_series(batch.records["output_ids"]), context.profile.marker_ids)
     ids = pl.lit(pl.Series(wanted, dtype=pl.Int64)).implode()
@@ -151,11 +152,14 @@ def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:
         .cast(pl.Int64).fill_null(ABSENT).alias("nth"),
         pl.col("output_ids").list.eval(pl.element().is_in(ids).sum()).list.first().fill_null(0).cast(pl.Int64).alias("count"),
         trailing_stops(tuple(wanted)).alias("trailing"),
+        pl.col("output_ids").list.slice(pl.lit(pl.Series(since)), pl.col("output_ids").list.len())
+        .list.eval(pl.element().is_in(ids).sum()).list.first().fill_null(0).cast(pl.Int64).alias("since"),
     )
     assert index.first(wanted).tolist() == expected["first"].to_list()
     assert index.nth(wanted, n).tolist() == expected["nth"].to_list()
     assert index.count(wanted).tolist() == expected["count"].to_list()
     assert index.trailing_run(wanted).tolist() == expected["trailing"].to_list()
+    assert index.count(wanted, since=np.array(since)).tolist() == expected["since"].to_list()
 
 
 @settings(max_examples=80, deadline=None)

@@ -223,13 +223,27 @@ class ToolMarkerAsText(ToolCallRule):
     name = "tool-marker-as-text"
 
     def frame(self, batch: Batch) -> pl.DataFrame:
+        # How often each marker's id occurs, and the calls begun in the answer: from the batch's
+        # marker index, not a scan of every id per marker.
+        markers = batch.markers
+        bounds = response_bounds(batch)
+        answer_from = bounds["answer_start"].fill_null(pl.Series(batch.output_flat.lengths)).to_numpy()
+        counts = [
+            pl.Series(f"_ids_{role}", markers.count([token_id]), dtype=pl.Int64)
+            for role, token_id in batch.profile.tool_markers.items()
+        ]
+        spec = batch.profile.tool_calls
+        counted = batch.profile.tool_markers.get(spec.format.text_marker_role) if spec is not None else None
+        if counted is not None:
+            counts.append(pl.Series("_answer_calls", markers.count([counted], since=answer_from), dtype=pl.Int64))
         return pl.concat(
             [
                 batch.records.with_columns(
                     batch.decoded_output.alias("decoded"),
                     tool_call_view(batch).per_record.alias("calls_read"),
+                    *counts,
                 ),
-                response_bounds(batch),
+                bounds,
             ],
             how="horizontal",
         )
@@ -239,20 +253,16 @@ class ToolMarkerAsText(ToolCallRule):
         excess = [
             (
                 spec.markers[role],
-                pl.col("decoded").str.count_matches(spec.markers[role], literal=True)
-                > pl.col("output_ids").list.count_matches(token_id),
+                pl.col("decoded").str.count_matches(spec.markers[role], literal=True) > pl.col(f"_ids_{role}"),
             )
-            for role, token_id in batch.profile.tool_markers.items()
+            for role in batch.profile.tool_markers
         ]
         role = spec.format.text_marker_role
         counted = batch.profile.tool_markers.get(role)
         if spec.format.text_markers:
             answer = answer_text(batch.profile)
             if counted is not None:
-                length = pl.col("output_ids").list.len().cast(pl.Int64)
-                start = pl.col("answer_start").fill_null(length)
-                answer_ids = pl.col("output_ids").list.slice(start, length - start)
-                calls = answer_ids.list.count_matches(counted)
+                calls = pl.col("_answer_calls")
                 marker = spec.markers[role]
             else:  # calls delimited by text around one tag id (DSML): the calls read
                 calls = pl.col("calls_read")
