@@ -201,6 +201,10 @@ def _outcome(render: Any) -> tuple[str, str]:
         return (type(exc).__name__, str(exc))
 
 
+# The types a conversation's JSON values have inside a template.
+_JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
+
+
 @lru_cache(maxsize=8)
 def _compiled(template: str) -> Any:
     """The template compiled in transformers' sandboxed environment (see the module docstring)."""
@@ -259,7 +263,24 @@ def _compiled(template: str) -> Any:
                     "Please rename the attribute."
                 )
 
-    environment = ImmutableSandboxedEnvironment(
+    class Environment(ImmutableSandboxedEnvironment):
+        # Whether an attribute is safe depends only on the object's type and the attribute's
+        # name (jinja2.sandbox: `is_internal_attribute`, `modifies_known_mutable`); templates ask
+        # about the same namespace variables and methods of JSON values thousands of times a
+        # block, so the answer for those types is kept.
+        _known_safe: ClassVar[dict[tuple[type, str], bool]] = {}
+
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            kind = type(obj)
+            if kind not in _JSON_TYPES and kind is not TemplateNamespace:
+                return super().is_safe_attribute(obj, attr, value)
+            key = (kind, attr)
+            known = self._known_safe.get(key)
+            if known is None:
+                known = self._known_safe[key] = super().is_safe_attribute(obj, attr, value)
+            return known
+
+    environment = Environment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
     )
     environment.filters["tojson"] = tojson

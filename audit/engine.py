@@ -48,6 +48,10 @@ STATS_SCHEMA: dict[str, pl.DataType] = {
 
 IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String()}
 
+# A JSONL line holds about one character of decoded text for every three bytes (ids written as
+# numbers, the `text` field): enough to tell an input worth building the fast encoder for.
+ENCODED_BYTES_PER_CHARACTER = 3
+
 # Called after each block with (records so far, output tokens so far, input bytes so far).
 ProgressCallback = Callable[[int, int, int], None]
 
@@ -107,14 +111,19 @@ def audit_blocks(
     *,
     spill: Path | None = None,
     progress: ProgressCallback | None = None,
+    expected_bytes: int | None = None,
 ) -> ShardAudit:
     """Run the record-level rules of `rule_set` over `blocks`, in order; see the module docstring.
 
     Findings carry each block's own line numbers. Each block's findings become one part, written
-    to the directory `spill` (kept in memory without one, or when small).
+    to the directory `spill` (kept in memory without one, or when small). `expected_bytes`, when
+    the source knows it (a file, a byte range), is how much input the blocks will hold: the
+    tokenizer then prepares for the text there is to encode (`Tokenizer.expect_encoding`).
     """
     record_rules = [c for c in rule_set.rules if not c.rule.file_level]
     keep_source = any(c.rule.reads_source for c in record_rules)
+    if expected_bytes is not None and any(c.rule.encodes_text for c in record_rules):
+        context.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
     parts: list[FindingsPart] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
@@ -222,15 +231,19 @@ def audit_input(
     *,
     path: Path,
     progress: ProgressCallback | None = None,
+    expected_bytes: int | None = None,
 ) -> FileAudit:
     """A whole input in this process: its blocks audited, findings spilled to disk, joined.
 
-    `digest` is the one the source updates as it reads (its sha256 and size name the input).
+    `digest` is the one the source updates as it reads (its sha256 and size name the input);
+    `expected_bytes` its size when known (see `audit_blocks`).
     """
     started = time.perf_counter()
     spill = FindingsLog.spill_directory()
     try:
-        shard = audit_blocks(blocks, context, rule_set, spill=spill, progress=progress)
+        shard = audit_blocks(
+            blocks, context, rule_set, spill=spill, progress=progress, expected_bytes=expected_bytes
+        )
     except BaseException:
         shutil.rmtree(spill, ignore_errors=True)
         raise
@@ -256,7 +269,16 @@ def audit_file(
     """Run every rule of `rule_set` over the file `path`, in this process."""
     digest = InputDigest()
     blocks = file_blocks(path, digest=digest, block_bytes=block_bytes)
-    return audit_input(blocks, digest, context, rule_set, path=path, progress=progress)
+    return audit_input(
+        blocks, digest, context, rule_set, path=path, progress=progress, expected_bytes=_size(path)
+    )
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None  # the source says why it cannot read the file
 
 
 def record_stats(batch: Batch) -> pl.DataFrame:

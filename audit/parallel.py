@@ -99,7 +99,9 @@ def _audit_shard(shard: Shard, spill: Path) -> ShardAudit:
         first_line=shard.first_line,
         block_bytes=session.options.block_bytes,
     )
-    return audit_blocks(blocks, session.context, session.rule_set, spill=spill)
+    return audit_blocks(
+        blocks, session.context, session.rule_set, spill=spill, expected_bytes=shard.end - shard.start
+    )
 
 
 def audit_file_parallel(

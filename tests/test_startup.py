@@ -183,8 +183,9 @@ def _real_deepseek(tmp_path: Path) -> Path:
 
 
 def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monkeypatch) -> None:
-    """A small partition encodes with `tokenizers`; past the threshold fastokens takes over, and the
-    verdicts are the same either way."""
+    """A small partition encodes with `tokenizers`; one the engine foresees past the threshold is
+    encoded by fastokens, built in the background from the start; the verdicts are the same
+    either way."""
     directory = _real_deepseek(tmp_path)
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
     tokenizer = load_tokenizer(directory)
@@ -206,9 +207,10 @@ def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monke
         return fresh, audit_file(data, context, rule_set).findings
 
     small, small_findings = run(10**12)
-    assert "fast_encoder" not in small.__dict__  # never built
+    assert "fast_encoder" not in small.__dict__ and small._fast_build is None  # never built
     large, large_findings = run(0)
-    assert large.__dict__.get("fast_encoder") is not None  # built and used
+    # The engine told the tokenizer how much text was coming: built in the background, then used.
+    assert large._fast_build is not None and large.__dict__.get("fast_encoder") is not None
     assert small_findings.select("line", "rule").rows() == [(3, "RTR001")]
     assert_frame_equal(small_findings, large_findings)
 
@@ -297,6 +299,28 @@ def test_inputs_transformers_treats_specially_are_left_to_it(tmp_path: Path, mon
     tokenizer = load_tokenizer(KIMI_TOKENIZER)
     with pytest.raises(ValueError, match="empty conversation"):
         tokenizer.render_chat([])
+
+
+def test_the_sandbox_refuses_unsafe_attributes_every_time() -> None:
+    """Safe attribute answers are remembered per type and name: a safe one (`ns.seen`,
+    `str.upper`) renders, an unsafe one (a list mutated, an underscore attribute) is refused
+    on every render, not only the first."""
+    from jinja2.exceptions import SecurityError
+
+    safe = ChatTemplate(
+        "{% set ns = namespace(seen=0) %}{% for m in messages %}{% set ns.seen = ns.seen + 1 %}"
+        "{{ m['content'].upper() }}{% endfor %}{{ ns.seen }}", {}
+    )
+    mutating = ChatTemplate("{{ messages.append(1) }}", {})
+    private = ChatTemplate("{{ messages.__class__.__mro__ }}", {})
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]
+    for _ in range(3):
+        assert safe.render(messages) == "HIYO2"
+        with pytest.raises(SecurityError):
+            mutating.render(messages)
+        with pytest.raises(SecurityError):
+            private.render(messages)
+    assert messages == [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]
 
 
 def test_tpl001_findings_are_those_of_transformers(tmp_path: Path, monkeypatch) -> None:

@@ -93,6 +93,9 @@ class Rule:
     # The kind of problem the reader or the record contract finds that this rule reports
     # (`audit.records.UNREADABLE`, `audit.contract.PROBLEMS`): the one map from those to codes.
     problem: ClassVar[str | None] = None
+    # True for rules that encode text with the tokenizer (a cost that grows with the data: the
+    # engine tells the tokenizer how much is coming, see `Tokenizer.expect_encoding`).
+    encodes_text: ClassVar[bool] = False
     # Parameters a rule set may override under [rules.CODE]: default, type and valid range each.
     parameters: ClassVar[dict[str, Parameter]] = {}
 

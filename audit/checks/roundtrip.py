@@ -59,6 +59,7 @@ class RoundTrip(RecordRule):
 
     code = "RTR001"
     name = "round-trip-mismatch"
+    encodes_text = True
 
     def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
         """The decoded text around the first difference, with the saved and re-encoded ids."""

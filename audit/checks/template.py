@@ -71,6 +71,7 @@ class TemplateMismatch(RecordRule):
     name = "template-mismatch"
     position_field = "input_ids"
     reads_source = True
+    encodes_text = True
 
     def __init__(self, **parameters: Any):
         super().__init__(**parameters)
