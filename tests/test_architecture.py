@@ -63,6 +63,7 @@ LAYERS = {
         "audit.tokenizer",
         "audit.tokenizer_cache",
         "audit.fastcodec",
+        "audit.flat_ids",
     ),
     "base": (
         "audit",
