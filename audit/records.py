@@ -13,15 +13,14 @@ One JSON object per line (SGLang `/generate` output saved raw):
                   template-fidelity rule, and the tool-call rules for declared types)
     anything else: kept on disk, ignored here
 
-Lines come in blocks from any source (`audit.sources`); each block is parsed by polars with
-an explicit schema, after a strict JSON reading of every line. A line that is not a record
-becomes a `RejectedLine` with its physical line number and the kind of problem, and the rest
-of the block is still read.
+Lines come in blocks from any source (`audit.sources`); each line is read once by a strict
+JSON parser, and the block's record frame (polars, the contract's column types) is built from
+the values it gave. A line that is not a record becomes a `RejectedLine` with its physical line
+number and the kind of problem, and the rest of the block is still read.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,29 +30,6 @@ import polars as pl
 
 from audit.json_values import json_type
 from audit.sources import LineBlock
-
-# The raw schema polars parses against; fields beyond it are ignored.
-RAW_SCHEMA: dict[str, pl.DataType] = {
-    "id": pl.String(),
-    "input_ids": pl.List(pl.Int64()),
-    "prompt_ids": pl.List(pl.Int64()),
-    "output_ids": pl.List(pl.Int64()),
-    "text": pl.String(),
-    "meta_info": pl.Struct(
-        {
-            "finish_reason": pl.Struct(
-                {
-                    "type": pl.String(),
-                    "matched": pl.String(),
-                    "length": pl.Int64(),
-                    "message": pl.String(),
-                }
-            ),
-            "prompt_tokens": pl.Int64(),
-            "completion_tokens": pl.Int64(),
-        }
-    ),
-}
 
 # The columns every batch frame has, one row per readable record.
 RECORD_COLUMNS: dict[str, pl.DataType] = {
@@ -105,30 +81,31 @@ class ParsedBlock:
 def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     """Parse a block's lines into a record frame; blank lines are skipped, bad lines reported.
 
-    Every line is first read by a strict JSON parser (orjson), which a training loader is as
+    Every line is read once, by a strict JSON parser (orjson), which a training loader is as
     likely to use as polars: a line it refuses, an object with a key given twice, or a field of
-    the wrong JSON type never becomes a record. The lines that pass are parsed by polars in one
-    call, and the token-id policy is applied to the id columns as list expressions.
-    `keep_source=False` leaves the `source` column null (no rule in the run reads it).
+    the wrong JSON type never becomes a record. The record frame is built from the values that
+    reading gave (no second parse of the text), and the token-id policy is applied to the id
+    columns as list expressions. `keep_source=False` leaves the `source` column null (no rule in
+    the run reads it).
     """
-    numbered: list[tuple[int, bytes]] = []
-    sources: list[str | None] = []
+    lines: list[int] = []
+    values: list[dict[str, Any]] = []
     rejected: list[RejectedLine] = []
     last_unterminated = block.last_line if block.last_unterminated else None
     for line, raw in block.record_lines():
         text = raw.rstrip(b"\r")
         value, problem = _read_strictly(line, text, last_unterminated=line == last_unterminated)
+        if problem is None and (b"true" in text or b"false" in text):
+            # A boolean inside an id list reads as 0 or 1 in an integer column: found here, where
+            # the line can hold one at all (its text has the literal), before the frame is built.
+            problem = _bad_id_line(line, value)
         if problem is not None:
             rejected.append(problem)
             continue
-        numbered.append((line, text))
-        if keep_source:
-            sources.append(_source_prompt(value))
-    frames: list[pl.DataFrame] = []
-    _parse_lines(numbered, sources if keep_source else None, frames, rejected)
-    # One chunk per column: polars 2.1 panics ("i < self.len()") formatting string columns
-    # taken from a multi-chunk struct after a filter; rechunking here costs well under 1 ms.
-    records = pl.concat(frames, how="vertical").rechunk() if frames else empty_records()
+        lines.append(line)
+        values.append(value)
+    records = _records_frame(lines, values, rejected, keep_source=keep_source)
+    del values
     records, refused = _apply_id_policy(records)
     rejected.extend(refused)
     blank = len(block.lines) - records.height - len(rejected)
@@ -174,18 +151,22 @@ def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool
     return RejectedLine(line, f"not valid JSON: {err}", UNREADABLE)
 
 
-def _may_repeat_keys(text: bytes, value: Any) -> bool:
+def _may_repeat_keys(text: bytes, value: dict[str, Any]) -> bool:
     """A cheap test that is True for every line holding an object with a repeated key.
 
     Each key is followed by one ":" outside strings. Written again without repeats
     (`orjson.dumps` of the parsed value, which kept one value per key), the line has exactly as
     many ":" as before, plus one per `\u003a` escape that decoded to ":". A repeated key takes
-    its ":" with it, so fewer means a repeat. Costs ~2.5% of an audit (0.34 s of 13.5 s on the
-    benchmark); only the rare lines it flags (a repeat, or a `\\u003a` that was not an escape)
-    get the careful parse.
+    its ":" with it, so fewer means a repeat. The id lists, nearly all of a line, are left out
+    of the writing: a list of integers holds no ":", so the line's own count can only be higher
+    when one holds something else, and such a line gets the careful parse too. Only the rare
+    lines this flags (a repeat, a `\\u003a` that was not an escape, an id list of objects or
+    strings) get the careful parse.
     """
-    escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS)
-    return orjson.dumps(value).count(b":") != text.count(b":") + escaped
+    escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS) if b"\\u003" in text else 0
+    rest = {key: item for key, item in value.items() if key not in _LIST_FIELDS}
+    keys_of_id_lists = len(value) - len(rest)
+    return orjson.dumps(rest).count(b":") + keys_of_id_lists != text.count(b":") + escaped
 
 
 def _repeated_key(text: bytes) -> str | None:
@@ -283,9 +264,11 @@ def _field_problem(value: dict[str, Any]) -> str | None:
 
 
 def _id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:
-    """(field, index, reason) of the first element of an id list polars cannot hold, or None.
+    """(field, index, reason) of the first element of an id list that is not a 64-bit integer
+    (or null, the policy's), or None.
 
-    Per-element Python: only for the lines of a chunk polars refused (see `_parse_lines`).
+    Per-element Python: only for lines whose text holds a boolean literal, or the lines of a
+    block whose id columns could not be built (see `_records_frame`).
     """
     for name in _LIST_FIELDS:
         ids = value.get(name)
@@ -305,84 +288,99 @@ def _source_prompt(value: dict[str, Any]) -> str | None:
     return orjson.dumps(prompt).decode()
 
 
-# -- polars over the lines that passed ----------------------------------------------------------
+# -- the record frame, from the values the strict reading gave -----------------------------------
 
 
-def _parse_lines(
-    numbered: list[tuple[int, bytes]],
-    sources: list[str | None] | None,
-    frames: list[pl.DataFrame],
-    rejected: list[RejectedLine],
-    *,
-    refused_before: bool = False,
-) -> None:
-    """Parse the lines with polars in one call; when it refuses, find the refused lines.
-
-    First directly: an id list polars cannot hold (a float, a boolean, a string, an integer
-    beyond 64 bits) is found per line, so many such lines cost one pass, not a bisection each.
-    Then, as the last resort for what those checks passed (`refused_before`), by halving until
-    the refused lines are single.
-    """
-    if not numbered:
-        return
+def _records_frame(
+    lines: list[int], values: list[dict[str, Any]], rejected: list[RejectedLine], *, keep_source: bool
+) -> pl.DataFrame:
+    """The record frame of the lines that passed (`RECORD_COLUMNS` plus the id lists the policy
+    reads). An id list an integer column cannot hold (a float, a string, an integer beyond 64
+    bits) rejects its line, with the field and index, and the rest are built again."""
     try:
-        frames.append(_polars_frame(numbered, sources))
-        return
-    except Exception as exc:  # polars raises several types; the lines are found below  # noqa: BLE001
-        if refused_before and len(numbered) == 1:
+        return _frame(lines, values, keep_source=keep_source)
+    except (TypeError, OverflowError, ValueError, pl.exceptions.PolarsError):
+        pass
+    keep = []
+    for index, (line, value) in enumerate(zip(lines, values, strict=True)):
+        problem = _bad_id_line(line, value)
+        if problem is None:
+            keep.append(index)
+        else:
+            rejected.append(problem)
+    lines, values = [lines[i] for i in keep], [values[i] for i in keep]
+    try:
+        return _frame(lines, values, keep_source=keep_source)
+    except (TypeError, OverflowError, ValueError, pl.exceptions.PolarsError):
+        pass
+    # The last resort, for what the checks above passed: each line on its own.
+    frames = []
+    for line, value in zip(lines, values, strict=True):
+        try:
+            frames.append(_frame([line], [value], keep_source=keep_source))
+        except (TypeError, OverflowError, ValueError, pl.exceptions.PolarsError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            rejected.append(RejectedLine(numbered[0][0], f"does not fit the record contract: {first}", CONTRACT))
-            return
-    if not refused_before:
-        keep: list[int] = []
-        for index, (line, text) in enumerate(numbered):
-            problem = _id_list_problem(orjson.loads(text))
-            if problem is None:
-                keep.append(index)
-            else:
-                name, at, reason = problem
-                rejected.append(RejectedLine(line, reason, CONTRACT, name, at))
-        kept_sources = None if sources is None else [sources[i] for i in keep]
-        _parse_lines([numbered[i] for i in keep], kept_sources, frames, rejected, refused_before=True)
-        return
-    middle = len(numbered) // 2
-    for part in (slice(None, middle), slice(middle, None)):
-        part_sources = None if sources is None else sources[part]
-        _parse_lines(numbered[part], part_sources, frames, rejected, refused_before=True)
+            rejected.append(RejectedLine(line, f"does not fit the record contract: {first}", CONTRACT))
+    return pl.concat(frames, how="vertical") if frames else _frame([], [], keep_source=keep_source)
 
 
-def _polars_frame(numbered: list[tuple[int, bytes]], sources: list[str | None] | None) -> pl.DataFrame:
-    raw = pl.read_ndjson(io.BytesIO(b"\n".join(text for _, text in numbered)), schema=RAW_SCHEMA)
-    if raw.height != len(numbered):
-        raise ValueError("row count differs from line count")
-    lines = pl.Series("line", [line for line, _ in numbered], dtype=pl.UInt32())
-    if sources is not None:
-        source: pl.Series | pl.Expr = pl.Series("source", sources, dtype=pl.String())
-    else:
-        source = pl.lit(None, dtype=pl.String()).alias("source")
-    return _normalise(raw, lines).with_columns(source)
+def _bad_id_line(line: int, value: dict[str, Any]) -> RejectedLine | None:
+    problem = _id_list_problem(value)
+    if problem is None:
+        return None
+    name, at, reason = problem
+    return RejectedLine(line, reason, CONTRACT, name, at)
 
 
-def _normalise(raw: pl.DataFrame, lines: pl.Series) -> pl.DataFrame:
-    """Raw parsed columns to the record columns the rules read."""
-    meta = pl.col("meta_info")
-    finish = meta.struct.field("finish_reason")
-    return raw.select(
-        lines,
-        pl.col("id"),
-        pl.coalesce("input_ids", "prompt_ids").alias("input_ids"),
-        pl.col("output_ids"),
-        pl.col("text"),
-        meta.is_not_null().alias("has_meta"),
-        finish.struct.field("type").alias("finish_type"),
-        finish.struct.field("matched").alias("finish_matched"),
-        finish.struct.field("length").alias("finish_length"),
-        finish.struct.field("message").alias("finish_message"),
-        meta.struct.field("prompt_tokens").alias("prompt_tokens"),
-        meta.struct.field("completion_tokens").alias("completion_tokens"),
+def _text(value: Any) -> str | None:
+    """A string field as polars reads it into a string column: integers written as digits."""
+    return value if value is None or isinstance(value, str) else str(value)
+
+
+def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool) -> pl.DataFrame:
+    """Columns from the parsed values (their JSON types were checked by `_field_problem`)."""
+    metas = [value.get("meta_info") for value in values]
+    finishes = [meta.get("finish_reason") if meta is not None else None for meta in metas]
+
+    def finish(key: str) -> list[Any]:
+        return [f.get(key) if f is not None else None for f in finishes]
+
+    def meta(key: str) -> list[Any]:
+        return [m.get(key) if m is not None else None for m in metas]
+
+    def ids(name: str) -> pl.Series:
+        return pl.Series(name, [value.get(name) for value in values], dtype=pl.List(pl.Int64()), strict=True)
+
+    given_input, given_prompt = ids("input_ids"), ids("prompt_ids")
+    columns = [
+        pl.Series("line", lines, dtype=pl.UInt32()),
+        pl.Series("id", [_text(value.get("id")) for value in values], dtype=pl.String()),
+        given_input.alias("_input_ids"),
+        ids("output_ids"),
+        pl.Series("text", [value.get("text") for value in values], dtype=pl.String()),
+        pl.Series("has_meta", [m is not None for m in metas], dtype=pl.Boolean()),
+        pl.Series("finish_type", finish("type"), dtype=pl.String()),
+        pl.Series("finish_matched", [_text(v) for v in finish("matched")], dtype=pl.String()),
+        pl.Series("finish_length", finish("length"), dtype=pl.Int64(), strict=True),
+        pl.Series("finish_message", finish("message"), dtype=pl.String()),
+        pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
+        pl.Series("completion_tokens", meta("completion_tokens"), dtype=pl.Int64(), strict=True),
+        pl.Series(
+            "source",
+            [_source_prompt(value) for value in values] if keep_source else [None] * len(values),
+            dtype=pl.String(),
+        ),
         # Kept until the id policy has looked at it (`_apply_id_policy`).
-        pl.col("prompt_ids").alias("_prompt_ids"),
-        pl.col("input_ids").alias("_input_ids"),
+        given_prompt.alias("_prompt_ids"),
+    ]
+    frame = pl.DataFrame(columns)
+    return frame.select(
+        *[
+            pl.coalesce("_input_ids", "_prompt_ids").alias(name) if name == "input_ids" else pl.col(name)
+            for name in RECORD_COLUMNS
+        ],
+        "_prompt_ids",
+        "_input_ids",
     )
 
 
