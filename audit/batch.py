@@ -12,7 +12,7 @@ import orjson
 import pandera.polars as pa
 import polars as pl
 
-from audit.contract import contract_failures, in_vocabulary, record_contract
+from audit.contract import all_in_vocabulary, contract_failures, record_contract
 from audit.flat_ids import FlatIds, MarkerIndex
 from audit.profiles import ResolvedProfile
 from audit.tokenizer import Tokenizer
@@ -121,9 +121,8 @@ class Batch:
     @cached_property
     def decodable(self) -> pl.Series:
         """Rows whose output can be decoded: present, and every id inside the vocabulary."""
-        in_vocab = in_vocabulary(self.tokenizer)
         return self.records.select(
-            pl.col("output_ids").list.eval(in_vocab.all(ignore_nulls=False)).list.first().fill_null(False)
+            all_in_vocabulary(self.tokenizer, pl.col("output_ids")).fill_null(False)
         ).to_series()
 
     @cached_property

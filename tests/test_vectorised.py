@@ -1,13 +1,16 @@
-"""The scans over flat output ids answer exactly what the polars list expressions answered.
+"""Vectorised evaluations answer exactly what the reference evaluations answered.
 
 Response bounds, the stop tokens that end an output, the stop or tool-result marker inside it
 (TRM005) and the tail loops (DEG001) are computed with numpy over one flat array of a batch's
 output ids (`audit.flat_ids`). Each is compared here, on random outputs drawn from the profile's
 marker ids and a few ordinary ids (null and empty outputs included), with the polars list
-expressions they replace, written out below as the reference.
+expressions they replace, written out below as the reference. The record contract's checks,
+evaluated in one query, are compared with pandera's own validation of the same schema.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
@@ -18,6 +21,7 @@ from hypothesis import strategies as st
 from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
+from audit.contract import contract_failures, record_contract, validated_by_pandera
 from audit.flat_ids import ABSENT, FlatIds, MarkerIndex
 from audit.profiles import load_profile
 from audit.records import RECORD_COLUMNS
@@ -201,3 +205,41 @@ def test_turn_joined_points_at_a_stop_token_inside_the_output(contexts) -> None:
     found = RULES["TRM005"]().check(batch)
     assert found["row"].to_list() == [0] and found["position"].to_list() == [1]
     assert np.array_equal(batch.markers.first([eot]), [1, 1, ABSENT, ABSENT, ABSENT])
+
+
+# Ids around a 100-id vocabulary: inside, at its edges, beyond it; a vocabulary with holes too.
+VOCABULARIES = {
+    "contiguous": SimpleNamespace(vocab_size=100, contiguous=True, known_ids=frozenset(range(100))),
+    "with holes": SimpleNamespace(vocab_size=100, contiguous=False, known_ids=frozenset(range(100)) - {7, 50}),
+}
+
+
+@pytest.mark.parametrize("vocabulary", list(VOCABULARIES))
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_contract_failures_are_those_pandera_finds(vocabulary, data) -> None:
+    ids = st.one_of(st.none(), st.lists(st.sampled_from([0, 1, 7, 50, 99, 100, 5000]), max_size=6))
+    count = st.one_of(st.none(), st.integers(0, 7))
+    rows = data.draw(st.integers(1, 8))
+    columns = {name: [None] * rows for name in RECORD_COLUMNS}
+    columns["line"] = list(range(1, rows + 1))
+    for name, values in (("input_ids", ids), ("output_ids", ids), ("prompt_tokens", count),
+                         ("completion_tokens", count),
+                         ("finish_type", st.sampled_from([None, "stop", "length", "abort", "cancelled"]))):
+        columns[name] = data.draw(st.lists(values, min_size=rows, max_size=rows))
+    records = pl.DataFrame(columns, schema=RECORD_COLUMNS)
+    schema = record_contract(VOCABULARIES[vocabulary])
+    assert contract_failures(schema, records).equals(validated_by_pandera(schema, records))
+
+
+def test_pandera_itself_reports_the_contract_checks() -> None:
+    """The reference is live: pandera runs the expression checks and finds each kind of problem."""
+    columns = {name: [None] * 3 for name in RECORD_COLUMNS}
+    columns.update(line=[1, 2, 3], input_ids=[[], [1], [1]], output_ids=[[1], [100], None],
+                   completion_tokens=[1, 5, 5])
+    records = pl.DataFrame(columns, schema=RECORD_COLUMNS)
+    schema = record_contract(VOCABULARIES["contiguous"])
+    expected = [(0, "contract", "input_ids"), (2, "contract", "output_ids"),
+                (1, "out_of_vocabulary", "output_ids"), (1, "count_mismatch", "completion_tokens")]
+    assert sorted(validated_by_pandera(schema, records).rows()) == sorted(expected)
+    assert contract_failures(schema, records).rows() == validated_by_pandera(schema, records).rows()
