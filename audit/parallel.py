@@ -1,27 +1,35 @@
-"""The local executor of `--jobs N`: shards of a file audited in worker processes.
+"""The local executor of `--jobs N`: shards of a file audited by this process and N-1 workers.
 
 Each file is cut into byte ranges that start at line boundaries, knowing the physical line
-number at each cut (`plan_shards`); each worker runs the engine over its range
-(`audit_blocks(file_blocks(path, start=, end=, first_line=))`). Every worker prepares the
-session itself (spawned, not forked: polars and the tokenizers keep thread pools that a fork
-would copy in an unknown state). The parent joins the shards in file order (`join_shards`),
-which runs the file-level rules (duplicate ids) over the whole file, so the findings are
-exactly those of a single process. Another executor (a cluster's tasks) does the same with
-the same three calls.
+number at each cut (`plan_shards`); each range is audited by the engine
+(`audit_blocks(file_blocks(path, start=, end=, first_line=))`) wherever it runs. The workers are
+started once per process (`worker_pool`), as early as the command knows it will need them
+(`start_workers`, before this process prepares its own session), and kept: each prepares a
+session once, loading its tokenizer and building the fast encoder once, and audits any number
+of shards of any number of files. They are spawned, not forked: polars and the tokenizers keep
+thread pools that a fork would copy in an unknown state.
+
+Shards are small (`SHARD_BYTES`) and taken as the processes come free: the workers from the
+start of the file, this process from the end (a shard no worker has begun is taken back from
+the pool), so all finish together. The shards are joined in file order (`join_shards`), which
+runs the file-level rules (duplicate ids) over the whole file: the findings are exactly those
+of a single process. Another executor (a cluster's tasks) does the same with the same calls.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import multiprocessing
 import os
 import shutil
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from audit.engine import (
+    ENCODED_BYTES_PER_CHARACTER,
     FileAudit,
     ProgressCallback,
     ShardAudit,
@@ -34,8 +42,12 @@ from audit.session import CheckOptions, Session, prepare
 from audit.sources import file_blocks
 from audit.targets import Target
 
-# Below this many bytes per shard, a worker's start-up (imports, tokenizer) costs more than it saves.
-MIN_SHARD_BYTES = 16 << 20
+# Below this many bytes per shard, a shard's own costs (a worker's tokenizer, a block cut short)
+# are more than sharing the file saves: such a file is audited in this process.
+MIN_SHARD_BYTES = 8 << 20
+# The shards a file is cut into: small enough that the processes finish within one shard of
+# each other, large enough that each shard's overheads stay small.
+SHARD_BYTES = 12 << 20
 _READ_BYTES = 16 << 20
 
 
@@ -79,19 +91,119 @@ def plan_shards(path: Path, shards: int) -> tuple[list[Shard], str, int]:
     return plan, digest.hexdigest(), size
 
 
-# -- the worker side ----------------------------------------------------------------------------
+# -- the workers ----------------------------------------------------------------------------------
 
-_WORKER_SESSION: Session | None = None
+# Environment a worker needs the parent's value of (the cache and backend switches, thread limits).
+_INHERITED = ("AUDIT_", "HF_", "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")
+# Thread pools of the libraries a worker uses, sized to its share of the cores.
+_THREAD_VARIABLES = ("POLARS_MAX_THREADS", "RAYON_NUM_THREADS")
+
+_POOL: ProcessPoolExecutor | None = None
+_POOL_KEY: tuple | None = None
 
 
-def _start_worker(target: Target, options: CheckOptions) -> None:
-    global _WORKER_SESSION
-    _WORKER_SESSION = prepare(target, options)
+def _environment_key() -> tuple:
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_INHERITED)))
 
 
-def _audit_shard(shard: Shard, spill: Path) -> ShardAudit:
-    session = _WORKER_SESSION
-    assert session is not None, "worker used before its session was prepared"
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """The process's `workers` worker processes, started on first use and kept until it exits.
+
+    Started again only when the number asked for or the environment they inherit changed.
+    """
+    global _POOL, _POOL_KEY
+    key = (workers, _environment_key())
+    if _POOL is not None and _POOL_KEY == key and not getattr(_POOL, "_broken", False):
+        return _POOL
+    stop_workers()
+    threads = str(max(1, (os.cpu_count() or 1) // (workers + 1)))
+    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
+    # Each process gets its share of the cores: N processes x all cores would only thrash.
+    os.environ.update({name: threads for name in _THREAD_VARIABLES})
+    try:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        # Spawned now, with the limits above, rather than on the first shard.
+        for future in [pool.submit(_started) for _ in range(workers)]:
+            future.add_done_callback(_ignore)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    _POOL, _POOL_KEY = pool, key
+    return pool
+
+
+def stop_workers() -> None:
+    """Stop the workers, if any (at exit; or before starting others)."""
+    global _POOL, _POOL_KEY
+    if _POOL is not None:
+        _POOL.shutdown(wait=True, cancel_futures=True)
+    _POOL = _POOL_KEY = None
+
+
+atexit.register(stop_workers)
+
+
+def start_workers(jobs: int, target: Target | None = None, options: CheckOptions | None = None) -> None:
+    """Start the workers `--jobs` will need, before this process prepares its own session.
+
+    Their start-up (imports, and with `target` and `options` the session: the tokenizer, the
+    fast encoder built in the background) then runs while this process prepares. A target they
+    cannot prepare is left to this process to report; nothing is raised here.
+    """
+    if jobs < 2:
+        return
+    pool = worker_pool(jobs - 1)
+    if target is None or options is None:
+        return
+    share = _size(target.data_file) // jobs
+    for future in [pool.submit(_warm, target, options, share) for _ in range(jobs - 1)]:
+        future.add_done_callback(_ignore)
+
+
+def _ignore(future: Future) -> None:
+    future.exception()  # retrieved, so that an unused failure is not reported at exit
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _started() -> None:
+    """A task that only makes the pool start a process (which imports the engine to run it)."""
+
+
+_SESSIONS: dict[tuple[str, str, CheckOptions], Session] = {}
+_SESSIONS_KEPT = 8
+
+
+def _session(target: Target, options: CheckOptions) -> Session:
+    """A worker's session for `target`, prepared once and kept (the last few, for `--all`)."""
+    key = (target.partition, str(target.data_file), options)
+    session = _SESSIONS.get(key)
+    if session is None:
+        if len(_SESSIONS) >= _SESSIONS_KEPT:
+            _SESSIONS.pop(next(iter(_SESSIONS)))
+        session = _SESSIONS[key] = prepare(target, options)
+    return session
+
+
+def _warm(target: Target, options: CheckOptions, expected_bytes: int) -> None:
+    session = _session(target, options)
+    if any(c.rule.encodes_text for c in session.rule_set.rules):
+        session.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
+
+
+def _audit_shard(target: Target, options: CheckOptions, shard: Shard, spill: Path) -> ShardAudit:
+    return _audit_range(_session(target, options), shard, spill)
+
+
+def _audit_range(session: Session, shard: Shard, spill: Path, progress: ProgressCallback | None = None) -> ShardAudit:
     blocks = file_blocks(
         session.target.data_file,
         start=shard.start,
@@ -100,54 +212,82 @@ def _audit_shard(shard: Shard, spill: Path) -> ShardAudit:
         block_bytes=session.options.block_bytes,
     )
     return audit_blocks(
-        blocks, session.context, session.rule_set, spill=spill, expected_bytes=shard.end - shard.start
+        blocks, session.context, session.rule_set, spill=spill, progress=progress, expected_bytes=shard.end - shard.start
     )
+
+
+# -- this process ----------------------------------------------------------------------------------
 
 
 def audit_file_parallel(
     session: Session, jobs: int, progress: ProgressCallback | None = None
 ) -> FileAudit:
-    """`audit_file` over shards in `jobs` worker processes; the same findings, in the same order."""
+    """`audit_file` over shards in this process and `jobs - 1` workers; the same findings, in
+    the same order."""
     started = time.perf_counter()
     path = session.target.data_file
-    plan, sha256, size = plan_shards(path, jobs * 2)
-    if len(plan) < 2:
+    size = _size(path)
+    if jobs < 2 or size < 2 * MIN_SHARD_BYTES:
         return audit_file(
             path, session.context, session.rule_set, block_bytes=session.options.block_bytes, progress=progress
         )
-    results: dict[int, ShardAudit] = {}
-    spill = FindingsLog.spill_directory()  # the workers write their findings' parts here
-    threads = str(max(1, (os.cpu_count() or 1) // jobs))
-    # Each worker gets its share of the cores: N workers x all cores would only thrash.
-    saved = {name: os.environ.get(name) for name in ("POLARS_MAX_THREADS", "RAYON_NUM_THREADS")}
-    os.environ.update({name: threads for name in saved})
+    pool = worker_pool(jobs - 1)
+    if any(c.rule.encodes_text for c in session.rule_set.rules):
+        session.tokenizer.expect_encoding(size // jobs // ENCODED_BYTES_PER_CHARACTER)
+    wanted = max(2 * jobs, -(-size // SHARD_BYTES))
+    plan, sha256, size = plan_shards(path, wanted)
+    spill = FindingsLog.spill_directory()  # every process writes its findings' parts here
     try:
-        with ProcessPoolExecutor(
-            max_workers=min(jobs, len(plan)),
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
-            initargs=(session.target, session.options),
-        ) as pool:
-            pending = {pool.submit(_audit_shard, shard, spill): index for index, shard in enumerate(plan)}
-            done_bytes = records = tokens = 0
-            while pending:
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in finished:
-                    index = pending.pop(future)
-                    results[index] = future.result()
-                    done_bytes += plan[index].end - plan[index].start
-                    records += results[index].records
-                    tokens += results[index].output_tokens
-                    if progress is not None:
-                        progress(records, tokens, done_bytes)
+        results = _run(session, pool, plan, spill, progress)
     except BaseException:
         shutil.rmtree(spill, ignore_errors=True)
         raise
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     shards = [results[i] for i in range(len(plan))]
     return join_shards(shards, session.rule_set, path=path, sha256=sha256, size=size, started=started, spill=spill)
+
+
+def _run(
+    session: Session, pool: ProcessPoolExecutor, plan: list[Shard], spill: Path, progress: ProgressCallback | None
+) -> dict[int, ShardAudit]:
+    """Every shard of `plan`, audited by the workers (from the first) and this process (from the
+    last shard no worker has begun)."""
+    target, options = session.target, session.options
+    pending: dict[Future, int] = {
+        pool.submit(_audit_shard, target, options, shard, spill): index for index, shard in enumerate(plan)
+    }
+    results: dict[int, ShardAudit] = {}
+    done = _Done()
+
+    def finished(index: int, shard: ShardAudit) -> None:
+        results[index] = shard
+        done.add(shard)
+        if progress is not None:
+            progress(done.records, done.tokens, done.bytes)
+
+    while pending:
+        for future in [f for f in pending if f.done()]:
+            finished(pending.pop(future), future.result())
+        mine = next((f for f in reversed(pending) if f.cancel()), None)
+        if mine is not None:
+            index = pending.pop(mine)
+
+            def shard_progress(records: int, tokens: int, read: int) -> None:
+                if progress is not None:
+                    progress(done.records + records, done.tokens + tokens, done.bytes + read)
+
+            finished(index, _audit_range(session, plan[index], spill, shard_progress))
+        elif pending:
+            wait(pending, return_when=FIRST_COMPLETED)
+    return results
+
+
+class _Done:
+    """What the finished shards add up to, for the progress bar."""
+
+    def __init__(self) -> None:
+        self.records = self.tokens = self.bytes = 0
+
+    def add(self, shard: ShardAudit) -> None:
+        self.records += shard.records
+        self.tokens += shard.output_tokens
+        self.bytes += shard.bytes

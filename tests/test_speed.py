@@ -162,6 +162,27 @@ def test_jobs_give_the_single_process_result(tmp_path: Path, monkeypatch) -> Non
     assert one.input == two.input
 
 
+def _worker_state() -> tuple[int, int]:
+    """Run in a worker: its process id and how many sessions it keeps."""
+    return os.getpid(), len(parallel._SESSIONS)
+
+
+def test_workers_start_once_and_keep_their_session(tmp_path: Path, monkeypatch) -> None:
+    """Two audits with --jobs 2 in one process: the same worker audits shards of both, having
+    prepared the session (tokenizer, fast encoder) once; this process audits shards too."""
+    monkeypatch.setattr(parallel, "MIN_SHARD_BYTES", 1)
+    session = _session("B1_glaive", tmp_path, cache=False, jobs=2)
+    audited_here = []
+    real = parallel._audit_range
+    monkeypatch.setattr(parallel, "_audit_range", lambda *a, **k: audited_here.append(a[1]) or real(*a, **k))
+    first = check_session(session)
+    pid, sessions = parallel.worker_pool(1).submit(_worker_state).result()
+    second = check_session(session)
+    assert parallel.worker_pool(1).submit(_worker_state).result() == (pid, sessions) and sessions == 1
+    assert audited_here, "this process took no shard"
+    assert_frame_equal(first.findings, second.findings)
+
+
 def test_unchanged_partition_comes_from_the_cache(tmp_path: Path, monkeypatch) -> None:
     shutil.copytree(PREPARED / "B0_clean", tmp_path / "B0_clean")
     target = resolve_target(str(tmp_path / "B0_clean"), tmp_path)

@@ -176,18 +176,27 @@ class RecordRule(Rule):
     def find(self, batch: Batch) -> pl.DataFrame:
         """The flagged rows of a non-empty batch the rule applies to. By default the expressions
         `violation`, `position` and `message`; override for a last step per flagged record."""
-        frame = self.frame(batch).with_row_index("row")
-        flagged = frame.filter(self.violation(batch).fill_null(False))
-        return flagged.select(
-            pl.col("row").cast(pl.UInt32),
+        frame = self.frame(batch)
+        # One query when nothing is flagged (nearly always); positions and messages are made
+        # only for the flagged rows.
+        flags = frame.select(self.violation(batch).fill_null(False)).to_series()
+        if not flags.any():
+            return empty_findings()
+        rows = flags.arg_true()
+        return frame[rows].select(
+            pl.lit(rows).cast(pl.UInt32).alias("row"),
             self.position(batch).cast(pl.Int64).alias("position"),
             self.message(batch).cast(pl.String).alias("message"),
         )
 
 
+# Frames are never changed in place: every rule that flags nothing can share one.
+_NO_FINDINGS = pl.DataFrame(schema=FINDING_COLUMNS)
+
+
 def empty_findings() -> pl.DataFrame:
     """A rule's answer when it flags nothing."""
-    return pl.DataFrame(schema=FINDING_COLUMNS)
+    return _NO_FINDINGS
 
 
 def findings_frame(

@@ -194,6 +194,7 @@ def check(
     is the worst of them.
     """
     from audit.check import check_session
+    from audit.parallel import start_workers
     from audit.session import prepare
     from audit.storage import location
     from audit.targets import resolve_target, shipped_sample_note
@@ -214,7 +215,10 @@ def check(
         no_report = report is not None and str(report) == "none"
         if report is not None and not no_report and len(targets) > 1:
             raise fail("--report names one file; with several targets use --reports-dir")
-        sessions = [prepare(resolve_target(spec, root), options) for spec in targets]
+        resolved = [resolve_target(spec, root) for spec in targets]
+        # --jobs: the workers start now and prepare the first target while this process does.
+        start_workers(jobs, resolved[0] if resolved else None, options)
+        sessions = [prepare(target, options) for target in resolved]
         reports: list[Report] = []
         for session in sessions:
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
