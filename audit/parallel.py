@@ -38,6 +38,7 @@ from audit.engine import (
     join_shards,
 )
 from audit.findings import FindingsLog
+from audit.memory import configure_allocators
 from audit.session import CheckOptions, Session, prepare
 from audit.sources import file_blocks
 from audit.targets import Target
@@ -121,7 +122,11 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     # Each process gets its share of the cores: N processes x all cores would only thrash.
     os.environ.update({name: threads for name in _THREAD_VARIABLES})
     try:
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=configure_allocators,  # as the command configured this process's
+        )
         # Spawned now, with the limits above, rather than on the first shard.
         for future in [pool.submit(_started) for _ in range(workers)]:
             future.add_done_callback(_ignore)

@@ -73,6 +73,7 @@ LAYERS = {
         "audit.storage",
         "audit.inert",
         "audit.json_values",
+        "audit.memory",
     ),
 }
 UI_LIBRARIES = ("rich", "typer", "textual")

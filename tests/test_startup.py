@@ -184,8 +184,7 @@ def _real_deepseek(tmp_path: Path) -> Path:
 
 def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monkeypatch) -> None:
     """A small partition encodes with `tokenizers`; one the engine foresees past the threshold is
-    encoded by fastokens, built in the background from the start; the verdicts are the same
-    either way."""
+    encoded by fastokens from its first block; the verdicts are the same either way."""
     directory = _real_deepseek(tmp_path)
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
     tokenizer = load_tokenizer(directory)
@@ -204,13 +203,17 @@ def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monke
         monkeypatch.setattr("audit.tokenizer.FAST_ENCODER_AFTER_CHARS", threshold)
         fresh = load_tokenizer(directory)
         context = AuditContext(load_profile("deepseek-v3.1").resolve(fresh), fresh)
-        return fresh, audit_file(data, context, rule_set).findings
+        plain_calls: list[int] = []  # batches the plain `tokenizers` encoder was given
+        plain = fresh.encode_batch
+        fresh.encode_batch = lambda texts: plain_calls.append(len(texts)) or plain(texts)
+        return fresh, plain_calls, audit_file(data, context, rule_set).findings
 
-    small, small_findings = run(10**12)
-    assert "fast_encoder" not in small.__dict__ and small._fast_build is None  # never built
-    large, large_findings = run(0)
-    # The engine told the tokenizer how much text was coming: built in the background, then used.
-    assert large._fast_build is not None and large.__dict__.get("fast_encoder") is not None
+    small, small_plain, small_findings = run(10**12)
+    assert "fast_encoder" not in small.__dict__ and small_plain  # never built: plain encoding
+    large, large_plain, large_findings = run(0)
+    # The engine told the tokenizer how much text was coming: built before the first block, and
+    # the plain encoder never used.
+    assert large.__dict__.get("fast_encoder") is not None and large_plain == []
     assert small_findings.select("line", "rule").rows() == [(3, "RTR001")]
     assert_frame_equal(small_findings, large_findings)
 

@@ -1,5 +1,10 @@
 """The `audit` command line: one module per command, all registered on one typer app."""
 
+from audit.memory import configure_allocators
+
+# First, before polars is loaded: its allocator reads its settings then (see audit.memory).
+configure_allocators()
+
 from audit.cli import (  # noqa: F401  (importing a command's module registers it)
     catalog,
     check,
