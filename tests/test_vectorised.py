@@ -10,6 +10,7 @@ evaluated in one query, are compared with pandera's own validation of the same s
 
 from __future__ import annotations
 
+from functools import lru_cache
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,7 +29,7 @@ from audit.records import RECORD_COLUMNS
 from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
 from audit.tokenizer import load_tokenizer
 
-from .conftest import KIMI_TOKENIZER
+from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER
 
 # (profile, thinking): prompt opens <think>, the model opens it, thinking off.
 PROFILES = [("kimi-k2.5", True), ("kimi-k2-thinking", True), ("kimi-k2.5", False)]
@@ -243,3 +244,21 @@ def test_pandera_itself_reports_the_contract_checks() -> None:
                 (1, "out_of_vocabulary", "output_ids"), (1, "count_mismatch", "completion_tokens")]
     assert sorted(validated_by_pandera(schema, records).rows()) == sorted(expected)
     assert contract_failures(schema, records).rows() == validated_by_pandera(schema, records).rows()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_tokens_at_from_the_byte_table_equal_prefix_decoding(data) -> None:
+    """The token holding each character of a decoded output, found from the byte table's
+    lengths, is the one the tokenizer's own prefix decodes point at."""
+    tokenizer = _deepseek_tokenizer()
+    assert tokenizer.byte_decoder is not None  # the table path is the one under test
+    ids = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=30))
+    text = tokenizer.decode_batch([ids])[0]
+    chars = data.draw(st.lists(st.integers(0, max(0, len(text) - 1)), min_size=1, max_size=5))
+    assert tokenizer.tokens_at(ids, chars) == [tokenizer._token_at(ids, char) for char in chars]
+
+
+@lru_cache(maxsize=1)
+def _deepseek_tokenizer():
+    return load_tokenizer(DEEPSEEK_TOKENIZER)
