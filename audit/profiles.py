@@ -70,6 +70,10 @@ class ToolCallSpec:
     # issue 89): real model behaviour, so such outputs are counted (SEG004), not rejected as a
     # stripped response token. Families that always close reasoning first leave this false.
     may_end_reasoning: bool = False
+    # End-of-turn tokens that hand the turn to the tools (GLM's <|observation|>): a turn with
+    # tool calls ends with one of them, a turn without calls never does. Empty: any end of turn
+    # may follow either.
+    end_of_turn: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -208,11 +212,13 @@ class Profile:
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
         markers: dict[str, int] = {}
         text_markers: dict[str, str] = {}
+        call_stops: tuple[int, ...] = ()
         if self.tool_calls is not None and self.tool_calls.format.unit == "text":
             # A format whose markers this vocabulary spells as text: found in the decoded answer.
             text_markers = dict(self.tool_calls.markers)
         elif self.tool_calls is not None:
             markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
+            call_stops = tuple(token(text) for text in self.tool_calls.end_of_turn)
 
         channel_markers: dict[str, int] = {}
         if self.channels is not None:
@@ -234,6 +240,7 @@ class Profile:
             channel_markers=channel_markers,
             tool_result=tuple(tokenizer.token_id(t) for t in self.tool_result if t not in spelled),
             tool_result_text=spelled,
+            call_stops=call_stops,
         )
 
 
@@ -316,6 +323,7 @@ class ResolvedProfile:
     tool_result_text: tuple[str, ...] = ()  # tool-result markers that are text in this vocabulary
     # The reasoning state each accepted ending (prompt_suffixes, continuations last) leaves.
     suffix_reasoning: tuple[Reasoning, ...] = ()
+    call_stops: tuple[int, ...] = ()  # tool_calls.end_of_turn: the stops of a turn with calls only
 
     @property
     def name(self) -> str:
@@ -394,6 +402,7 @@ class ResolvedProfile:
             **({"tool_text_markers": self.tool_text_markers} if self.tool_text_markers else {}),
             **({"tool_result": list(self.tool_result)} if self.tool_result else {}),
             **({"tool_result_text": list(self.tool_result_text)} if self.tool_result_text else {}),
+            **({"call_stops": list(self.call_stops)} if self.call_stops else {}),
             **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
         }
 
@@ -445,6 +454,21 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         raise ConfigError(
             f"{where}: encoder: no prompt encoder {encoder!r} (known: {', '.join(RENDERERS)})"
         )
+    eos = string_list(tokens.get("eos", []), f"{where}: tokens.eos")
+    tool_calls = _parse_tool_calls(data.get("tool_calls"), where)
+    if tool_calls is not None and tool_calls.end_of_turn:
+        stops = set(end_of_turn) | set(eos)
+        unknown = [t for t in tool_calls.end_of_turn if t not in stops]
+        if unknown:
+            raise ConfigError(
+                f"{where}: tool_calls.end_of_turn {unknown[0]!r} is not in tokens.end_of_turn "
+                "or tokens.eos"
+            )
+        if stops <= set(tool_calls.end_of_turn):
+            raise ConfigError(
+                f"{where}: tool_calls.end_of_turn names every stop token: an answer could end "
+                "with none"
+            )
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -455,14 +479,14 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         think_start=tokens.get("think_start"),
         think_end=tokens.get("think_end"),
         end_of_turn=end_of_turn,
-        eos=string_list(tokens.get("eos", []), f"{where}: tokens.eos"),
+        eos=eos,
         tool_result=string_list(tokens.get("tool_result", []), f"{where}: tokens.tool_result"),
         prompt_suffixes={
             mode: string_list(value, f"{where}: generation_prompt.{mode}")
             for mode, value in prompt.items()
         },
         pinned_ids=dict(pinned),
-        tool_calls=_parse_tool_calls(data.get("tool_calls"), where),
+        tool_calls=tool_calls,
         think_open_window=window,
         channels=_parse_channels(data.get("channels"), where),
         encoder=encoder,
@@ -551,7 +575,8 @@ def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
     if format_name not in FORMATS:
         raise ConfigError(f"{where}.format: unknown {format_name!r} (known: {', '.join(FORMATS)})")
     fmt = FORMATS[format_name]
-    reject_unknown(table, {"format", "call_id_pattern", "may_end_reasoning", *fmt.roles}, where)
+    known = {"format", "call_id_pattern", "may_end_reasoning", "end_of_turn", *fmt.roles}
+    reject_unknown(table, known, where)
     missing = [role for role in fmt.roles if role not in table]
     if missing:
         raise ConfigError(f"{where}: format {format_name} needs {', '.join(missing)}")
@@ -563,4 +588,5 @@ def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
         markers={role: expect(table[role], str, f"{where}.{role}") for role in fmt.roles},
         call_id_pattern=pattern,
         may_end_reasoning=expect(table.get("may_end_reasoning", False), bool, f"{where}.may_end_reasoning"),
+        end_of_turn=string_list(table.get("end_of_turn", []), f"{where}.end_of_turn"),
     )

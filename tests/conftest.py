@@ -60,6 +60,9 @@ REAL_TOKENIZERS = (
     "glm-4.5v",
     "glm-4.7-flash",
     "minimax-m3",
+    "glm-5",
+    "glm-5.1",
+    "glm-5.2",
 )
 
 

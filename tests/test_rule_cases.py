@@ -89,6 +89,7 @@ TOKENIZERS = {
     "deepseek-v4": "deepseek-v4",
     "glm-4.5": "glm-4.5v",
     "glm-4.7": "glm-4.7-flash",
+    "glm-5": "glm-5.2",
     "gpt-oss": "harmony",
     "minimax-m3": "minimax-m3",
 }

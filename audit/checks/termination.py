@@ -10,6 +10,7 @@ from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.expressions import id_set
 from audit.flat_ids import ABSENT, absent_as_null
 from audit.response import answer_text, response_bounds, stop_run
+from audit.toolcalls import tool_call_view
 
 
 class Truncated(RecordRule):
@@ -48,20 +49,27 @@ class Truncated(RecordRule):
 
 
 class EndOfTurnMissing(RecordRule):
-    """A finished output whose last token is not the end-of-turn (or EOS) token.
+    """A finished output whose last token is not the end of turn (or EOS) its turn ends with.
 
     What it checks:
         When the output was not cut (`finish_reason` is `stop`, or no finish reason was
         saved), its last id is the profile's end of turn or EOS, or the stop id SGLang
-        reports as `matched`. SGLang's `output_ids` include the matched stop token.
+        reports as `matched`. SGLang's `output_ids` include the matched stop token. In
+        families whose turn with tool calls ends on its own token (`[tool_calls] end_of_turn`:
+        GLM's `<|observation|>`, which opens the tool results' turn), an output whose answer
+        holds tool-call markers ends with that token, and an output without them never does.
 
     Why it matters:
         A drafter must learn where a turn ends. An output without its stop token was trimmed
         by a later step (a text round trip with `no_stop_trim` off), or, with no finish
-        reason saved, was silently cut.
+        reason saved, was silently cut. GLM's templates write `<|observation|>` after every
+        turn with tool calls and `<|user|>` after an answer: an answer that hands the turn to
+        a tool has lost its call's marker ids (a parser kept only the text), and a call that
+        stops on `<|user|>` or `<|endoftext|>` is not how the model ends one.
 
     Example:
         output_ids = [..., 13, 2034]  finish_reason = {"type": "stop", "matched": 163586}
+        GLM: '...</think>get_weathercityParis<|observation|>'   (markers stripped)
 
     Fix:
         Pass the end-of-turn id in `stop_token_ids` and save `output_ids` untouched; save
@@ -71,20 +79,46 @@ class EndOfTurnMissing(RecordRule):
     code = "TRM002"
     name = "end-of-turn-missing"
 
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        if not batch.profile.call_stops:
+            return batch.records
+        # One turn only: several joined (TRM005's finding) have no single kind to judge.
+        body = batch.output_flat.lengths - stop_run(batch)
+        stop_at = batch.markers.first(batch.profile.stop_ids)
+        one_turn = (stop_at == ABSENT) | (stop_at >= body)
+        # Does the answer hold tool-call markers? (markers in the reasoning are text)
+        return batch.records.with_columns(
+            (tool_call_view(batch).letters != "").alias("_calls"),
+            pl.Series("_one_turn", one_turn, dtype=pl.Boolean),
+        )
+
     def violation(self, batch: Batch) -> pl.Expr:
         last = pl.col("output_ids").list.last()
         matched = pl.col("finish_matched").cast(pl.Int64, strict=False)
         stop_string = pl.col("finish_matched").is_not_null() & matched.is_null()
         finished = pl.col("finish_type").is_null() | (pl.col("finish_type") == "stop")
         ends_well = last.is_in(id_set(batch.profile.stop_ids)) | (last == matched)
-        return finished & ~stop_string & (pl.col("output_ids").list.len() > 0) & ~ends_well.fill_null(False)
+        judged = finished & ~stop_string & (pl.col("output_ids").list.len() > 0)
+        if not batch.profile.call_stops:
+            return judged & ~ends_well.fill_null(False)
+        return judged & (~ends_well.fill_null(False) | self._wrong_kind(batch).fill_null(False))
+
+    def _wrong_kind(self, batch: Batch) -> pl.Expr:
+        """A stop of the other kind of turn: a call's with no call, an answer's after a call."""
+        last = pl.col("output_ids").list.last()
+        call_stop = last.is_in(id_set(batch.profile.call_stops))
+        answer_stop = last.is_in(id_set(batch.profile.stop_ids)) & ~call_stop
+        return pl.col("_one_turn") & (
+            (call_stop & ~pl.col("_calls")) | (answer_stop & pl.col("_calls"))
+        )
 
     def position(self, batch: Batch) -> pl.Expr:
         return pl.col("output_ids").list.len() - 1
 
     def message(self, batch: Batch) -> pl.Expr:
-        names = " or ".join(repr(t) for t in batch.profile.profile.end_of_turn + batch.profile.profile.eos)
-        return (
+        profile = batch.profile.profile
+        names = " or ".join(repr(t) for t in profile.end_of_turn + profile.eos)
+        missing = (
             pl.when(pl.col("finish_type").is_null())
             .then(
                 pl.format(
@@ -100,6 +134,36 @@ class EndOfTurnMissing(RecordRule):
                     pl.lit(names),
                 )
             )
+        )
+        if not batch.profile.call_stops:
+            return missing
+        call_stops = " or ".join(repr(t) for t in profile.tool_calls.end_of_turn)
+        resolved = batch.profile
+        stop_ids = resolved.end_of_turn + resolved.eos
+        names = dict(zip(stop_ids, profile.end_of_turn + profile.eos, strict=True))
+        last = pl.col("output_ids").list.last()
+        last_name = last.replace_strict(
+            list(names), [repr(name) for name in names.values()], default=None,
+            return_dtype=pl.String,
+        )
+        return (
+            pl.when(last.is_in(id_set(batch.profile.call_stops)) & ~pl.col("_calls"))
+            .then(
+                pl.lit(
+                    f"output ends with {call_stops}, which hands the turn to a tool, but its "
+                    "answer holds no tool call: were the call's marker ids stripped?"
+                )
+            )
+            .when(last.is_in(id_set(batch.profile.stop_ids)) & pl.col("_calls"))
+            .then(
+                pl.format(
+                    "output makes a tool call but ends with {}, not {}: the model ends a turn with "
+                    "calls by handing it to the tool",
+                    last_name,
+                    pl.lit(call_stops),
+                )
+            )
+            .otherwise(missing)
         )
 
 
