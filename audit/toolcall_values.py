@@ -4,8 +4,9 @@ The serving stack's tool-call parser converts each value by its declared type, a
 model wrote that does not convert is data the target never meant. Two shapes of arguments:
 
 - parameters written as text (Qwen3.5/3.6's `<parameter=K>`, GLM's `<arg_value>`, DSML's
-  `string="true"`): each value judged by the primary type its property declares
-  (`declared_type`, `value_error`), as SGLang's qwen3_coder and GLM detectors convert them;
+  `string="true"`): each value judged by the types its property admits (`allowed_types`,
+  `value_error`), as SGLang's qwen3_coder and GLM detectors convert them (by the primary one,
+  `declared_type`; a value of another admitted type is still a valid argument);
 - arguments written as nested elements (MiniMax-M3: `Element`s, an object's keys and an array's
   `<item>`s), judged leaf by leaf against the schema they sit under (`elements_error`), as
   SGLang's minimax_m3.py converts them.
@@ -85,41 +86,143 @@ def declared_type(schema: Any) -> str | None:
     return None
 
 
-def value_error(value: str, declared: str | None) -> str | None:
-    """Why a parameter written as text does not read as its declared type, or None.
+def allowed_types(schema: Any) -> str | tuple[str, ...] | None:
+    """The types a property's value may read as, for judging a value written as text.
 
-    A string is any text; `null` (any case) is every type's null, and so is `None`, what Qwen's
-    template writes for a null value (`| string`); an undeclared parameter is never an error.
-    Booleans are accepted in any case (`True` is what Qwen's template writes for a Python bool).
-    Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
+    SGLang converts a value by the schema's primary type (`declared_type`); a value that reads
+    as another type the schema allows is still a valid argument the template would render
+    that way (`{"type": ["integer", "string"]}` and "abc"), so every type the schema admits is
+    kept: `type` (a name or a list), anyOf/oneOf (the union of their branches), enum/const
+    (the kinds of their values), allOf (the types every branch allows), `properties` (object),
+    `items` (array). Null is left out: "null" reads as every type's null. A single type is a
+    string ("string" when a string is allowed: any text is one), several a tuple, and None
+    when the schema does not constrain the type (then nothing is judged).
+    """
+    kinds = _admitted(schema)
+    if kinds is None:
+        return None
+    kinds = [kind for kind in kinds if kind != "null"]
+    if not kinds:
+        return None
+    if any(_normal_kind(kind) == "string" for kind in kinds):
+        return "string"
+    unique = tuple(dict.fromkeys(kinds))
+    return unique[0] if len(unique) == 1 else unique
+
+
+def _admitted(schema: Any, depth: int = 0) -> list[str] | None:
+    """Every JSON type `schema` admits, or None when it does not constrain the type."""
+    if not isinstance(schema, Mapping) or depth > 32:
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return [kind]
+    if isinstance(kind, list) and kind and all(isinstance(k, str) for k in kind):
+        return list(kind)
+    for keyword in ("anyOf", "oneOf"):
+        branches = schema.get(keyword)
+        if isinstance(branches, list) and branches:
+            union: list[str] = []
+            for branch in branches:
+                kinds = _admitted(branch, depth + 1)
+                if kinds is None:
+                    return None  # one branch admits anything: so does the union
+                union.extend(kinds)
+            return union
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if isinstance(values, list):
+        return [json_type(value) for value in values] or None
+    if isinstance(schema.get("allOf"), list):
+        common: set[str] | None = None
+        for branch in schema["allOf"]:
+            kinds = _admitted(branch, depth + 1)
+            if kinds is not None:
+                common = set(kinds) if common is None else common & set(kinds)
+        return sorted(common) if common else None
+    if "properties" in schema:
+        return ["object"]
+    if "items" in schema:
+        return ["array"]
+    return None
+
+
+def _normal_kind(declared: str) -> str | None:
+    """A declared type name as one of SGLang's conversions, or None when it has none."""
+    kind = declared.strip().lower()
+    if kind in _STRING_TYPES or kind == "null":
+        return "string"
+    if kind.startswith(_INTEGER_PREFIXES):
+        return "integer"
+    if kind.startswith(_NUMBER_PREFIXES):
+        return "number"
+    if kind in _BOOLEAN_TYPES:
+        return "boolean"
+    if kind.startswith(("object", "dict")):
+        return "object"
+    if kind.startswith(("array", "arr", "list")):
+        return "array"
+    return None
+
+
+def value_error(value: str, declared: str | tuple[str, ...] | list[str] | None) -> str | None:
+    """Why a parameter written as text reads as none of its declared types, or None.
+
+    `declared` is a type name, several (`allowed_types`), or None. A string is any text;
+    `null` (any case) is every type's null, and so is `None`, what Qwen's template writes for a
+    null value (`| string`); an undeclared parameter is never an error. Booleans are accepted
+    in any case (`True` is what Qwen's template writes for a Python bool). An integer may be
+    written as an integral number (`3.0`, what a template renders for the JSON-schema integer
+    3.0). Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
     """
     if declared is None:
         return None
-    kind = declared.strip().lower()
+    kinds = (declared,) if isinstance(declared, str) else tuple(declared)
     text = value.strip()
-    if kind in _STRING_TYPES or kind == "null" or text.lower() == "null" or text == "None":
+    if not kinds or text.lower() == "null" or text == "None":
         return None
-    if kind.startswith(_INTEGER_PREFIXES):
-        try:
-            int(text)
-        except ValueError:
-            return f"declared {declared}, not an integer"
-        return None
-    if kind.startswith(_NUMBER_PREFIXES):
+    problems = []
+    for kind in kinds:
+        problem = _kind_error(text, kind)
+        if problem is None:
+            return None
+        problems.append(problem)
+    if len(problems) == 1:
+        return f"declared {kinds[0]}, {problems[0]}"
+    return f"declared {' or '.join(kinds)}, reads as none of them"
+
+
+def _kind_error(text: str, declared: str) -> str | None:
+    kind = _normal_kind(declared)
+    if kind is None or kind == "string":
+        return None  # any text is a string; a type SGLang has no conversion for is kept as text
+    if kind == "integer":
+        return None if _is_integer(text) else "not an integer"
+    if kind == "number":
         try:
             float(text)
         except ValueError:
-            return f"declared {declared}, not a number"
+            return "not a number"
         return None
-    if kind in _BOOLEAN_TYPES:
-        return None if text.lower() in ("true", "false") else f"declared {declared}, not true or false"
-    wanted = dict if kind.startswith(("object", "dict")) else list if kind.startswith(("array", "arr", "list")) else None
-    if wanted is None:
-        return None  # a type SGLang has no conversion for: kept as text
-    parsed = _literal(text)
-    if not isinstance(parsed, wanted):
-        return f"declared {declared}, not a JSON {'object' if wanted is dict else 'array'}"
+    if kind == "boolean":
+        return None if text.lower() in ("true", "false") else "not true or false"
+    wanted = dict if kind == "object" else list
+    if not isinstance(_literal(text), wanted):
+        return f"not a JSON {kind}"
     return None
+
+
+def _is_integer(text: str) -> bool:
+    """An integer, or a number with no fractional part (JSON Schema's integer: 3.0 is one)."""
+    try:
+        int(text)
+        return True
+    except ValueError:
+        pass
+    try:
+        number = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(number, float) and number.is_integer()
 
 
 def _literal(text: str) -> Any:
@@ -134,15 +237,40 @@ def _literal(text: str) -> Any:
         return None
 
 
-def parameter_types(tools: Any, name: str | None) -> dict[str, str | None] | None:
-    """Declared type of each parameter of the tool `name` in an OpenAI-style `tools` list.
+def parameter_types(tools: Any, name: str | None) -> dict[str, str | tuple[str, ...] | None] | None:
+    """The types each parameter of the tool `name` may read as (`allowed_types`), from an
+    OpenAI-style `tools` list.
 
     None when the tool (or the list) is unknown: then nothing about its values is judged.
     """
     schema = tool_parameters(tools, name)
     if schema is None:
         return None
-    return {key: declared_type(value) for key, value in _properties(schema).items()}
+    return {key: allowed_types(value) for key, value in _properties(schema).items()}
+
+
+def tools_in_prompt(prompt: str, begin: str, end: str) -> list[dict] | None:
+    """The tool schemas a template wrote into a prompt between `begin` and `end`, one JSON
+    object a line (Qwen's and GLM's `<tools>` block), or None when the prompt holds none.
+    The first such block that holds a schema counts (the templates also name the tags in a
+    sentence before it: "within <tools></tools> XML tags")."""
+    start = prompt.find(begin)
+    while start >= 0:
+        stop = prompt.find(end, start + len(begin))
+        if stop < 0:
+            return None
+        tools = []
+        for line in prompt[start + len(begin) : stop].splitlines():
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                tools.append(value)
+        if tools:
+            return tools
+        start = prompt.find(begin, stop + len(end))
+    return None
 
 
 def _properties(schema: Mapping) -> dict[str, Any]:

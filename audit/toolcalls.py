@@ -307,7 +307,9 @@ def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -
     return pl.DataFrame(columns, schema=CALLS_SCHEMA)
 
 
-def _parameters_error(call: ToolCall, types: dict[str, str | None] | None) -> str | None:
+def _parameters_error(
+    call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None
+) -> str | None:
     if not types:
         return None  # the tool is not declared: what its values should be is unknown
     for key, value in call.parameters or ():
