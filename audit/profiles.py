@@ -74,6 +74,10 @@ class ToolCallSpec:
     # tool calls ends with one of them, a turn without calls never does. Empty: any end of turn
     # may follow either.
     end_of_turn: tuple[str, ...] = ()
+    # The text around the tool schemas the template writes into the prompt, one JSON object a
+    # line (Qwen's and GLM's "<tools>" ... "</tools>"): a record without `tools` still has its
+    # parameters' declared types, read from the prompt the model saw. None: not read.
+    prompt_tools: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -575,7 +579,8 @@ def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
     if format_name not in FORMATS:
         raise ConfigError(f"{where}.format: unknown {format_name!r} (known: {', '.join(FORMATS)})")
     fmt = FORMATS[format_name]
-    known = {"format", "call_id_pattern", "may_end_reasoning", "end_of_turn", *fmt.roles}
+    known = {"format", "call_id_pattern", "may_end_reasoning", "end_of_turn", "prompt_tools"}
+    known |= set(fmt.roles)
     reject_unknown(table, known, where)
     missing = [role for role in fmt.roles if role not in table]
     if missing:
@@ -589,4 +594,16 @@ def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
         call_id_pattern=pattern,
         may_end_reasoning=expect(table.get("may_end_reasoning", False), bool, f"{where}.may_end_reasoning"),
         end_of_turn=string_list(table.get("end_of_turn", []), f"{where}.end_of_turn"),
+        prompt_tools=_prompt_tools(table.get("prompt_tools"), f"{where}.prompt_tools"),
     )
+
+
+def _prompt_tools(value: Any, where: str) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    texts = string_list(value, where)
+    if len(texts) != 2 or not all(texts):
+        raise ConfigError(
+            f'{where}: expected the two texts around the tool schemas, e.g. ["<tools>", "</tools>"]'
+        )
+    return texts[0], texts[1]

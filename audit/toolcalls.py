@@ -14,7 +14,8 @@ Two levels, as the family's format (`audit.toolcall_formats`) says:
    arguments, and whether the text follows the format's own grammar (Qwen3.5/3.6's
    `<function=...>`, DSML's tags). Arguments written as JSON must parse; parameters written as
    text are judged by the types the record's `tools` declare (read only for records with
-   calls: from the line, or `--prompts`).
+   calls: from the line, or `--prompts`; else, where the profile says how its template writes
+   them, from the tool schemas in the record's prompt).
 
 The tool-call rules, the record statistics, `audit inspect` and the HTML samples read
 `tool_call_view(batch)`.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import orjson
@@ -33,7 +35,13 @@ from audit.batch import Batch
 from audit.flat_ids import FlatIds
 from audit.response import answer_text, response_bounds
 from audit.toolcall_formats import ROLE_LETTERS, ToolCall
-from audit.toolcall_values import elements_error, parameter_types, tool_parameters, value_error
+from audit.toolcall_values import (
+    elements_error,
+    parameter_types,
+    tool_parameters,
+    tools_in_prompt,
+    value_error,
+)
 
 # One row per call (several per record), in output order.
 CALLS_SCHEMA: dict[str, pl.DataType] = {
@@ -283,6 +291,8 @@ def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -
     """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
     columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
     named_by_id = batch.profile.tool_calls.format.has_call_ids
+    typed = {row for row, *_, call in read if call.parameters is not None or call.elements is not None}
+    declared = _declared_tools(batch, typed)
     for row, start, end, head_at, body_at, call in read:
         if not (named_by_id or call.name or call.malformed):
             # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
@@ -290,14 +300,12 @@ def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -
         if call.arguments_error is not None:
             error = call.arguments_error
         elif call.elements is not None:
-            tools = (batch.source_prompt(row) or {}).get("tools")
-            schema = tool_parameters(tools, call.name)
+            schema = tool_parameters(declared.get(row), call.name)
             error = elements_error(call.elements, schema) if schema is not None else None
         elif call.parameters is None:
             error = _json_error(call.arguments)
         else:
-            tools = (batch.source_prompt(row) or {}).get("tools")
-            error = _parameters_error(call, parameter_types(tools, call.name))
+            error = _parameters_error(call, parameter_types(declared.get(row), call.name))
         for name, value in (
             ("row", row), ("start", start), ("end", end), ("head_at", head_at), ("body_at", body_at),
             ("name", call.name), ("call_id", call.call_id), ("arguments", call.arguments),
@@ -305,6 +313,22 @@ def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -
         ):
             columns[name].append(value)
     return pl.DataFrame(columns, schema=CALLS_SCHEMA)
+
+
+def _declared_tools(batch: Batch, rows: set[int]) -> dict[int, Any]:
+    """The tools each record declares: its own `tools` (or `--prompts`), else, where the profile
+    says how the template writes them (`prompt_tools`), the schemas in its prompt, decoded in
+    one batch for the records that need it."""
+    declared = {row: (batch.source_prompt(row) or {}).get("tools") for row in rows}
+    marks = batch.profile.tool_calls.prompt_tools
+    missing = sorted(row for row, tools in declared.items() if tools is None)
+    if marks is None or not missing:
+        return declared
+    prompts = batch.records["input_ids"].gather(missing).to_list()
+    texts = batch.tokenizer.decode_batch([ids or [] for ids in prompts])
+    for row, text in zip(missing, texts, strict=True):
+        declared[row] = tools_in_prompt(text, *marks)
+    return declared
 
 
 def _parameters_error(

@@ -111,6 +111,21 @@ def test_rule_set_that_is_a_directory(tmp_path):
             ),
             "cannot leave reasoning 'prompt_opens' (thinking; its think tokens say 'closed')",
         ),
+        (
+            "may_end_reasoning = true",
+            'may_end_reasoning = true\nend_of_turn = ["<|im_start|>"]',
+            "tool_calls.end_of_turn '<|im_start|>' is not in tokens.end_of_turn or tokens.eos",
+        ),
+        (
+            "may_end_reasoning = true",
+            'may_end_reasoning = true\nend_of_turn = ["<|im_end|>", "[EOS]"]',
+            "tool_calls.end_of_turn names every stop token",
+        ),
+        (
+            "may_end_reasoning = true",
+            'may_end_reasoning = true\nprompt_tools = ["<tools>"]',
+            "prompt_tools: expected the two texts around the tool schemas",
+        ),
     ],
     ids=[
         "think-start-list",
@@ -122,6 +137,9 @@ def test_rule_set_that_is_a_directory(tmp_path):
         "continuation-mode",
         "continuation-suffix",
         "continuation-contradicts",
+        "call-stop-not-a-stop",
+        "call-stops-leave-no-answer-stop",
+        "prompt-tools-one-text",
     ],
 )
 def test_bad_profiles(tmp_path, old, new, says):

@@ -451,3 +451,29 @@ def test_kimi_call_ids_of_other_forms_are_a_warning_and_the_pattern_is_the_profi
     for call_id in ("get_weather:0", "call_8f3a2b"):
         assert findings(context, tmp_path, _kimi_call(call_id), tools=None) == []
     assert [r for r, _, _ in findings(context, tmp_path, _kimi_call("functions.get_weather"), tools=None)] == ["TCL003"]
+
+
+def test_without_tools_on_the_record_the_declared_types_come_from_the_prompt(glm47, tmp_path) -> None:
+    # The template wrote the tool schemas into the prompt the model saw (`prompt_tools`): a
+    # record saved without `tools` or `messages` is still judged by them.
+    from audit.templating import render_prompts
+
+    messages = [{"role": "user", "content": "Open an issue for the flaky test."}]
+    [prompt] = render_prompts(glm47.tokenizer, [messages], [TOOLS], thinking=True)
+    call = ("Open it.</think><tool_call>create_issue<arg_key>title</arg_key><arg_value>[WIP] fix</arg_value>"
+            "<arg_key>count</arg_key><arg_value>{count}</arg_value></tool_call><|observation|>")
+    assert findings(glm47, tmp_path, call.format(count="3"), prompt=prompt, tools=None, with_messages=False) == []
+    found = findings(glm47, tmp_path, call.format(count="three"), prompt=prompt, tools=None, with_messages=False)
+    assert [r for r, _, _ in found] == ["TCL002"] and "'count'" in found[0][2]
+
+
+def test_tools_in_prompt_reads_the_schema_block_not_the_sentence_naming_the_tags() -> None:
+    from audit.toolcall_values import tools_in_prompt
+
+    prompt = ('signatures within <tools></tools> XML tags:\n<tools>\n{"name": "a"}\nnot json\n'
+              '{"type": "function", "function": {"name": "b"}}\n</tools>\n\nQ')
+    assert tools_in_prompt(prompt, "<tools>", "</tools>") == [
+        {"name": "a"}, {"type": "function", "function": {"name": "b"}}]
+    assert tools_in_prompt("no tools here", "<tools>", "</tools>") is None
+    assert tools_in_prompt("<tools>\n{\"name\": \"a\"}", "<tools>", "</tools>") is None  # never closed
+    assert parameter_types(tools_in_prompt(prompt, "<tools>", "</tools>"), "a") is None  # no parameters
