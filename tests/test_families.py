@@ -188,6 +188,23 @@ def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: P
     # One conversation that mixes the forms (a call as an object, a later one as a string).
     assert isinstance(both, str) and both == strings
 
+    # Both forms in one conversation (two calls, then an agentic chain), with unicode and nesting.
+    nested = {"city": "Zürich", "options": {"units": ["°C", None]}, "note": "[WIP] {x}"}
+
+    def chain(*forms: object) -> list[dict]:
+        calls = [{"id": f"call_{i}", "type": "function", "function": {"name": "get_weather", "arguments": a}}
+                 for i, a in enumerate(forms)]
+        return [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "", "reasoning_content": "Two.", "tool_calls": calls},
+                {"role": "tool", "tool_call_id": "call_0", "content": "SUNNY"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "RAIN"}]
+
+    mixed, objects = render_prompts(
+        tokenizer, [chain(nested, json.dumps(nested, ensure_ascii=False)), chain(nested, nested)], [None, None],
+        thinking=True,
+    )
+    assert isinstance(mixed, str) and mixed == objects
+
 
 @pytest.mark.parametrize(
     "spec_name", [name for name, spec in SPECS.items() if load_profile(spec.profile).thinking_switch]
