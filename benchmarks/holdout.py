@@ -10,12 +10,19 @@ script renders random conversations with the family's real tokenizer and templat
 or not, agentic histories (several tool calls per turn, their results, arguments as objects or
 as JSON strings), random tools whose parameters declare every JSON type, nested objects and
 arrays, nullable and untyped ones, with values that follow the declared types. The output is
-what the family's model writes in the spec's format: reasoning, an answer or text then one or
-more calls. About a third of the records are corrupted, each by one kind drawn at random from
-the family's corruptions (`fixtures.family_partitions.CORRUPTIONS`, the kinds `kinds_for` keeps
-for the profile) and a few more a judge would try (a prompt rendered without the profile's
-thinking switch, a think marker spelled as text). Clean records keep or drop `messages` and
-`tools` together, `meta_info` and a correct `text` at random.
+what the family's model writes: in the spec's format (reasoning, an answer or text then one or
+more calls), or, for half the records where the template can show it, the turn cut from the
+REAL template's own rendering of it in history (`template_turn`: the text the model writes, not
+a format written down by hand; GLM's turn gains the end of turn its template leaves to the next
+turn). Records may carry a template variable of the family in `chat_template_kwargs` (GLM-5.2's
+`reasoning_effort`, GLM's `clear_thinking`). About a third of the records are corrupted, each
+by one kind drawn at random from the family's corruptions (`fixtures.family_partitions.
+CORRUPTIONS`, the kinds `kinds_for` keeps for the profile) and a few more a judge would try
+(`EXTRA`: a prompt rendered without the profile's thinking switch, a think marker spelled as
+text, an agentic trajectory saved whole, a typed parameter written as other text, special
+tokens skipped, every marker stripped, the stop of the other kind of turn, a thinking-on prompt
+in a thinking-off run). Clean records keep or drop `messages` and `tools` together, `meta_info`
+and a correct `text` at random.
 
 A record is flagged when `audit check` gives it a finding at error severity. Recall is the
 flagged share of corrupted records, the false-positive rate the flagged share of clean ones;
@@ -32,7 +39,8 @@ import string
 import sys
 import tempfile
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +51,9 @@ from audit.profiles import ResolvedProfile, load_profile
 from audit.session import CheckOptions, prepare
 from audit.session import shared_tokenizer as load_cached_tokenizer
 from audit.targets import resolve_target
-from audit.templating import render_prompts
+from audit.templating import CHAT_TEMPLATE, render_prompts
 from audit.tokenizer import Tokenizer
+from audit.toolcall_values import parameter_types
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,
@@ -241,6 +250,65 @@ def spelled(rng: random.Random, profile: ResolvedProfile, text: str) -> str:
     return text
 
 
+# -- the model's turn as the real template writes it -----------------------------------------
+
+# Template variables a record may carry in chat_template_kwargs, by the spec's tokenizer key.
+TEMPLATE_KWARGS: dict[str, list[dict[str, Any]]] = {
+    "glm-5.2": [{"reasoning_effort": "high"}, {"clear_thinking": False}],
+    "glm-5.1": [{"clear_thinking": False}],
+    "glm-5": [{"clear_thinking": False}],
+    "glm-4.7-flash": [{"clear_thinking": False}],
+}
+
+
+def assistant_message(sample: Sample, thinking: bool) -> dict[str, Any]:
+    """The model's turn of `sample` as an OpenAI-style assistant message."""
+    message: dict[str, Any] = {"role": "assistant", "content": sample.answer if sample.answer is not None
+                               else sample.content}
+    if thinking:
+        message["reasoning_content"] = sample.reasoning
+    if sample.answer is None:
+        message["tool_calls"] = [
+            {"id": f"call_t{i}", "type": "function", "function": {"name": name, "arguments": arguments}}
+            for i, (name, arguments) in enumerate(sample.all_calls)]
+    return message
+
+
+def render(b: Builder, messages: list[dict], tools: list[dict] | None, thinking: bool,
+           kwargs: dict[str, Any] | None) -> str | None:
+    [text] = render_prompts(b.tokenizer, [messages], [tools], thinking=thinking, extra_kwargs=[kwargs],
+                            renderer=b.profile.prompt_renderer,
+                            template_kwargs=b.profile.profile.template_kwargs(thinking))
+    return text if isinstance(text, str) else None
+
+
+def template_turn(b: Builder, sample: Sample, thinking: bool, kwargs: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(prompt, output): the prompt of `sample`, and its model turn cut from the real template's
+    rendering of the conversation with that turn in history, up to the first end of turn the
+    template writes after it (GLM writes none of its own there: the profile's stop for a turn
+    with calls, else an answer's, is added). None when the history does not continue the prompt
+    (templates that drop the turn's reasoning from history, as DeepSeek's do)."""
+    prompt = render(b, sample.messages, sample.tools, thinking, kwargs)
+    history = render(b, sample.messages + [assistant_message(sample, thinking)], sample.tools, thinking, kwargs)
+    if prompt is None or history is None or not history.startswith(prompt):
+        return None
+    rest = history[len(prompt):]
+    names = b.profile.profile
+    for suffix in sorted(b.profile.prompt_suffix_texts, key=len, reverse=True):  # the next generation prompt
+        if rest.endswith(suffix):
+            rest = rest[: -len(suffix)]
+            break
+    stops = names.end_of_turn + names.eos
+    found = [rest.find(stop) + len(stop) for stop in stops if stop in rest]
+    if found:
+        return prompt, rest[: min(found)]
+    call_stops = names.tool_calls.end_of_turn if names.tool_calls else ()
+    if sample.answer is None and call_stops:
+        return prompt, rest + call_stops[0]
+    answer_stops = [stop for stop in stops if stop not in call_stops]
+    return prompt, rest + (answer_stops[0] if b.rng.random() < 0.8 else b.rng.choice(answer_stops))
+
+
 # -- corruptions a judge would try beyond the family partitions' ---------------------------------
 
 
@@ -259,10 +327,100 @@ def _think_end_as_text(b: Builder, d: Draft) -> None:
     d.output_ids[at : at + 1] = b.plain(text)
 
 
-EXTRA: dict[str, tuple[Corruption, str]] = {
-    # (corruption, when it applies: "switch" a profile with its own thinking switch, "think" reasoning on)
-    "prompt-without-thinking-switch": (Corruption("any", _prompt_without_switch, catches=("PRM001", "TPL001")), "switch"),
-    "think-end-as-text": (Corruption("answer", _think_end_as_text, catches=("RTR001", "SEG001")), "think"),
+def _agentic_join(b: Builder, d: Draft) -> None:
+    """The turn's calls, their results and the next prompt as the template writes them, and
+    another answer: an agentic trajectory saved as one output."""
+    sample = d.sample
+    turn = assistant_message(sample, b.profile.thinking)
+    results = [{"role": "tool", "tool_call_id": c["id"], "content": "Sunny, 21 C."} for c in turn["tool_calls"]]
+    before = render(b, sample.messages + [turn], sample.tools, b.profile.thinking, None)
+    after = render(b, sample.messages + [turn] + results, sample.tools, b.profile.thinking, None)
+    if before is None or after is None:
+        raise ValueError("the template refused the trajectory")
+    common = next((i for i, (x, y) in enumerate(zip(before, after, strict=False)) if x != y), len(before))
+    environment = after[common:]
+    d.output_ids = d.output_ids + b.tokenizer.encode_text(environment + "It is sunny." + b.profile.profile.end_of_turn[0])
+
+
+def _wrong_type_value(b: Builder, d: Draft) -> None:
+    """A parameter declared integer, number, boolean, object or array written as other text."""
+    sample = d.sample
+    for index, (name, arguments) in enumerate(sample.all_calls):
+        types = parameter_types(sample.tools, name) or {}
+        typed = [key for key in arguments if types.get(key) not in (None, "string")]
+        if typed:
+            calls = list(sample.all_calls)
+            calls[index] = (name, {**arguments, typed[0]: "a few of them"})
+            broken = replace(sample, calls=calls)
+            d.output_ids = b.tokenizer.encode_text(output_text(b.spec, b.profile, broken))
+            return
+    raise ValueError("no typed parameter in the calls")
+
+
+def _special_tokens_skipped(b: Builder, d: Draft) -> None:
+    """The output decoded with skip_special_tokens and encoded again: its stop token is gone."""
+    if d.output_ids[-1] not in b.tokenizer.special_ids:
+        raise ValueError("the stop token is not special")
+    d.output_ids = b.tokenizer.encode_text(b.tokenizer.decode_batch_skipping_special([d.output_ids])[0])
+
+
+def _everything_stripped(b: Builder, d: Draft) -> None:
+    """The response token and every tool-call marker removed, as a reasoning parser and a tool
+    parser together leave the text."""
+    gone = set(b.profile.tool_markers.values()) | {b.profile.think_end}
+    if b.profile.think_end not in d.output_ids and not _stripped_markers_seen(b.profile):
+        raise ValueError("a call's text with no trace of its markers (Qwen3's JSON) is no corruption one can see")
+    kept = [i for i in d.output_ids if i not in gone]
+    if len(kept) == len(d.output_ids):
+        raise ValueError("nothing to strip")
+    d.output_ids = kept
+
+
+def _stripped_markers_seen(profile: ResolvedProfile) -> bool:
+    spec = profile.tool_calls
+    return spec is not None and (bool(spec.format.text_markers) or bool(profile.call_stops))
+
+
+def _wrong_stop(b: Builder, d: Draft) -> None:
+    """The turn ends on the stop of the other kind of turn (GLM: a call on <|user|>, an answer
+    on <|observation|>)."""
+    calls, stops = b.profile.call_stops, b.profile.stop_ids
+    if d.output_ids[-1] not in stops:
+        raise ValueError("no stop token to change")
+    others = [i for i in stops if i not in calls] if d.output_ids[-1] in calls else list(calls)
+    d.output_ids[-1] = b.rng.choice(others)
+    d.finish = {"type": "stop", "matched": d.output_ids[-1]}
+
+
+def _prompt_thinking_on(b: Builder, d: Draft) -> None:
+    """A thinking-on prompt in a thinking-off run."""
+    d.input_ids = b.render(d.sample, True)
+
+
+def _thinks(profile: ResolvedProfile, spec: FamilySpec) -> bool:
+    return profile.reasoning in ("prompt_opens", "model_opens")
+
+
+EXTRA: dict[str, tuple[Corruption, Callable[[ResolvedProfile, FamilySpec], bool]]] = {
+    # (corruption, whether it applies to the profile and spec)
+    "prompt-without-thinking-switch": (
+        Corruption("any", _prompt_without_switch, catches=("PRM001", "TPL001")),
+        lambda profile, spec: bool(profile.profile.thinking_switch)),
+    "think-end-as-text": (Corruption("answer", _think_end_as_text, catches=("RTR001", "SEG001")), _thinks),
+    "agentic-join": (
+        Corruption("call", _agentic_join, catches=("TRM005",)),
+        lambda profile, spec: profile.tool_calls is not None and "call" in spec.shapes),
+    "wrong-type-value": (
+        Corruption("call", _wrong_type_value, catches=("TCL002",)),
+        lambda profile, spec: profile.tool_calls is not None and bool(spec.output.parameter)),
+    "special-tokens-skipped": (Corruption("any", _special_tokens_skipped, catches=("TRM002",)), lambda p, s: True),
+    "everything-stripped": (
+        Corruption("any", _everything_stripped, catches=("SEG001", "TRM002", "TCL004")),
+        lambda profile, spec: profile.tool_calls is not None),
+    "wrong-stop": (Corruption("any", _wrong_stop, catches=("TRM002",)), lambda profile, spec: bool(profile.call_stops)),
+    "prompt-thinking-on": (
+        Corruption("any", _prompt_thinking_on, catches=("PRM001",)),
+        lambda profile, spec: not profile.thinking and "thinking" in profile.profile.prompt_suffixes),
 }
 
 
@@ -277,9 +435,8 @@ class Labelled:
 
 def corruption_kinds(profile: ResolvedProfile, spec: FamilySpec) -> dict[str, Corruption]:
     kinds = {kind: CORRUPTIONS[kind] for kind in kinds_for(profile, spec)}
-    thinks = profile.reasoning in ("prompt_opens", "model_opens")
-    for kind, (corruption, when) in EXTRA.items():
-        if (when == "switch" and profile.profile.thinking_switch) or (when == "think" and thinks):
+    for kind, (corruption, applies) in EXTRA.items():
+        if applies(profile, spec):
             kinds[kind] = corruption
     return kinds
 
@@ -301,17 +458,25 @@ def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, reco
             needs = kinds[kind].needs
             if (needs == "call" and sample.answer is not None) or (needs == "answer" and sample.answer is None):
                 continue  # draw again: this conversation cannot carry that kind
-        try:
-            input_ids = builder.render(sample, profile.thinking)
-        except AssertionError:
-            continue  # the template refused the conversation (a judge would not keep it)
-        output = tokenizer.encode_text(spelled(rng, profile, output_text(spec, profile, sample)))
+        kwargs = rng.choice(TEMPLATE_KWARGS.get(spec.tokenizer.key, [None]) + [None, None])
+        turn = None
+        if spec.real_template and profile.prompt_renderer == CHAT_TEMPLATE and rng.random() < 0.5:
+            turn = template_turn(builder, sample, profile.thinking, kwargs)
+        if turn is not None:
+            input_ids, output = tokenizer.encode_text(turn[0]), tokenizer.encode_text(turn[1])
+        else:
+            kwargs = None
+            try:
+                input_ids = builder.render(sample, profile.thinking)
+            except AssertionError:
+                continue  # the template refused the conversation (a judge would not keep it)
+            output = tokenizer.encode_text(spelled(rng, profile, output_text(spec, profile, sample)))
         draft = Draft(sample=sample, sample_id=f"{spec.name}-{seed}-{len(out):06d}", input_ids=list(input_ids),
                       output_ids=list(output), finish={"type": "stop", "matched": output[-1]})
         if kind is not None:
             try:
                 kinds[kind].apply(builder, draft)
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, AssertionError):
                 continue  # the kind does not fit this record (no object argument to cut, ...)
             if draft.input_ids == input_ids and draft.output_ids == output and draft.text is None \
                     and draft.completion_tokens is None and draft.finish["type"] == "stop":
@@ -335,6 +500,8 @@ def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, reco
             record["messages"] = sample.messages
             if sample.tools:
                 record["tools"] = sample.tools
+            if kwargs:
+                record["chat_template_kwargs"] = kwargs
         out.append(Labelled(kind, json.dumps(record, ensure_ascii=False)))
     return out
 
