@@ -12,29 +12,23 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.errors import ConfigError
+from audit.prompt_endings import (
+    REASONING_STATES,
+    THINKING_STATES,
+    Reasoning,
+    reasoning_left,
+    suffix_ids,
+)
 from audit.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.tokenizer import Tokenizer
 from audit.toolcall_formats import FORMATS, ToolCallFormat
 
 PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 
-# What the prompt leaves the output to do about reasoning:
-#   prompt_opens  the prompt ends inside <think>: the output closes it exactly once
-#   model_opens   the model writes <think> itself, first, then closes it exactly once
-#   may_open      the output is reasoning from its start, with or without a <think> of its own
-#                 first, and closes it exactly once (SGLang's DeepSeekR1Detector reads an
-#                 output as `(<think>)*(.*)</think>`): DeepSeek-R1 after tool results
-#   closed        no reasoning: thinking is off (the prompt holds <think></think>), or the
-#                 family's turn after a tool result has none: no think tokens at all
-#   none          the family has no think tokens (gpt-oss: segmented by harmony channels)
-Reasoning = Literal["prompt_opens", "model_opens", "may_open", "closed", "none"]
-REASONING_STATES: tuple[str, ...] = ("prompt_opens", "model_opens", "may_open", "closed", "none")
-# The states in which an output holds reasoning that it closes with the response token.
-THINKING_STATES: tuple[str, ...] = ("prompt_opens", "model_opens", "may_open")
 _MODES = ("thinking", "no_thinking")
 
 _TOP_KEYS = {
@@ -51,9 +45,6 @@ _TOP_KEYS = {
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
 _CONTINUATION_KEYS = {"suffix", "modes", "reasoning"}
-# What may precede a suffix in a real prompt: a suffix's ids are those its text keeps after any
-# of them (a BPE merge across the boundary changes the first ids of a suffix written as text).
-_CONTEXTS = ("a", ".", " ", "\n", ">", "1", "\u3002", "\"")
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
 CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
 _CHANNEL_NAMES = ("reasoning", "answer", "tools")
@@ -192,9 +183,9 @@ class Profile:
             return ids
 
         suffixes = tuple(ids_of(text, f"generation_prompt.{mode}") for text in suffix_texts)
-        reasoning = _reasoning(suffixes[0], think_start, think_end, thinking)
+        reasoning = reasoning_left(suffixes[0], think_start, think_end, thinking)
         for text, ids in zip(suffix_texts[1:], suffixes[1:], strict=True):
-            if _reasoning(ids, think_start, think_end, thinking) != reasoning:
+            if reasoning_left(ids, think_start, think_end, thinking) != reasoning:
                 raise ConfigError(
                     f"{where}: generation_prompt.{mode} suffix {text!r} leaves reasoning in a "
                     "different state than the first one; list such variants in separate "
@@ -248,41 +239,6 @@ class Profile:
         )
 
 
-def suffix_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
-    """The ids a prompt ending with `text` ends with, whatever text precedes it.
-
-    A suffix of single-id markers (`<｜Assistant｜><think>`) is its own encoding. A suffix
-    written as plain text may merge with the text before it (`.<｜` is one piece in Qwen's
-    BPE): its ids are the tail that every context leaves unchanged.
-    """
-    encodings = tokenizer.encode_batch([text, *(context + text for context in _CONTEXTS)])
-    bare = encodings[0]
-    kept = 0
-    while kept < len(bare) and all(
-        len(other) > kept and other[-1 - kept] == bare[-1 - kept] for other in encodings[1:]
-    ):
-        kept += 1
-    return tuple(bare[len(bare) - kept :])
-
-
-def _reasoning(
-    suffix: tuple[int, ...], think_start: int | None, think_end: int | None, thinking: bool
-) -> Reasoning:
-    if think_start is None or think_end is None:
-        return "none"
-    if think_end in suffix and (
-        think_start not in suffix or _last(suffix, think_end) > _last(suffix, think_start)
-    ):
-        return "closed"
-    if think_start in suffix:
-        return "prompt_opens"
-    return "model_opens" if thinking else "closed"
-
-
-def _last(ids: tuple[int, ...], token_id: int) -> int:
-    return len(ids) - 1 - ids[::-1].index(token_id)
-
-
 def _check_continuation(
     continuation: Continuation,
     ids: tuple[int, ...],
@@ -297,7 +253,7 @@ def _check_continuation(
         if state != "none":
             raise ConfigError(f"{where}: the family has no think tokens: its reasoning is 'none'")
         return
-    derived = _reasoning(ids, think_start, think_end, thinking)
+    derived = reasoning_left(ids, think_start, think_end, thinking)
     holds_think = think_start in ids or think_end in ids
     off_but_open = not thinking and state != "closed"
     if state == "none" or (holds_think and derived != state) or off_but_open:

@@ -55,6 +55,7 @@ LAYERS = {
     ),
     "model facts": (
         "audit.profiles",
+        "audit.prompt_endings",
         "audit.toolcall_formats",
         "audit.toolcall_values",
         "audit.templating",
