@@ -346,12 +346,9 @@ def _leaf_error(text: str, schema: Any) -> str | None:
     nullable = "null" in types
     if types & _M3_STRING or (nullable and text in _M3_NULLS):
         return None
-    if types & _M3_INTEGER:
-        try:
-            int(text)
-            return None
-        except ValueError:
-            pass
+    # An integral number (3.0) is an integer, as JSON Schema and the text formats' check have it.
+    if types & _M3_INTEGER and _is_integer(text):
+        return None
     if types & _M3_NUMBER:
         try:
             float(text)

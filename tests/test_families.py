@@ -202,6 +202,7 @@ def test_history_tool_calls_render_whatever_form_their_arguments_take(workdir: P
     mixed, objects = render_prompts(
         tokenizer, [chain(nested, json.dumps(nested, ensure_ascii=False)), chain(nested, nested)], [None, None],
         thinking=True,
+        renderer=load_profile(spec.profile).encoder or CHAT_TEMPLATE,
     )
     assert isinstance(mixed, str) and mixed == objects
 

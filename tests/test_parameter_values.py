@@ -1,4 +1,5 @@
-"""Parameters written as text (Qwen3.5/3.6 `<parameter=K>`, GLM `<arg_value>`), property-tested
+"""Parameters written as text (Qwen3.5/3.6 `<parameter=K>`, GLM `<arg_value>`, DeepSeek's DSML
+`<｜DSML｜parameter>`, MiniMax-M3's elements), property-tested
 on the real templates: every value a template renders for a valid argument passes the audit,
 and a value that reads as none of its declared types is TCL002.
 
@@ -32,13 +33,32 @@ from fixtures.family_partitions import family_specs, history_turn, spec_tokenize
 
 # Families whose calls write each parameter as text, with the stop the template writes after a call.
 TEXT_PARAMETER_SPECS = {
-    name: spec.output.tool_calls.replace("{calls}", "")
+    name: spec.output.tool_calls.split("{calls}", 1)[1]
     for name, spec in family_specs().items()
     if spec.output.parameter and spec.real_template
+}
+# Formats that write each value's kind beside it (DSML's `string="true|false"`).
+SELF_TYPED = {
+    name for name, spec in family_specs().items() if "{string}" in (spec.output.parameter or "")
+}
+# Formats whose serving parser converts a value by the schema's `type` key alone (SGLang's
+# minimax_m3.py): a schema without one (an enum alone) keeps any text.
+TYPE_KEY_ONLY = {
+    name
+    for name, spec in family_specs().items()
+    if (calls := load_profile(spec.profile).tool_calls) is not None
+    and calls.format.name == "minimax-m3"
 }
 # Marker strings of both families' formats and turns: never inside a value.
 MARKERS = (
     "<|",
+    "<｜",
+    "｜DSML｜",
+    "]<]minimax[>[",
+    "<mm:think>",
+    "</mm:think>",
+    "]~b]",
+    "[e~[",
     "<tool_call>",
     "</tool_call>",
     "<arg_key>",
@@ -166,7 +186,16 @@ def _audit(
         {"role": "assistant", "content": "", "reasoning_content": REASONING, "tool_calls": [call]},
         {"role": "tool", "tool_call_id": "call_0", "content": "ok"},
     ]
-    rendered = history_turn(context.tokenizer, USER, tools, turn, stop, thinking=True)
+    rendered = history_turn(
+        context.tokenizer,
+        USER,
+        tools,
+        turn,
+        stop,
+        thinking=True,
+        renderer=context.profile.prompt_renderer,
+        template_kwargs=context.profile.template_kwargs,
+    )
     assert rendered is not None, "the template's history does not continue its prompt"
     prompt, output = rendered
     output_ids = context.tokenizer.encode_text(output)
@@ -205,9 +234,14 @@ def test_every_value_the_template_renders_for_a_valid_argument_passes(
 @given(drawn=arguments)
 def test_a_value_of_no_declared_type_is_tcl002(family, tmp_path, drawn) -> None:
     name, context = family
+    if name in SELF_TYPED:
+        return  # DSML's string="true" says the value is text: the template writes it as such
     tools = _tool({key: schema for key, (schema, _) in drawn.items()})
     typed = [
-        key for key, (schema, _) in drawn.items() if allowed_types(schema) not in (None, "string")
+        key
+        for key, (schema, _) in drawn.items()
+        if allowed_types(schema) not in (None, "string")
+        and (name not in TYPE_KEY_ONLY or "type" in schema)
     ]
     if not typed:
         return
