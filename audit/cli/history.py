@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
