@@ -287,12 +287,17 @@ def template_turn(b: Builder, sample: Sample, thinking: bool, kwargs: dict[str, 
     rendering of the conversation with that turn in history, up to the first end of turn the
     template writes after it (GLM writes none of its own there: the profile's stop for a turn
     with calls, else an answer's, is added). None when the history does not continue the prompt
-    (templates that drop the turn's reasoning from history, as DeepSeek's do)."""
+    (templates that drop the turn's reasoning from history, as DeepSeek's do), or drops its
+    reasoning."""
     prompt = render(b, sample.messages, sample.tools, thinking, kwargs)
     history = render(b, sample.messages + [assistant_message(sample, thinking)], sample.tools, thinking, kwargs)
     if prompt is None or history is None or not history.startswith(prompt):
         return None
     rest = history[len(prompt):]
+    if thinking and sample.reasoning.strip() not in rest:
+        # The history dropped the turn's reasoning (DeepSeek-R1's template after tool results
+        # keeps only the content): that is not what the model wrote.
+        return None
     names = b.profile.profile
     for suffix in sorted(b.profile.prompt_suffix_texts, key=len, reverse=True):  # the next generation prompt
         if rest.endswith(suffix):
@@ -352,7 +357,7 @@ def _wrong_type_value(b: Builder, d: Draft) -> None:
             calls = list(sample.all_calls)
             calls[index] = (name, {**arguments, typed[0]: "a few of them"})
             broken = replace(sample, calls=calls)
-            d.output_ids = b.tokenizer.encode_text(output_text(b.spec, b.profile, broken))
+            d.output_ids = b.tokenizer.encode_text(output_text(b.spec, b.profile, broken, d.reasoning))
             return
     raise ValueError("no typed parameter in the calls")
 
@@ -470,9 +475,15 @@ def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, reco
                 input_ids = builder.render(sample, profile.thinking)
             except AssertionError:
                 continue  # the template refused the conversation (a judge would not keep it)
-            output = tokenizer.encode_text(spelled(rng, profile, output_text(spec, profile, sample)))
+        # The output in the reasoning state the prompt leaves (after a tool result, DeepSeek-V3.1
+        # answers with no think tokens and R1 may open <think> itself).
+        reasoning = profile.prompt_reasoning(list(input_ids))
+        if turn is None:
+            text = output_text(spec, profile, sample, reasoning)
+            output = tokenizer.encode_text(spelled(rng, profile, text))
         draft = Draft(sample=sample, sample_id=f"{spec.name}-{seed}-{len(out):06d}", input_ids=list(input_ids),
-                      output_ids=list(output), finish={"type": "stop", "matched": output[-1]})
+                      output_ids=list(output), finish={"type": "stop", "matched": output[-1]},
+                      reasoning=reasoning)
         if kind is not None:
             try:
                 kinds[kind].apply(builder, draft)
