@@ -3,8 +3,9 @@
     report = check_session(prepare(target, CheckOptions(profile="kimi-k2.5")))
 
 The audit comes from the result cache when nothing that decides it changed (`audit.cache`),
-else from the engine: in this process, or over shards in `--jobs` worker processes
-(`audit.parallel`). The Python API (`audit.check_target`) is this, from a target's name.
+else from the engine: in this process, over shards in `--jobs` worker processes
+(`audit.parallel`), or over shards as tasks on a Ray cluster (`--engine ray`, `audit.cluster`).
+The Python API (`audit.check_target`) is this, from a target's name.
 """
 
 from __future__ import annotations
@@ -20,10 +21,15 @@ from audit.session import Session
 
 
 def run_audit(session: Session, progress: ProgressCallback | None = None) -> FileAudit:
-    """Audit the session's file: from the cache when nothing changed, else in `jobs` processes."""
+    """Audit the session's file: from the cache when nothing changed, else in `jobs` processes
+    or on Ray."""
     options = session.options
     path = session.target.data_file
     cache = AuditCache.for_options(options)
+    if options.engine == "ray":
+        from audit.cluster import audit_on_ray
+
+        return audit_on_ray(session, progress, cache)
     if cache is not None:
         started = time.perf_counter()
         hit = cache.load(cache.key(path, session.context, session.rule_set), path)

@@ -61,13 +61,16 @@ class Shard:
     first_line: int
 
 
-def plan_shards(path: Path, shards: int) -> tuple[list[Shard], str, int]:
-    """Cut `path` into about `shards` ranges at line boundaries; also its sha256 and size.
+def plan_shards(
+    path: Path, shards: int, *, min_shard_bytes: int = MIN_SHARD_BYTES
+) -> tuple[list[Shard], str, int]:
+    """Cut `path` into about `shards` ranges at line boundaries, none under `min_shard_bytes`;
+    also its sha256 and size.
 
     One sequential read: the hash and the newline counts that number each shard's first line.
     """
     size = path.stat().st_size
-    shards = max(1, min(shards, size // max(1, MIN_SHARD_BYTES)))
+    shards = max(1, min(shards, size // max(1, min_shard_bytes)))
     with path.open("rb") as handle:
         cuts = [0]
         for k in range(1, shards):

@@ -36,6 +36,8 @@ class CheckOptions:
     rules: Path | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
     jobs: int = 1  # worker processes over shards of each file (audit.parallel)
+    engine: str = "local"  # "local" (this process, or --jobs processes) or "ray" (audit.cluster)
+    shard_bytes: int | None = None  # Ray: the size of a task's byte range (None: sized to the cluster)
     cache: bool = True  # reuse the result of an identical earlier audit (audit.cache)
     cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
     prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
@@ -68,6 +70,26 @@ def shared_tokenizer(path: Path, trust_remote_code: bool) -> Tokenizer:
     if key not in _TOKENIZERS:
         _TOKENIZERS[key] = load_tokenizer(path, trust_remote_code=trust_remote_code)
     return _TOKENIZERS[key]
+
+
+_SESSIONS: dict[tuple[str, str, CheckOptions], Session] = {}
+_SESSIONS_KEPT = 8
+
+
+def worker_session(target: Target, options: CheckOptions) -> Session:
+    """The session of `target` and `options`, prepared once per process and kept.
+
+    What a worker that audits shard after shard starts from (a Ray task's process, a `--jobs`
+    process): its tokenizer, profile and rule set are loaded by its first shard only. The last
+    few sessions are kept, for the partitions of one `--all` run.
+    """
+    key = (target.partition, str(target.data_file), options)
+    session = _SESSIONS.get(key)
+    if session is None:
+        if len(_SESSIONS) >= _SESSIONS_KEPT:
+            _SESSIONS.pop(next(iter(_SESSIONS)))
+        session = _SESSIONS[key] = prepare(target, options)
+    return session
 
 
 def prepare(target: Target, options: CheckOptions) -> Session:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,33 @@ def s3(s3_server, monkeypatch: pytest.MonkeyPatch):
     s3_server.filesystem = fsspec.filesystem("s3", skip_instance_cache=True, use_listings_cache=False)
     s3_server.filesystem.mkdir("bucket")
     return s3_server
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the whole session: 2 CPUs, no dashboard. Every worker has the
+    test store's credentials in its environment, as a node of a real cluster has its own; the
+    audit sends none with its tasks."""
+    ray = pytest.importorskip("ray", reason="the Ray engine needs the ray extra: pip install -e '.[test]'")
+    import logging
+
+    from tests.s3_server import CREDENTIALS
+
+    environment = {
+        **CREDENTIALS,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_CONFIG_FILE": os.devnull,
+    }
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": environment},
+    )
+    yield ray
+    ray.shutdown()

@@ -29,6 +29,7 @@ LAYERS = {
         "audit.session",
         "audit.check",
         "audit.parallel",
+        "audit.cluster",
         "audit.cache",
         "audit.gating",
         "audit.watch",

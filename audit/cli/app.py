@@ -156,6 +156,41 @@ NoCacheOption = Annotated[
 ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when the gate fails.")]
 
 
+class Engine(StrEnum):
+    local = "local"
+    ray = "ray"
+
+
+EngineOption = Annotated[
+    Engine,
+    typer.Option(
+        "--engine",
+        help="local: this process (or --jobs processes); ray: shards as tasks on the Ray cluster at "
+        "$RAY_ADDRESS (a local one when unset). Findings are identical.",
+    ),
+]
+ShardSizeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--shard-size",
+        help="With --engine ray: bytes per task, e.g. 64M, 512K (default: a few shards per CPU, at most 32M).",
+    ),
+]
+
+
+def parse_size(text: str | None) -> int | None:
+    """`64M`, `512K`, `1G` or a number of bytes; a usage error (exit 2) otherwise."""
+    if text is None:
+        return None
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    number, unit = text.strip().upper().rstrip("B"), ""
+    if number and number[-1] in "KMG":
+        number, unit = number[:-1], number[-1]
+    if not number.isdigit() or int(number) == 0:
+        raise fail(f"--shard-size {text!r}: give a positive size such as 64M, 512K or 1048576")
+    return int(number) * units[unit]
+
+
 def check_options(
     profile: str | None,
     tokenizer: Path | None,
@@ -165,13 +200,21 @@ def check_options(
     prompts: Path | None = None,
     jobs: int = 1,
     cache: bool = True,
+    engine: Engine = Engine.local,
+    shard_size: str | None = None,
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.session import CheckOptions
 
+    if engine is Engine.ray and jobs > 1:
+        raise fail("--jobs sets local worker processes; with --engine ray the cluster's CPUs run the shards")
+    if shard_size is not None and engine is not Engine.ray:
+        raise fail("--shard-size sizes the tasks of --engine ray; the local engine sizes its own shards")
     return CheckOptions(
         jobs=jobs,
         cache=cache,
+        engine=engine.value,
+        shard_bytes=parse_size(shard_size),
         profile=profile,
         tokenizer=tokenizer,
         trust_remote_code=trust_remote_code,

@@ -19,6 +19,8 @@ from rich.text import Text
 
 from audit.cli.app import (
     DataRootOption,
+    Engine,
+    EngineOption,
     ExitZeroOption,
     FailOn,
     FailOnOption,
@@ -27,6 +29,7 @@ from audit.cli.app import (
     ProfileOption,
     PromptsOption,
     RulesOption,
+    ShardSizeOption,
     ThinkingOption,
     TokenizerOption,
     TrustOption,
@@ -185,6 +188,8 @@ def check(
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
     jobs: JobsOption = 1,
+    engine: EngineOption = Engine.local,
+    shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
@@ -206,7 +211,8 @@ def check(
         raise fail("name a target (a partition, a partition directory or a .jsonl file), or pass --all")
     root = data_root_for(data_root, targets, announce=output_format is OutputFormat.rich)
     options = check_options(
-        profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache
+        profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
+        engine=engine, shard_size=shard_size,
     )
     fail_on_warning = fail_on is FailOn.warning
     try:

@@ -10,12 +10,15 @@ from rich.text import Text
 
 from audit.cli.app import (
     DataRootOption,
+    Engine,
+    EngineOption,
     ExitZeroOption,
     FailOn,
     FailOnOption,
     NoCacheOption,
     ProfileOption,
     RulesOption,
+    ShardSizeOption,
     ThinkingOption,
     TokenizerOption,
     TrustOption,
@@ -70,6 +73,8 @@ def gate(
     output_format: FormatOption = OutputFormat.rich,
     fail_on: FailOnOption = FailOn.error,
     exit_zero: ExitZeroOption = False,
+    engine: EngineOption = Engine.local,
+    shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
 ) -> None:
     """Split TARGET into the records training may use and the ones it must not.
@@ -86,7 +91,10 @@ def gate(
     out_dir = location(out)
     report_path = location(report) if report is not None else None
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
-    options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache)
+    options = check_options(
+        profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache, engine=engine,
+        shard_size=shard_size,
+    )
     fail_on_warning = fail_on is FailOn.warning
     try:
         session = prepare(resolve_target(target, root), options)

@@ -1,4 +1,5 @@
-"""A progress bar for long audits: records, tokens/s and ETA, on stderr, only on a terminal.
+"""A progress bar for long audits: records, tokens/s and ETA (and shards done, when the run is
+cut into shards), on stderr, only on a terminal.
 
 It stays hidden for the first seconds, so a quick run prints nothing extra, and it is never
 drawn when stderr is not a terminal (CI logs, pipes, `--format json` consumers).
@@ -31,6 +32,13 @@ class AuditProgress:
         self.started = time.perf_counter()
         self._progress: Progress | None = None
         self._task: TaskID | None = None
+        self._shards = ""  # "12/40 shards" when the run is cut into shards (--engine ray)
+
+    def shards(self, done: int, total: int) -> None:
+        """How many of the run's shards are done (an executor that runs shards calls it)."""
+        self._shards = f"{done}/{total} shards"
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, shards=self._shards)
 
     def __call__(self, records: int, output_tokens: int, read_bytes: int) -> None:
         elapsed = time.perf_counter() - self.started
@@ -40,6 +48,7 @@ class AuditProgress:
             self._progress = Progress(
                 TextColumn("{task.description}", markup=False),
                 BarColumn(),
+                TextColumn("{task.fields[shards]}"),
                 TextColumn("{task.fields[records]:,} records"),
                 TextColumn("{task.fields[rate]} tokens/s"),
                 TimeRemainingColumn(),
@@ -47,7 +56,9 @@ class AuditProgress:
                 transient=True,
             )
             self._progress.start()
-            self._task = self._progress.add_task(self.label, total=self.total_bytes, records=0, rate="-")
+            self._task = self._progress.add_task(
+                self.label, total=self.total_bytes, records=0, rate="-", shards=self._shards
+            )
         rate = output_tokens / elapsed if elapsed > 0 else 0.0
         self._progress.update(
             self._task, completed=read_bytes, records=records, rate=f"{rate / 1e6:.1f}M" if rate >= 1e6 else f"{rate:,.0f}"
