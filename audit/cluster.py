@@ -2,7 +2,8 @@
 
 The driver (this process) cuts the file into byte ranges at line boundaries, knowing the
 physical line number at each cut, in one sequential read that also hashes the input
-(`audit.parallel.plan_shards`, as `--jobs` does). Each range is a Ray task that runs the engine
+(`audit.parallel.iter_shards`, as `--jobs` does), and submits each range as soon as the read
+has passed its end: the tasks run while the read goes on. Each range is a Ray task that runs the engine
 where it lands (`audit_blocks(file_blocks(path, start=, end=, first_line=))`), reading only its
 bytes, from a shared disk or straight from object storage. A task's process prepares the
 session once (`audit.session.worker_session`: the tokenizer is loaded by its first shard and
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from audit.engine import FileAudit, ProgressCallback, ShardAudit, audit_blocks, join_shards
 from audit.errors import AuditError, ConfigError, InputError
 from audit.findings import FindingsLog, spill_part
-from audit.parallel import Shard, plan_shards
+from audit.parallel import Shard, iter_shards
 from audit.session import CheckOptions, Session, worker_session
-from audit.sources import file_blocks
+from audit.sources import InputDigest, file_blocks
 from audit.storage import ObjectPath
 
 if TYPE_CHECKING:
@@ -94,7 +95,9 @@ def audit_on_ray(
 ) -> FileAudit:
     """The session's file audited as Ray tasks; from `cache` when the same audit is stored.
 
-    The plan's read hashes the file, so the cache is looked up without a read of its own.
+    Each shard is submitted as soon as the driver's read has passed its end, so the tasks run
+    while the read (which hashes the file and numbers the shards' lines) goes on. The cache is
+    looked up once that read has the file's sha256: a stored result cancels the tasks started.
     """
     ray = connect()
     started = time.perf_counter()
@@ -103,40 +106,52 @@ def audit_on_ray(
     before = _identity(path)
     size = before[0]
     each = shard_size(size, cpus, session.options)
-    plan, sha256, size = plan_shards(path, max(1, -(-size // each)), min_shard_bytes=each)
-    key = None
-    if cache is not None:
-        from audit.cache import AuditCache
-
-        key = AuditCache.key_for(sha256, session.context, session.rule_set)
-        hit = cache.load(key, path)
-        if hit is not None:
-            return hit
     task = _remote_task(ray).options(runtime_env={"env_vars": _task_environment(session.target)})
     spill = FindingsLog.spill_directory()
-    pending = {task.remote(session.target, session.options, shard): index for index, shard in enumerate(plan)}
+    digest = InputDigest()
+    plan: list[Shard] = []
+    pending: dict[Any, int] = {}
     results: dict[int, ShardAudit] = {}
+    counts = [0, 0, 0]  # records, output tokens, bytes of the shards done
+    expected = [-(-size // each)]  # shards: an estimate until the read has cut them all
+
+    def collect(ready: list[Any]) -> None:
+        for ref in ready:
+            index = pending.pop(ref)
+            shard = _result(ray, ref, path)
+            results[index] = _keep_on_disk(shard, spill)
+            counts[0] += shard.records
+            counts[1] += shard.output_tokens
+            counts[2] += plan[index].end - plan[index].start
+            if progress is not None:
+                progress(*counts)
+                if hasattr(progress, "shards"):
+                    progress.shards(len(results), max(len(plan), expected[0]))
+
     try:
-        done_bytes = records = tokens = 0
+        for shard in iter_shards(path, expected[0], min_shard_bytes=each, digest=digest):
+            pending[task.remote(session.target, session.options, shard)] = len(plan)
+            plan.append(shard)
+            collect(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0])
+        expected[0] = len(plan)
+        key = None
+        if cache is not None:
+            from audit.cache import AuditCache
+
+            key = AuditCache.key_for(digest.sha256, session.context, session.rule_set)
+            hit = cache.load(key, path)
+            if hit is not None:
+                _cancel(ray, pending)
+                shutil.rmtree(spill, ignore_errors=True)
+                return hit
         while pending:
-            finished, _ = ray.wait(list(pending), num_returns=1)
-            for ref in finished:
-                index = pending.pop(ref)
-                shard = _result(ray, ref, path)
-                results[index] = _keep_on_disk(shard, spill)
-                done_bytes += plan[index].end - plan[index].start
-                records += shard.records
-                tokens += shard.output_tokens
-                if progress is not None:
-                    progress(records, tokens, done_bytes)
-                    if hasattr(progress, "shards"):
-                        progress.shards(len(results), len(plan))
+            collect(ray.wait(list(pending), num_returns=1)[0])
     except BaseException:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        _cancel(ray, pending)
         shutil.rmtree(spill, ignore_errors=True)
         raise
     if _identity(path) != before:
+        shutil.rmtree(spill, ignore_errors=True)
         raise InputError(
             f"{path} changed while it was being audited (is it still being written?): audit it "
             "again once it is complete"
@@ -145,14 +160,20 @@ def audit_on_ray(
         [results[i] for i in range(len(plan))],
         session.rule_set,
         path=path,
-        sha256=sha256,
-        size=size,
+        sha256=digest.sha256,
+        size=digest.bytes,
         started=started,
         spill=spill,
     )
     if cache is not None and key is not None:
         cache.store(key, audited)
     return audited
+
+
+def _cancel(ray: Any, pending: dict[Any, int]) -> None:
+    for ref in pending:
+        ray.cancel(ref, force=True)
+    pending.clear()
 
 
 def audit_shard_task(target: Target, options: CheckOptions, shard: Shard) -> ShardAudit:

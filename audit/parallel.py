@@ -19,11 +19,11 @@ of a single process. Another executor (a cluster's tasks) does the same with the
 from __future__ import annotations
 
 import atexit
-import hashlib
 import multiprocessing
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,7 @@ from audit.engine import (
 from audit.findings import FindingsLog
 from audit.memory import configure_allocators
 from audit.session import CheckOptions, Session, prepare
-from audit.sources import file_blocks
+from audit.sources import InputDigest, file_blocks
 from audit.targets import Target
 
 # Below this many bytes per shard, a shard's own costs (a worker's tokenizer, a block cut short)
@@ -62,37 +62,49 @@ class Shard:
 
 
 def plan_shards(
-    path: Path, shards: int, *, min_shard_bytes: int = MIN_SHARD_BYTES
+    path: Path, shards: int, *, min_shard_bytes: int | None = None
 ) -> tuple[list[Shard], str, int]:
-    """Cut `path` into about `shards` ranges at line boundaries, none under `min_shard_bytes`;
-    also its sha256 and size.
+    """Cut `path` into about `shards` ranges at line boundaries, none under `min_shard_bytes`
+    (`MIN_SHARD_BYTES` unless given); also its sha256 and size (`iter_shards`, collected)."""
+    digest = InputDigest()
+    plan = list(iter_shards(path, shards, min_shard_bytes=min_shard_bytes, digest=digest))
+    return plan, digest.sha256, digest.bytes
 
-    One sequential read: the hash and the newline counts that number each shard's first line.
+
+def iter_shards(
+    path: Path, shards: int, *, min_shard_bytes: int | None = None, digest: InputDigest
+) -> Iterator[Shard]:
+    """The ranges of `path` cut at line boundaries, each as soon as the read has passed its end.
+
+    One sequential read: it updates `digest` (the input's sha256) and counts newlines, which
+    number each shard's first line. A shard ends just after the first newline at or past its
+    share of the file (`size * k // shards`), so an executor can start a shard's audit while the
+    read goes on through the rest.
     """
+    if min_shard_bytes is None:
+        min_shard_bytes = MIN_SHARD_BYTES  # looked up now, not when the module was loaded
     size = path.stat().st_size
     shards = max(1, min(shards, size // max(1, min_shard_bytes)))
+    start, first_line, newlines, offset = 0, 1, 0, 0
+    k = 1
     with path.open("rb") as handle:
-        cuts = [0]
-        for k in range(1, shards):
-            handle.seek(max(size * k // shards, cuts[-1]))
-            handle.readline()  # to the start of the next line
-            position = handle.tell()
-            if cuts[-1] < position < size:
-                cuts.append(position)
-        cuts.append(size)
-        digest = hashlib.sha256()
-        lines_before = [1] * (len(cuts) - 1)
-        handle.seek(0)
-        offset, newlines, next_cut = 0, 0, 1
         while chunk := handle.read(_READ_BYTES):
             digest.update(chunk)
-            while next_cut < len(cuts) - 1 and cuts[next_cut] <= offset + len(chunk):
-                lines_before[next_cut] = newlines + chunk.count(b"\n", 0, cuts[next_cut] - offset) + 1
-                next_cut += 1
+            while k < shards:
+                at = max(size * k // shards, start)
+                found = chunk.find(b"\n", max(0, at - offset)) if at < offset + len(chunk) else -1
+                if found == -1:
+                    break  # the cut is further on: look for it in the next chunk
+                cut = offset + found + 1
+                if not start < cut < size:
+                    k = shards  # no line starts after this one: the rest is the last shard
+                    break
+                yield Shard(start, cut, first_line)
+                start, first_line = cut, newlines + chunk.count(b"\n", 0, found + 1) + 1
+                k += 1
             newlines += chunk.count(b"\n")
             offset += len(chunk)
-    plan = [Shard(cuts[i], cuts[i + 1], lines_before[i]) for i in range(len(cuts) - 1)]
-    return plan, digest.hexdigest(), size
+    yield Shard(start, max(size, start), first_line)
 
 
 # -- the workers ----------------------------------------------------------------------------------
