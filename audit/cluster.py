@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -130,7 +131,8 @@ def audit_on_ray(
 
     try:
         for shard in iter_shards(path, expected[0], min_shard_bytes=each, digest=digest):
-            pending[task.remote(session.target, session.options, shard)] = len(plan)
+            ref = task.remote(session.target, session.options, shard, session.tokenizer.fingerprint.sha256)
+            pending[ref] = len(plan)
             plan.append(shard)
             collect(ray.wait(list(pending), num_returns=len(pending), timeout=0)[0])
         expected[0] = len(plan)
@@ -176,9 +178,22 @@ def _cancel(ray: Any, pending: dict[Any, int]) -> None:
     pending.clear()
 
 
-def audit_shard_task(target: Target, options: CheckOptions, shard: Shard) -> ShardAudit:
-    """One Ray task: the engine over bytes [start, end) of the target's file, where it runs."""
+def audit_shard_task(
+    target: Target, options: CheckOptions, shard: Shard, tokenizer_sha256: str | None = None
+) -> ShardAudit:
+    """One Ray task: the engine over bytes [start, end) of the target's file, where it runs.
+
+    `tokenizer_sha256` is the fingerprint of the driver's tokenizer: a node whose copy at the
+    same path differs would judge other ids, so it refuses (a configuration error).
+    """
     session = worker_session(target, options)
+    found = session.tokenizer.fingerprint
+    if tokenizer_sha256 is not None and found.sha256 != tokenizer_sha256:
+        raise ConfigError(
+            f"the tokenizer at {found.path} on {socket.gethostname()} differs from the driver's "
+            f"(sha256 {found.sha256[:12]}…, the driver's {tokenizer_sha256[:12]}…): put the same "
+            "tokenizer at that path on every node"
+        )
     blocks = file_blocks(
         session.target.data_file,
         start=shard.start,

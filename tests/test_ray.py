@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from audit.check import check_session
 from audit.cluster import audit_shard_task, shard_size
 from audit.cli import app
+from audit.errors import ConfigError, InputError
 from audit.parallel import plan_shards
 from audit.profiles import load_profile
 from audit.session import CheckOptions, prepare, shared_tokenizer
@@ -174,6 +175,27 @@ def test_default_shards_follow_the_cluster_size():
     assert shard_size(1 << 30, 64, options) == (1 << 30) // 128  # two shards per CPU
     assert shard_size(100, 2, options) == 1 << 20  # never under 1 MB
     assert shard_size(100, 2, CheckOptions(engine="ray", shard_bytes=10)) == 10
+
+
+def test_a_node_whose_tokenizer_differs_from_the_driver_s_refuses(tmp_path):
+    session = prepare(resolve_target("B1_glaive", PREPARED), CheckOptions(engine="ray"))
+    shard = plan_shards(B1, 4, min_shard_bytes=16 << 10)[0][1]
+    audited = audit_shard_task(session.target, session.options, shard, session.tokenizer.fingerprint.sha256)
+    assert audited.records > 0
+    with pytest.raises(ConfigError, match="differs from the driver's"):
+        audit_shard_task(session.target, session.options, shard, "0" * 64)
+
+
+def _failing_shard(message: str):
+    raise InputError(message)
+
+
+def test_a_task_s_error_is_the_driver_s_one_line(ray_cluster):
+    from audit.cluster import _result
+
+    ref = ray_cluster.remote(_failing_shard).remote("s3://bucket/x.jsonl: no such object")
+    with pytest.raises(InputError, match=r"^on a Ray worker: s3://bucket/x.jsonl: no such object$"):
+        _result(ray_cluster, ref, "s3://bucket/x.jsonl")
 
 
 @pytest.mark.parametrize(
