@@ -13,7 +13,7 @@ arrive, and `join_shards` puts them in file order and runs the file-level rules 
 over the whole file: findings, line numbers, reports and gate outputs are the local engine's.
 
 The cluster is the one at `RAY_ADDRESS` (`ray start --head` prints it), or a local one started
-for the run when it is unset. `ray` is optional: `pip install 'audit[ray]'`.
+for the run when it is unset. `ray` is optional: `pip install -e '.[ray]'` in this checkout.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def ray_module() -> Any:
     try:
         import ray
     except ImportError:
-        raise ConfigError("--engine ray needs Ray: pip install 'audit[ray]'") from None
+        raise ConfigError(
+            "--engine ray needs Ray: pip install -e '.[ray]' in the audit checkout (or pip install ray)"
+        ) from None
     return ray
 
 

@@ -212,3 +212,13 @@ def test_engine_options_misused_are_one_error_line(args, says):
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and says in lines[0]
+
+
+def test_without_ray_the_engine_says_how_to_install_it(monkeypatch):
+    """A checkout installed without the extra: one error line (exit 2) with the install line
+    that works from this checkout, not a traceback."""
+    from audit.cluster import ray_module
+
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # `import ray` then fails
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):
+        ray_module()
