@@ -12,7 +12,7 @@ the background while the audit works on the current one), so a file is never dow
 and a shard reads only its byte range. The reader hashes what streams by (sha256).
 
 Nothing here reaches the network unless a URL was named: fsspec and the protocol's package
-(`s3fs` for `s3://`, `pip install 'audit[s3]'`) are imported only for a URL. Credentials and
+(`s3fs` for `s3://`, `pip install -e '.[s3]'` in the audit checkout) are imported only for a URL. Credentials and
 endpoint come from the protocol's standard environment (for S3: `AWS_ENDPOINT_URL`,
 `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_PROFILE`, `AWS_REGION`, ...). Every failure
 of the store (no such object, access denied, no credentials, an endpoint that does not answer)
@@ -265,7 +265,7 @@ def _filesystem_for(protocol: str, settings: tuple[tuple[str, str], ...]) -> Any
     except ImportError:
         raise ConfigError(
             f"{protocol}:// URLs need fsspec and {_PACKAGES.get(protocol, 'its protocol package')}: "
-            "pip install 'audit[s3]'"
+            "pip install -e '.[s3]' in the audit checkout (or pip install fsspec s3fs)"
         ) from None
     try:
         # One instance per protocol and environment: its connections are reused. No listing
@@ -276,7 +276,7 @@ def _filesystem_for(protocol: str, settings: tuple[tuple[str, str], ...]) -> Any
             return fsspec.filesystem(protocol, skip_instance_cache=True)
     except ImportError:
         package = _PACKAGES.get(protocol, f"the fsspec package for {protocol}://")
-        extra = " ('audit[s3]')" if package == "s3fs" else ""
+        extra = " (or pip install -e '.[s3]' in the audit checkout)" if package == "s3fs" else ""
         raise ConfigError(f"{protocol}:// URLs need {package}: pip install {package}{extra}") from None
     except ValueError:
         raise ConfigError(f"{protocol}:// is not a storage protocol fsspec knows") from None
