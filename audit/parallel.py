@@ -252,13 +252,11 @@ def audit_file_parallel(
             path, session.context, session.rule_set, block_bytes=session.options.block_bytes, progress=progress
         )
     pool = worker_pool(jobs - 1)
-    if any(c.rule.encodes_text for c in session.rule_set.rules):
-        session.tokenizer.expect_encoding(size // jobs // ENCODED_BYTES_PER_CHARACTER)
     wanted = max(2 * jobs, -(-size // SHARD_BYTES))
     plan, sha256, size = plan_shards(path, wanted)
     spill = FindingsLog.spill_directory()  # every process writes its findings' parts here
     try:
-        results = _run(session, pool, plan, spill, progress)
+        results = _run(session, pool, plan, spill, progress, expected_bytes=size // jobs)
     except BaseException:
         shutil.rmtree(spill, ignore_errors=True)
         raise
@@ -267,7 +265,13 @@ def audit_file_parallel(
 
 
 def _run(
-    session: Session, pool: ProcessPoolExecutor, plan: list[Shard], spill: Path, progress: ProgressCallback | None
+    session: Session,
+    pool: ProcessPoolExecutor,
+    plan: list[Shard],
+    spill: Path,
+    progress: ProgressCallback | None,
+    *,
+    expected_bytes: int,
 ) -> dict[int, ShardAudit]:
     """Every shard of `plan`, audited by the workers (from the first) and this process (from the
     last shard no worker has begun)."""
@@ -275,6 +279,10 @@ def _run(
     pending: dict[Future, int] = {
         pool.submit(_audit_shard, target, options, shard, spill): index for index, shard in enumerate(plan)
     }
+    # The workers have their shards (they idled ~0.8 s while this process built its encoder
+    # first): this process now prepares its encoder for its own share.
+    if any(c.rule.encodes_text for c in session.rule_set.rules):
+        session.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
     results: dict[int, ShardAudit] = {}
     done = _Done()
 
