@@ -100,3 +100,23 @@ def test_source_line_is_kept_only_when_asked() -> None:
     dropped = parse_block(block, keep_source=False)
     assert dropped.records["source"].null_count() == 2
     assert dropped.records.drop("source").equals(kept.records.drop("source"))
+
+
+def test_a_boolean_in_an_id_list_rejects_its_line_wherever_it_is_in_the_block() -> None:
+    """`true` reads as 1 in an integer column: the line holding one in an id list is refused
+    with the field and index, in a block that does not start at line 1 and has blank lines;
+    the literal elsewhere in a line (its text, its metadata) refuses nothing."""
+    block = LineBlock(
+        41,
+        [
+            b'{"id": "a", "input_ids": [1, 2], "output_ids": [3, 4], "text": "true or false"}',
+            b"",
+            b'{"id": "b", "input_ids": [1, 2], "output_ids": [3, true, 4]}',
+            b'{"id": "c", "input_ids": [false], "output_ids": [3], "meta_info": {"cached": true}}',
+            b'{"id": "d", "input_ids": [1], "output_ids": [3], "meta_info": {"cached": false}}',
+        ],
+    )
+    parsed = parse_block(block)
+    assert parsed.records["id"].to_list() == ["a", "d"]
+    assert [(r.line, r.field, r.position) for r in parsed.rejected] == [(43, "output_ids", 1), (44, "input_ids", 0)]
+    assert parsed.blank_lines == 1
