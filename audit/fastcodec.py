@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from audit.flat_ids import FlatIds
-from audit.memory import release_free_memory
 
 BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
 
@@ -210,7 +209,3 @@ def fast_encoder_for_backend(backend: Any) -> FastEncoder | None:
         return FastEncoder(backend)
     except Exception:  # an unsupported tokenizer.json feature: the plain backend stays exact
         return None
-    finally:
-        # Building it reads the whole tokenizer.json into intermediate tables, more than twice
-        # what the encoder keeps (~135 MB against ~60 MB for a 128k vocabulary): given back now.
-        release_free_memory()

@@ -140,7 +140,7 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
         pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=configure_allocators,  # as the command configured this process's
+            initializer=configure_allocators,  # as the command configured this process
         )
         # Spawned now, with the limits above, rather than on the first shard.
         for future in [pool.submit(_started) for _ in range(workers)]:

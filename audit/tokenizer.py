@@ -351,9 +351,9 @@ class Tokenizer:
         """Say that about `characters` of text are to be encoded by this process.
 
         More than the plain encoder handles in the time fastokens takes to build: fastokens is
-        built now, before the first block is read. Its build holds more than twice what the
-        encoder keeps (~135 MB against ~60 MB for a 128k vocabulary), given back when it is
-        done: built while a block is held, that would add to the block's memory at the peak.
+        built now, before the first block is read. Its build holds half again what the encoder
+        keeps (~95 MB against ~55 MB for a 128k vocabulary), freed when it is done: built while
+        a block is held, that would add to the block's memory at the peak.
         Less text: nothing changes (`encode_flat` still switches once the texts paid for it).
         """
         if characters > FAST_ENCODER_AFTER_CHARS:

@@ -1,4 +1,4 @@
-"""Memory given back as an audit goes: the allocator settings the command line makes."""
+"""Memory given back as an audit goes: the allocator setting the command line makes."""
 
 from __future__ import annotations
 
@@ -45,22 +45,3 @@ def test_the_command_line_sets_polars_allocator_before_loading_it() -> None:
     assert JEMALLOC_SETTINGS not in setting and int(kept_mb) > 200  # polars' default keeps them
     own = _run("import audit.cli, polars\nprint(os.environ['_RJEM_MALLOC_CONF'])", _RJEM_MALLOC_CONF="narenas:1")
     assert own.endswith(",narenas:1") and JEMALLOC_SETTINGS not in own
-
-
-def test_the_command_line_gives_back_large_buffers_freed_in_the_middle_of_the_heap() -> None:
-    """glibc, by default, serves buffers of a size it saw freed from its heap, whose freed middle
-    stays resident; in the CLI each large buffer is its own mapping, returned when freed."""
-    fragmented = """
-        {imports}
-        first = b"x" * (1 << 20)
-        del first  # glibc's default raises its mmap threshold above a freed buffer's size
-        base = rss()
-        kept, buffers = [], []
-        for n in range(200):
-            buffers.append(b"x" * (1 << 20))
-            kept.append(b"y" * 1000 + bytes([n % 256]))  # small, long-lived, between them
-        del buffers
-        print(rss() - base)
-    """
-    assert int(_run(fragmented.format(imports="import audit.cli"))) < 20
-    assert int(_run(fragmented.format(imports=""))) > 150  # what happens without it
