@@ -133,6 +133,8 @@ class Batch:
     @cached_property
     def decodable_output(self) -> FlatIds:
         """`output_ids` of the decodable rows as one flat array (no Python lists)."""
+        if len(self.decodable_rows) == self.height:  # nearly always: every row's, as they are
+            return self.output_flat
         return FlatIds.from_series(self.records["output_ids"].gather(self.decodable_rows))
 
     @cached_property
@@ -145,6 +147,8 @@ class Batch:
     @cached_property
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
+        if len(self.decodable_rows) == self.height:
+            return pl.Series("decoded_output", self.decoded_texts, dtype=pl.String)
         full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)
         if len(self.decodable_rows):
             full = full.scatter(self.decodable_rows, pl.Series(self.decoded_texts, dtype=pl.String))
