@@ -39,7 +39,7 @@ from audit.engine import (
 )
 from audit.findings import FindingsLog
 from audit.memory import configure_allocators
-from audit.session import CheckOptions, Session, prepare
+from audit.session import CheckOptions, Session, worker_session
 from audit.sources import InputDigest, file_blocks
 from audit.targets import Target
 
@@ -198,29 +198,14 @@ def _started() -> None:
     """A task that only makes the pool start a process (which imports the engine to run it)."""
 
 
-_SESSIONS: dict[tuple[str, str, CheckOptions], Session] = {}
-_SESSIONS_KEPT = 8
-
-
-def _session(target: Target, options: CheckOptions) -> Session:
-    """A worker's session for `target`, prepared once and kept (the last few, for `--all`)."""
-    key = (target.partition, str(target.data_file), options)
-    session = _SESSIONS.get(key)
-    if session is None:
-        if len(_SESSIONS) >= _SESSIONS_KEPT:
-            _SESSIONS.pop(next(iter(_SESSIONS)))
-        session = _SESSIONS[key] = prepare(target, options)
-    return session
-
-
 def _warm(target: Target, options: CheckOptions, expected_bytes: int) -> None:
-    session = _session(target, options)
+    session = worker_session(target, options)
     if any(c.rule.encodes_text for c in session.rule_set.rules):
         session.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
 
 
 def _audit_shard(target: Target, options: CheckOptions, shard: Shard, spill: Path) -> ShardAudit:
-    return _audit_range(_session(target, options), shard, spill)
+    return _audit_range(worker_session(target, options), shard, spill)
 
 
 def _audit_range(session: Session, shard: Shard, spill: Path, progress: ProgressCallback | None = None) -> ShardAudit:

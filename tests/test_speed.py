@@ -17,6 +17,7 @@ from rich.console import Console
 
 import audit.check
 import audit.parallel as parallel
+import audit.session
 from audit.batch import AuditContext
 from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
@@ -164,7 +165,7 @@ def test_jobs_give_the_single_process_result(tmp_path: Path, monkeypatch) -> Non
 
 def _worker_state() -> tuple[int, int]:
     """Run in a worker: its process id and how many sessions it keeps."""
-    return os.getpid(), len(parallel._SESSIONS)
+    return os.getpid(), len(audit.session._SESSIONS)
 
 
 def test_workers_start_once_and_keep_their_session(tmp_path: Path, monkeypatch) -> None:
