@@ -32,8 +32,11 @@ from audit.errors import AuditError
 from audit.inert import terminal
 
 
-def snapshot_table(snapshot) -> Table:
-    """Lines so far, lines per minute, and each rule's pass rate so far."""
+def snapshot_table(snapshot, *, live: bool = True) -> Table:
+    """Lines so far, lines per minute, and each rule's pass rate so far.
+
+    The live view says how to leave it; a one-shot table (`--once`) does not wait for a key.
+    """
     stalled = (
         f" · no growth for {snapshot.seconds_since_growth:.0f}s"
         if snapshot.seconds_since_growth >= 60
@@ -48,7 +51,7 @@ def snapshot_table(snapshot) -> Table:
         title_justify="left",
         header_style="bold",
         box=box.SIMPLE_HEAD,
-        caption=Text(f"{terminal(snapshot.path)}  ·  q or Ctrl-C quits"),
+        caption=Text(f"{terminal(snapshot.path)}" + ("  ·  q or Ctrl-C quits" if live else "")),
         caption_justify="left",
     )
     for column, justify in (
@@ -78,6 +81,20 @@ def snapshot_table(snapshot) -> Table:
             style="dim" if rule.failing == 0 else None,
         )
     return table
+
+
+def once_verdict(snapshot) -> Text:
+    """The verdict line of `watch --once`: what its exit code says, with the rules behind it."""
+    judgement = snapshot.judgement
+    verdict = judgement.value
+    text = Text()
+    text.append(f"{verdict.upper()} ", style=VERDICT_STYLE[verdict])
+    text.append(f"so far, {snapshot.records} lines")
+    if judgement.failed:
+        text.append(f"; failed: {', '.join(judgement.failed)}", style="red")
+    if judgement.warned:
+        text.append(f"; warnings: {', '.join(judgement.warned)}", style="yellow")
+    return text
 
 
 @contextmanager
@@ -144,7 +161,8 @@ def watch(
         raise fail(str(exc)) from None
     if once:
         # A one-shot watch is a check of what is there so far: the same exit codes.
-        console.print(snapshot_table(snapshot))
+        console.print(snapshot_table(snapshot, live=False))
+        console.print(once_verdict(snapshot))
         raise typer.Exit(snapshot.judgement.exit_code())
     try:
         with (
