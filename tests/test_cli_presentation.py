@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from rich.cells import cell_len
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -124,8 +125,14 @@ def test_the_first_run_of_the_corrupted_sample_explains_itself(tmp_path: Path, m
     monkeypatch.chdir(PREPARED.parent.parent)  # the repository root: the shipped samples stand in
     failing = runner.invoke(app, ["check", "B1_glaive", "--reports-dir", str(tmp_path)])
     assert failing.exit_code == 1
-    assert "B1_glaive is a sample corrupted on purpose" in failing.stderr
-    assert "`audit check B0_clean` shows a pass" in failing.stderr
+    note = " ".join(failing.stderr.split())  # wrapped to the terminal
+    assert "B1_glaive is a sample corrupted on purpose" in note
+    assert "`audit check B0_clean` shows a pass" in note
+    # Wrapped at words, within the width: no line runs past the edge, the command stays whole.
+    assert all(cell_len(line) <= 80 for line in failing.stderr.splitlines())
+    assert any("`audit check B0_clean`" in line for line in failing.stderr.splitlines())
+    gated = runner.invoke(app, ["gate", "B1_glaive", "--out", str(tmp_path / "gated")])
+    assert gated.exit_code == 1 and "corrupted on purpose" in gated.stderr  # the gate says it too
     passing = runner.invoke(app, ["check", "B0_clean", "--reports-dir", str(tmp_path)])
     assert passing.exit_code == 0 and "corrupted on purpose" not in passing.stderr
     elsewhere = runner.invoke(app, ["check", "B1_glaive", "--data-root", str(PREPARED), "--format", "json",

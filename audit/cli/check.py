@@ -117,6 +117,23 @@ def print_rich_report(report: Report, path: Path | None = None, *, fail_on_warni
         console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
 
 
+def explain_shipped_sample(target) -> None:
+    """Say, on stderr, that a shipped sample fails on purpose and which one passes.
+
+    Wrapped at word boundaries, a `quoted command` kept whole, so nothing breaks at the
+    terminal's edge in the middle of a name or of the command to paste.
+    """
+    import re
+    import textwrap
+
+    from audit.targets import shipped_sample_note
+
+    if note := shipped_sample_note(target):
+        whole = re.sub(r"`[^`]*`", lambda quoted: quoted.group().replace(" ", "\0"), note)
+        for line in textwrap.wrap(whole, width=max(errors.width, 40), break_long_words=False):
+            errors.print(plain(line.replace("\0", " "), "yellow", limit=None), soft_wrap=True)
+
+
 def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
     """One row per partition: records, records with errors, verdict, failed and warned rules."""
     table = Table(title=Text(f"summary · {len(reports)} partitions"), title_justify="left",
@@ -202,7 +219,7 @@ def check(
     from audit.parallel import start_workers
     from audit.session import prepare
     from audit.storage import location
-    from audit.targets import resolve_target, shipped_sample_note
+    from audit.targets import resolve_target
 
     targets = list(targets or [])
     if all_ and targets:
@@ -240,8 +257,7 @@ def check(
             if output_format is OutputFormat.rich:
                 # as each finishes: a long run shows progress
                 print_rich_report(result, path, fail_on_warning=fail_on_warning)
-                if note := shipped_sample_note(session.target):
-                    errors.print(plain(note, "yellow", limit=None), soft_wrap=True)
+                explain_shipped_sample(session.target)
             if html is not None:
                 from audit.html import collect_samples, html_path, write_html
 

@@ -31,7 +31,7 @@ from audit.cli.app import (
     os_error,
     writing,
 )
-from audit.cli.check import FormatOption, emit
+from audit.cli.check import FormatOption, emit, explain_shipped_sample
 from audit.errors import AuditError
 from audit.formats import OutputFormat
 from audit.inert import terminal
@@ -118,5 +118,7 @@ def gate(
     # On stdout with the tables; on stderr when stdout carries a machine format.
     where = console if output_format is OutputFormat.rich else errors
     where.print(Text(terminal(line)), soft_wrap=True)
+    if output_format is OutputFormat.rich:
+        explain_shipped_sample(session.target)
     code = result.report.exit_code(fail_on_warning=fail_on_warning)
     raise typer.Exit(0 if exit_zero else code)
