@@ -8,6 +8,8 @@ import asyncio
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -208,3 +210,17 @@ def test_report_html_says_where_the_page_went(tmp_path: Path) -> None:
     result = runner.invoke(app, ["report", str(saved), "--html", str(page)], env={"COLUMNS": "300"})
     assert result.exit_code == 0 and page.is_file()
     assert f"html: {page}" in result.output
+
+
+@pytest.mark.parametrize(("partition", "code"), [("B0_clean", 0), ("B1_glaive", 1)])
+def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(partition: str, code: int) -> None:
+    # `audit check X | head -1` under `set -o pipefail`: the code is the gate's, with no traceback,
+    # not click's 1 for a closed pipe (which would fail a gate that passed).
+    piped = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {sys.executable} -m audit check {partition} --data-root "
+                       f"{PREPARED} --report none --no-cache | head -1"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert piped.returncode == code, piped.stderr
+    assert piped.stdout.startswith(f"audit check {partition}")
+    assert "Traceback" not in piped.stderr and "Broken pipe" not in piped.stderr

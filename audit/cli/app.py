@@ -266,11 +266,50 @@ def _exit_without_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
+class _ReaderMayLeave:
+    """stdout for a pipe whose reader may stop reading (`audit check | head`).
+
+    Once the reader has gone, what is left to print is dropped and the command runs on to its
+    own exit code: click would exit 1, which reads as "the gate failed", for a gate that passed.
+    """
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._left()
+
+    def _left(self) -> None:
+        self._gone = True
+        # Whatever the closed pipe still buffers would fail again when the interpreter flushes.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 def main() -> None:
     """Entry point: run the app; an unexpected failure is one line and exit 2, never a traceback."""
     # pandera imports hypothesis when it is installed (as in test environments), for data
     # synthesis that no command uses: ~70 ms of every start-up. Commands do without it.
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
+    if not sys.stdout.isatty():
+        sys.stdout = _ReaderMayLeave(sys.stdout)  # type: ignore[assignment]
     try:
         app()
     except KeyboardInterrupt:
