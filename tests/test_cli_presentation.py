@@ -104,11 +104,15 @@ def test_every_command_takes_dash_h_and_names_values_plainly(command: str) -> No
     assert short.exit_code == 0 and short.output == long.output
     assert "Usage: audit " + command in short.output
     assert not re.search(r"<(str|int|float|path|list\[[^>]*)>|\{[a-z_]+\}", short.output), short.output
+    assert not re.search(r"\b(INT|FLOAT) RANGE\b|--html TEXT", short.output), short.output  # click's names
 
 
 def test_the_top_level_takes_dash_h() -> None:
     result = runner.invoke(app, ["-h"])
     assert result.exit_code == 0 and "check" in result.output
+    # Each command's summary whole at 80 columns (click cuts a longer one with "...").
+    listed = result.output.split("Commands:")[1].splitlines()[1:]
+    assert len(listed) == len(COMMANDS) and not any(line.endswith("...") for line in listed), listed
 
 
 def test_profiles_show_newlines_as_escapes_and_a_token_to_id_table() -> None:

@@ -35,13 +35,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
-    # Every command inherits the context settings: `audit check -h` as `audit check --help`.
-    context_settings={"help_option_names": ["-h", "--help"]},
+    # Every command inherits the context settings: `audit check -h` as `audit check --help`,
+    # and help as wide as the terminal (click stops at 80 and cuts command summaries there).
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 140},
 )
 
 # How help names a value: the conventions of command-line help (TEXT, N, PATH, [on|off],
 # TARGETS...), not Python's type names (<str>, <list[str]>, {prompts}) typer prints otherwise.
-_VALUE_NAMES = {"str": "TEXT", "int": "N", "float": "NUMBER", "path": "PATH", "bool": "BOOLEAN"}
+_VALUE_NAMES = {
+    "str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER", "float range": "NUMBER", "path": "PATH",
+    "bool": "BOOLEAN",
+}
 
 
 def _conventional_help() -> None:

@@ -18,7 +18,7 @@ def list_rules() -> None:
     console.print(rules_table())
 
 
-@app.command()
+@app.command(short_help="What a rule checks, why it matters, an example and the fix.")
 def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, or its name.")]) -> None:
     """Print a rule's documentation: what it checks, why it matters, an example, the fix."""
     from audit.checks import RULES
@@ -31,7 +31,7 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, 
     console.print(rule_panel(rule))
 
 
-@app.command()
+@app.command(short_help="The model profiles; with --tokenizer, the ids they resolve to.")
 def profiles(
     tokenizer: TokenizerOption = None,
     trust_remote_code: TrustOption = False,

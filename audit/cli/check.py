@@ -67,6 +67,7 @@ HtmlOption = Annotated[
     str | None,
     typer.Option(
         "--html",
+        metavar="FILE|URL",
         help="Also write a self-contained HTML page (verdict, plots, samples); with several targets, "
         "one page each, named FILE-<partition>.html. A path or an object storage URL.",
     ),
@@ -163,7 +164,7 @@ def all_partitions(root) -> list[str]:
     return names
 
 
-@app.command()
+@app.command(short_help="Audit partitions; exit 0 pass, 1 gate failed, 2 error.")
 def check(
     targets: OptionalTargets = None,
     all_: AllOption = False,

@@ -42,7 +42,7 @@ class QuarantineOn(StrEnum):
     warning = "warning"
 
 
-@app.command()
+@app.command(short_help="Split a target into clean.jsonl and quarantine.jsonl.")
 def gate(
     target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
     out: Annotated[

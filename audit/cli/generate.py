@@ -105,7 +105,7 @@ def _make_events(console: Console, live: bool):
     return Events()
 
 
-@app.command()
+@app.command(short_help="Generate raw_responses.jsonl through SGLang /generate.")
 def generate(
     prompts: Annotated[
         Path, typer.Argument(help="Prompts: JSONL with id, messages and optional tools.")

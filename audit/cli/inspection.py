@@ -35,7 +35,7 @@ class InspectFormat(StrEnum):
     json = "json"
 
 
-@app.command("inspect")
+@app.command("inspect", short_help="Look at the records with findings, token by token.")
 def inspect_command(
     target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
     rule: Annotated[

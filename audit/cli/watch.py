@@ -125,7 +125,7 @@ def _keys():
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
-@app.command()
+@app.command(short_help="A live audit of a growing raw_responses.jsonl.")
 def watch(
     target: Annotated[
         str,
