@@ -82,6 +82,31 @@ def test_the_inspect_detail_wraps_finding_messages_to_the_pane() -> None:
         assert " ".join(message.split()) in " ".join(" ".join(finding).split())
 
 
+def test_the_inspect_detail_wraps_its_heading_special_tokens_and_legend_to_the_pane() -> None:
+    view = inspector_for("B1_glaive").view(10)  # nine special tokens in its output
+    wide = [line.plain for line in DetailLines(view)]
+    summaries = [line for line in wide if line.startswith(("line 10", "special tokens", "roles: "))]
+    assert len(summaries) == 4 and max(map(cell_len, summaries)) > 100
+    for width in (42, 60, 100):
+        narrow = [line.plain for line in DetailLines(view, width=width)]
+        header = narrow[: next(i for i, line in enumerate(narrow) if line.startswith("── "))]
+        assert all(cell_len(line) <= width for line in header), width  # the token rows scroll sideways
+        for whole in summaries:  # every word of it on the pane, in order, wrapped not cut
+            assert " ".join(whole.split()) in " ".join(" ".join(narrow).split()), (width, whole)
+
+
+@pytest.mark.parametrize("size", [(80, 40), (140, 40)])
+def test_the_viewer_footer_names_every_key_at_80_and_140_columns(size: tuple[int, int]) -> None:
+    async def drive() -> str:
+        app = InspectApp(inspector_for("B1_glaive"), title="B1_glaive", start_line=10)
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            return screen_text(app).splitlines()[-1]
+
+    footer = " ".join(asyncio.run(drive()).split())
+    assert footer.endswith("? help q quit"), footer
+
+
 @pytest.mark.parametrize("size", [(120, 40), (140, 40)])
 def test_the_viewer_shows_a_long_finding_message_whole(size: tuple[int, int]) -> None:
     inspector = inspector_for("B1_glaive")
@@ -91,8 +116,8 @@ def test_the_viewer_shows_a_long_finding_message_whole(size: tuple[int, int]) ->
         app = InspectApp(inspector, title="B1_glaive", start_line=10)
         async with app.run_test(size=size) as pilot:
             await pilot.pause()
-            x = app.query_one(DetailView).region.x
-            return "\n".join(row[x:] for row in screen_text(app).splitlines())
+            text = app.query_one(DetailView).scrollable_content_region  # not its scroll bar
+            return "\n".join(row[text.x : text.right] for row in screen_text(app).splitlines())
 
     screen = asyncio.run(drive())
     assert " ".join(message.split()) in " ".join(screen.split())

@@ -140,6 +140,9 @@ class InspectApp(App[None]):
     """Browse the records with findings; look at each one token by token."""
 
     TITLE = "audit inspect"
+    # The keys are the viewer's commands: no palette, whose entry in the footer pushed "help"
+    # and "quit" off an 80-column terminal.
+    ENABLE_COMMAND_PALETTE = False
     CSS = """
     #status { height: 1; padding: 0 1; background: $boost; }
     #records { width: 38; height: 1fr; border: none; }

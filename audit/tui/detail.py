@@ -165,17 +165,20 @@ class DetailLines:
 
 
 def _wrapped(text: Text, width: int | None, indent: int) -> list[Text]:
-    """`text` as lines of at most `width` cells, continuation lines indented: a finding's
-    message is read whole, never cut at the pane's edge."""
+    """`text` as lines of at most `width` cells, continuation lines indented, styles kept: a
+    finding's message, a heading or the legend is read whole, never cut at the pane's edge."""
     if width is None or text.cell_len <= width:
         return [text]
     width = max(20, width)
-    lines = text.wrap(_MEASURE, width, overflow="fold", no_wrap=False)
-    out = [lines[0]]
+    first = text.wrap(_MEASURE, width, overflow="fold", no_wrap=False)[0]
     # The rest of the text (the first line is a prefix of it), indented, wrapped again at the
     # width less its indent.
-    rest = text.plain[len(lines[0].plain.rstrip()) :].strip()
-    for line in Text(rest, end="").wrap(_MEASURE, width - indent, overflow="fold", no_wrap=False):
+    cut = len(first.plain.rstrip())
+    cut += len(text.plain[cut:]) - len(text.plain[cut:].lstrip())
+    first = text.divide([cut])[0]
+    first.rstrip()
+    out = [first]
+    for line in text.divide([cut])[1].wrap(_MEASURE, width - indent, overflow="fold", no_wrap=False):
         shifted = Text(" " * indent, end="")
         shifted.append_text(line)
         out.append(shifted)
@@ -196,8 +199,9 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
     if view.finish_reason:
         heading.append(f"  ·  finish {terminal(view.finish_reason, CELL_LIMIT)}", style="dim")
     heading.append(f"  ·  prompt {view.prompt.total}, output {view.output.total} tokens", style="dim")
-    lines.append(heading)
-    lines.extend(_special_summary(view))
+    lines.extend(_wrapped(heading, width, indent=4))
+    for summary in _special_summary(view):
+        lines.extend(_wrapped(summary, width, indent=4))
     for mark in view.findings:
         text = Text(no_wrap=True, end="")
         text.append(f" {mark.rule} ", style=FINDING_STYLE if mark.severity == "error" else "bold black on yellow")
@@ -212,7 +216,7 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
         problem = f"cannot show every token: {terminal(view.problem)}"
         lines.extend(_wrapped(Text(problem, style="bold red", end=""), width, indent=4))
     if view.raw_excerpt:
-        lines.append(Text(f"raw line: {view.raw_excerpt}", style="dim", no_wrap=True, end=""))
+        lines.extend(_wrapped(Text(f"raw line: {view.raw_excerpt}", style="dim", end=""), width, indent=4))
     for comparison in view.comparisons:
         lines.append(Text(f"{comparison.rule}  {comparison.title}", style="bold", end=""))
         for label, value in comparison.rows:
@@ -220,7 +224,7 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
             row.append(f"  {label:>12}  ", style="green" if label == "expected" else "dim")
             row.append(terminal(value))
             lines.extend(_wrapped(row, width, indent=16))
-    lines.append(_legend())
+    lines.extend(_wrapped(_legend(), width, indent=4))
     return lines
 
 
