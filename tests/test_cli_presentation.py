@@ -152,6 +152,25 @@ def test_profiles_show_newlines_as_escapes_and_a_token_to_id_table() -> None:
     assert re.search(r"end of turn\s+<\|im_end\|>\s+163586", out)
 
 
+@pytest.mark.parametrize("width", [100, 120, 140])
+@pytest.mark.parametrize("with_tokenizer", [False, True])
+def test_profiles_keep_each_prompt_ending_on_one_line_from_100_columns(width: int, with_tokenizer: bool) -> None:
+    from audit.cli.tables import escaped, profiles_table
+    from audit.profiles import builtin_profiles, load_profile
+    from audit.tokenizer import load_tokenizer
+
+    profiles = [load_profile(name) for name in builtin_profiles()]
+    tokenizer = load_tokenizer(KIMI_TOKENIZER) if with_tokenizer else None
+    lines = rendered(width, profiles_table(profiles, tokenizer, True, width=width)).splitlines()
+    assert all(cell_len(line) <= width for line in lines)
+    rows = [line for line in lines if line.startswith("│")]
+    assert rows and all(line.rstrip().endswith("│") for line in rows)  # the table is not cropped
+    endings = {e for p in profiles for e in p.prompt_suffixes["thinking"]}
+    endings |= {c.suffix for p in profiles for c in p.continuations if "thinking" in c.modes}
+    for ending in endings:  # `<|im_middle|>` or `\n` broken across lines would read as another text
+        assert any(escaped(ending).plain in line for line in rows), (width, ending)
+
+
 def test_the_first_run_of_the_corrupted_sample_explains_itself(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(PREPARED.parent.parent)  # the repository root: the shipped samples stand in
     failing = runner.invoke(app, ["check", "B1_glaive", "--reports-dir", str(tmp_path)])

@@ -45,7 +45,10 @@ def profiles(
     try:
         loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None
         console.print(
-            profiles_table([load_profile(name) for name in builtin_profiles()], loaded, thinking is not Thinking.off)
+            profiles_table(
+                [load_profile(name) for name in builtin_profiles()], loaded, thinking is not Thinking.off,
+                width=console.width,
+            )
         )
     except AuditError as exc:
         raise fail(str(exc)) from None

@@ -241,16 +241,36 @@ def resolved_table(resolved, tokenizer) -> Table:
     return table
 
 
-def profiles_table(profiles: list, tokenizer=None, thinking: bool = True) -> Group:
+def profiles_table(profiles: list, tokenizer=None, thinking: bool = True, width: int | None = None) -> Group:
     """Built-in profiles: how each one's generation prompt ends (escapes shown); with a
-    tokenizer, whether each fits it, and for each that does a table of token -> id."""
+    tokenizer, whether each fits it, and for each that does a table of token -> id.
+
+    From 100 columns (`width`) each prompt ending has a line to itself: folded, `<|im_middle|>`
+    or a `\\n` would break across lines and read as something else.
+    """
     from audit.errors import AuditError
 
     table = Table(title="profiles", title_justify="left", header_style="bold", show_lines=True)
-    columns = ["name", "description", "generation prompt ends"] + (["tokenizer"] if tokenizer else [])
-    for column in columns:
-        table.add_column(column, overflow="fold", no_wrap=column == "name")
     mode = "thinking" if thinking else "no_thinking"
+    endings = [text for p in profiles for text in p.prompt_suffixes.get(mode, ())]
+    endings += [c.suffix for p in profiles for c in p.continuations if mode in c.modes]
+    longest = max((escaped(text).cell_len for text in endings), default=0)
+    columns = ["name", "description", "generation prompt ends"] + (["tokenizer"] if tokenizer else [])
+    # The columns of prose share what the name and the endings leave (rich's own sharing
+    # can crop the table instead: its borders and padding are 3 cells a column, plus 1).
+    whole = width is not None and width >= 100
+    prose = None
+    if whole:
+        names = max((len(p.name) for p in profiles), default=4)
+        prose = (width - 3 * len(columns) - 1 - names - longest) // (len(columns) - 2)
+    for column in columns:
+        table.add_column(
+            column,
+            overflow="fold",
+            no_wrap=column == "name",
+            min_width=longest if whole and column == "generation prompt ends" else None,
+            max_width=prose if column in ("description", "tokenizer") else None,
+        )
     resolved_tables = []
     for profile in profiles:
         ends = _suffixes(profile.prompt_suffixes.get(mode, ()))
