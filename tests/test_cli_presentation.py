@@ -264,9 +264,9 @@ def test_report_html_says_where_the_page_went(tmp_path: Path) -> None:
 def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(partition: str, code: int) -> None:
     # `audit check X | head -1` under `set -o pipefail`: the code is the gate's, with no traceback,
     # not click's 1 for a closed pipe (which would fail a gate that passed).
+    command = f"{sys.executable} -m audit check {partition} --data-root {PREPARED} --report none --no-cache"
     piped = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {sys.executable} -m audit check {partition} --data-root "
-                       f"{PREPARED} --report none --no-cache | head -1"],
+        ["bash", "-c", f"set -o pipefail; {command} | head -1"],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert piped.returncode == code, piped.stderr
