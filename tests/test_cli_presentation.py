@@ -272,3 +272,13 @@ def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(partition: str
     assert piped.returncode == code, piped.stderr
     assert piped.stdout.startswith(f"audit check {partition}")
     assert "Traceback" not in piped.stderr and "Broken pipe" not in piped.stderr
+
+
+def test_diff_wraps_its_regressed_rules_at_the_terminal_width(tmp_path: Path) -> None:
+    for partition in ("B0_clean", "B1_glaive"):
+        runner.invoke(app, ["check", partition, "--data-root", str(PREPARED), "--report", str(tmp_path / partition)])
+    diffed = runner.invoke(app, ["diff", str(tmp_path / "B0_clean"), str(tmp_path / "B1_glaive")])
+    assert diffed.exit_code == 1, diffed.output
+    assert all(cell_len(line) <= 80 for line in diffed.stdout.splitlines()), diffed.stdout
+    regressed = " ".join(diffed.stdout.split("REGRESSED ")[1].split())
+    assert regressed.startswith("INT001, INT002, INT003") and regressed.endswith("TRM004, DEG002")

@@ -146,11 +146,11 @@ def diff(
             f"note: comparing different targets ({_shown(before.target)} "
             f"and {_shown(after.target)})"
         )
-        console.print(Text(note, style="yellow"), soft_wrap=True)
-    if compared.regressions:
+        console.print(Text(note, style="yellow"))
+    if compared.regressions:  # wrapped at the commas: no code split at the terminal's edge
         regressed = Text("REGRESSED ", style="bold red")
         regressed.append_text(plain(", ".join(m.code for m in compared.regressions), limit=None))
-        console.print(regressed, soft_wrap=True)
+        console.print(regressed)
     else:
         console.print(Text("no rule regressed", style="green"))
     raise typer.Exit(compared.exit_code)
