@@ -90,7 +90,8 @@ def test_the_inspect_detail_wraps_its_heading_special_tokens_and_legend_to_the_p
     for width in (42, 60, 100):
         narrow = [line.plain for line in DetailLines(view, width=width)]
         header = narrow[: next(i for i, line in enumerate(narrow) if line.startswith("── "))]
-        assert all(cell_len(line) <= width for line in header), width  # the token rows scroll sideways
+        # the token rows below scroll sideways
+        assert all(cell_len(line) <= width for line in header), width
         for whole in summaries:  # every word of it on the pane, in order, wrapped not cut
             assert " ".join(whole.split()) in " ".join(" ".join(narrow).split()), (width, whole)
 
@@ -129,7 +130,9 @@ def test_every_command_takes_dash_h_and_names_values_plainly(command: str) -> No
     assert short.exit_code == 0 and short.output == long.output
     assert "Usage: audit " + command in short.output
     assert not re.search(r"<(str|int|float|path|list\[[^>]*)>|\{[a-z_]+\}", short.output), short.output
-    assert not re.search(r"\b(INT|FLOAT) RANGE\b|--html TEXT", short.output), short.output  # click's names
+    # click's names for what the option means: a range, a TEXT that is a file, a size or a code
+    clicks = r"\b(INT|FLOAT) RANGE\b|--(html|shard-size|rule|id) TEXT"
+    assert not re.search(clicks, short.output), short.output
 
 
 def test_the_top_level_takes_dash_h() -> None:
@@ -154,7 +157,9 @@ def test_profiles_show_newlines_as_escapes_and_a_token_to_id_table() -> None:
 
 @pytest.mark.parametrize("width", [100, 120, 140])
 @pytest.mark.parametrize("with_tokenizer", [False, True])
-def test_profiles_keep_each_prompt_ending_on_one_line_from_100_columns(width: int, with_tokenizer: bool) -> None:
+def test_profiles_keep_each_prompt_ending_on_one_line_from_100_columns(
+    width: int, with_tokenizer: bool
+) -> None:
     from audit.cli.tables import escaped, profiles_table
     from audit.profiles import builtin_profiles, load_profile
     from audit.tokenizer import load_tokenizer
@@ -261,10 +266,15 @@ def test_report_html_says_where_the_page_went(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("partition", "code"), [("B0_clean", 0), ("B1_glaive", 1)])
-def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(partition: str, code: int) -> None:
+def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(
+    partition: str, code: int
+) -> None:
     # `audit check X | head -1` under `set -o pipefail`: the code is the gate's, with no traceback,
     # not click's 1 for a closed pipe (which would fail a gate that passed).
-    command = f"{sys.executable} -m audit check {partition} --data-root {PREPARED} --report none --no-cache"
+    command = (
+        f"{sys.executable} -m audit check {partition} --data-root {PREPARED}"
+        " --report none --no-cache"
+    )
     piped = subprocess.run(
         ["bash", "-c", f"set -o pipefail; {command} | head -1"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -276,7 +286,8 @@ def test_a_reader_that_stops_early_leaves_the_exit_code_the_gates(partition: str
 
 def test_diff_wraps_its_regressed_rules_at_the_terminal_width(tmp_path: Path) -> None:
     for partition in ("B0_clean", "B1_glaive"):
-        runner.invoke(app, ["check", partition, "--data-root", str(PREPARED), "--report", str(tmp_path / partition)])
+        report = str(tmp_path / partition)
+        runner.invoke(app, ["check", partition, "--data-root", str(PREPARED), "--report", report])
     diffed = runner.invoke(app, ["diff", str(tmp_path / "B0_clean"), str(tmp_path / "B1_glaive")])
     assert diffed.exit_code == 1, diffed.output
     assert all(cell_len(line) <= 80 for line in diffed.stdout.splitlines()), diffed.stdout

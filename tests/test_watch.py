@@ -98,7 +98,8 @@ def test_watch_once_prints_lines_and_each_rules_pass_rate():
 def test_watch_once_ends_in_the_verdict_its_exit_code_gives_and_waits_for_no_key():
     failing = CliRunner().invoke(app, ["watch", str(PREPARED / "B1_glaive"), "--once"])
     verdict = " ".join(failing.output.split("raw_responses.jsonl")[-1].split())  # the line wraps
-    assert verdict.startswith("FAIL so far, 74 lines; failed: INT001") and "warnings: SEG004" in verdict
+    assert verdict.startswith("FAIL so far, 74 lines; failed: INT001")
+    assert "warnings: SEG004" in verdict
     assert "q or Ctrl-C" not in failing.output  # it has already quit
     clean = CliRunner().invoke(app, ["watch", str(PREPARED / "B0_clean"), "--once"])
     assert clean.output.strip().splitlines()[-1] == "PASS so far, 30 lines"

@@ -43,8 +43,8 @@ app = typer.Typer(
 # How help names a value: the conventions of command-line help (TEXT, N, PATH, [on|off],
 # TARGETS...), not Python's type names (<str>, <list[str]>, {prompts}) typer prints otherwise.
 _VALUE_NAMES = {
-    "str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER", "float range": "NUMBER", "path": "PATH",
-    "bool": "BOOLEAN",
+    "str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER", "float range": "NUMBER",
+    "path": "PATH", "bool": "BOOLEAN",
 }
 
 
@@ -177,6 +177,7 @@ ShardSizeOption = Annotated[
     str | None,
     typer.Option(
         "--shard-size",
+        metavar="SIZE",
         help="With --engine ray: bytes per task, e.g. 64M, 512K (default: a few shards per CPU, at most 32M).",
     ),
 ]

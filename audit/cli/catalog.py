@@ -46,7 +46,9 @@ def profiles(
         loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None
         console.print(
             profiles_table(
-                [load_profile(name) for name in builtin_profiles()], loaded, thinking is not Thinking.off,
+                [load_profile(name) for name in builtin_profiles()],
+                loaded,
+                thinking is not Thinking.off,
                 width=console.width,
             )
         )

@@ -39,9 +39,15 @@ class InspectFormat(StrEnum):
 def inspect_command(
     target: Annotated[str, typer.Argument(help="A partition name, partition directory or .jsonl file.")],
     rule: Annotated[
-        str | None, typer.Option("--rule", help="Only records broken by this rule (a code, e.g. SEG001).")
+        str | None,
+        typer.Option(
+            "--rule", metavar="CODE", help="Only records broken by this rule (a code, e.g. SEG001)."
+        ),
     ] = None,
-    record_id: Annotated[str | None, typer.Option("--id", help="Start at (or print) the record with this id.")] = None,
+    record_id: Annotated[
+        str | None,
+        typer.Option("--id", metavar="ID", help="Start at (or print) the record with this id."),
+    ] = None,
     line: Annotated[
         int | None, typer.Option("--line", min=1, help="Start at (or print) the record on this line.")
     ] = None,

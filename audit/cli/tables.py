@@ -241,7 +241,9 @@ def resolved_table(resolved, tokenizer) -> Table:
     return table
 
 
-def profiles_table(profiles: list, tokenizer=None, thinking: bool = True, width: int | None = None) -> Group:
+def profiles_table(
+    profiles: list, tokenizer=None, thinking: bool = True, width: int | None = None
+) -> Group:
     """Built-in profiles: how each one's generation prompt ends (escapes shown); with a
     tokenizer, whether each fits it, and for each that does a table of token -> id.
 

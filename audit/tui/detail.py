@@ -178,7 +178,8 @@ def _wrapped(text: Text, width: int | None, indent: int) -> list[Text]:
     first = text.divide([cut])[0]
     first.rstrip()
     out = [first]
-    for line in text.divide([cut])[1].wrap(_MEASURE, width - indent, overflow="fold", no_wrap=False):
+    rest = text.divide([cut])[1]
+    for line in rest.wrap(_MEASURE, width - indent, overflow="fold", no_wrap=False):
         shifted = Text(" " * indent, end="")
         shifted.append_text(line)
         out.append(shifted)
@@ -216,7 +217,8 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
         problem = f"cannot show every token: {terminal(view.problem)}"
         lines.extend(_wrapped(Text(problem, style="bold red", end=""), width, indent=4))
     if view.raw_excerpt:
-        lines.extend(_wrapped(Text(f"raw line: {view.raw_excerpt}", style="dim", end=""), width, indent=4))
+        raw = Text(f"raw line: {view.raw_excerpt}", style="dim", end="")
+        lines.extend(_wrapped(raw, width, indent=4))
     for comparison in view.comparisons:
         lines.append(Text(f"{comparison.rule}  {comparison.title}", style="bold", end=""))
         for label, value in comparison.rows:
