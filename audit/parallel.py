@@ -1,7 +1,8 @@
 """The local executor of `--jobs N`: shards of a file audited by this process and N-1 workers.
 
 Each file is cut into byte ranges that start at line boundaries, knowing the physical line
-number at each cut (`plan_shards`); each range is audited by the engine
+number at each cut (`iter_shards`: each range is handed out as soon as the one read that hashes
+the file has passed its end); each range is audited by the engine
 (`audit_blocks(file_blocks(path, start=, end=, first_line=))`) wherever it runs. The workers are
 started once per process (`worker_pool`), as early as the command knows it will need them
 (`start_workers`, before this process prepares its own session), and kept: each prepares a
@@ -238,32 +239,39 @@ def audit_file_parallel(
         )
     pool = worker_pool(jobs - 1)
     wanted = max(2 * jobs, -(-size // SHARD_BYTES))
-    plan, sha256, size = plan_shards(path, wanted)
     spill = FindingsLog.spill_directory()  # every process writes its findings' parts here
+    digest = InputDigest()
+    plan: list[Shard] = []
+    pending: dict[Future, int] = {}
     try:
-        results = _run(session, pool, plan, spill, progress, expected_bytes=size // jobs)
+        # Each shard goes to the workers as soon as the read (which hashes the file and numbers
+        # the lines) has passed its end: they start on the first while this process reads on.
+        for shard in iter_shards(path, wanted, digest=digest):
+            pending[pool.submit(_audit_shard, session.target, session.options, shard, spill)] = len(plan)
+            plan.append(shard)
+        results = _run(session, pending, plan, spill, progress, expected_bytes=digest.bytes // jobs)
     except BaseException:
+        for future in pending:
+            future.cancel()
         shutil.rmtree(spill, ignore_errors=True)
         raise
     shards = [results[i] for i in range(len(plan))]
-    return join_shards(shards, session.rule_set, path=path, sha256=sha256, size=size, started=started, spill=spill)
+    return join_shards(
+        shards, session.rule_set, path=path, sha256=digest.sha256, size=digest.bytes, started=started, spill=spill
+    )
 
 
 def _run(
     session: Session,
-    pool: ProcessPoolExecutor,
+    pending: dict[Future, int],
     plan: list[Shard],
     spill: Path,
     progress: ProgressCallback | None,
     *,
     expected_bytes: int,
 ) -> dict[int, ShardAudit]:
-    """Every shard of `plan`, audited by the workers (from the first) and this process (from the
-    last shard no worker has begun)."""
-    target, options = session.target, session.options
-    pending: dict[Future, int] = {
-        pool.submit(_audit_shard, target, options, shard, spill): index for index, shard in enumerate(plan)
-    }
+    """Every shard of `plan`, submitted to the workers (`pending`: future -> index), audited by
+    them (from the first) and this process (from the last shard no worker has begun)."""
     # The workers have their shards (they idled ~0.8 s while this process built its encoder
     # first): this process now prepares its encoder for its own share.
     if any(c.rule.encodes_text for c in session.rule_set.rules):
