@@ -15,18 +15,22 @@ One JSON object per line (SGLang `/generate` output saved raw):
 
 Lines come in blocks from any source (`audit.sources`); each line is read once by a strict
 JSON parser, and the block's record frame (polars, the contract's column types) is built from
-the values it gave. A line that is not a record becomes a `RejectedLine` with its physical line
+the values it gave. The id lists, nearly all of a line's bytes, are read natively into int64
+buffers (`_IdLists`), never into Python ints. A line that is not a record becomes a `RejectedLine` with its physical line
 number and the kind of problem, and the rest of the block is still read.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 import polars as pl
+import simdjson
 
 from audit.json_values import json_type
 from audit.sources import LineBlock
@@ -93,9 +97,10 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     rejected: list[RejectedLine] = []
     last_unterminated = block.last_line if block.last_unterminated else None
     booleans = _hold_boolean_literals(block.lines)
+    id_lists = _IdLists()
     for line, raw in block.record_lines():
         text = raw.rstrip(b"\r")
-        value, problem = _read_strictly(line, text, last_unterminated=line == last_unterminated)
+        value, problem = _read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)
         if problem is None and booleans[line - block.first_line]:
             # A boolean inside an id list reads as 0 or 1 in an integer column: found here, where
             # the line can hold one at all (its text has the literal), before the frame is built.
@@ -133,12 +138,23 @@ def empty_records() -> pl.DataFrame:
 _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 
 
-def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[Any, RejectedLine | None]:
-    """The line's JSON value, or why it is not a record (polars is never asked about it then)."""
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as err:
-        return None, _not_json(line, text, err, last_unterminated=last_unterminated)
+def _read_strictly(
+    line: int, text: bytes, *, last_unterminated: bool, id_lists: _IdLists | None = None
+) -> tuple[Any, RejectedLine | None]:
+    """The line's JSON value, or why it is not a record (polars is never asked about it then).
+
+    With `id_lists`, the id lists of a line that allows it are read natively (`_IdLists`): the
+    value then holds them as int64 arrays, and everything else as the full reading gives it.
+    """
+    read = id_lists.read(text) if id_lists is not None else None
+    if read is not None:
+        value, text, arrays = read
+    else:
+        arrays = None
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as err:
+            return None, _not_json(line, text, err, last_unterminated=last_unterminated)
     if not isinstance(value, dict):
         return None, RejectedLine(line, f"a JSON {json_type(value)}, expected an object", CONTRACT)
     if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
@@ -146,7 +162,103 @@ def _read_strictly(line: int, text: bytes, *, last_unterminated: bool) -> tuple[
     problem = _field_problem(value)
     if problem is not None:
         return None, RejectedLine(line, problem, CONTRACT)
+    if arrays:
+        value.update(arrays)
     return value, None
+
+
+# -- the id lists, read natively ------------------------------------------------------------------
+
+# What stands in a line for an id list cut out of it: one integer that no line holds by chance
+# (a random 62-bit negative number drawn when the process starts).
+_PLACEHOLDER_ID = -(secrets.randbits(62) + 1)
+_PLACEHOLDER = b"[%d]" % _PLACEHOLDER_ID
+_KEYS = tuple((name, b'"' + name.encode() + b'"') for name in _LIST_FIELDS)
+_JSON_SPACE = frozenset(b" \t\r\n")
+
+
+class _IdLists:
+    """Reads a line's id lists straight into int64 arrays, and the rest of it with orjson.
+
+    The id lists are nearly all of a line's bytes, and a JSON parser that hands them to Python
+    makes one `int` object per id: most of the time reading takes. Here each id list is cut out
+    of the line's text (from `"output_ids":` to the first `]`) and read by simdjson into an int64
+    buffer, and the line with a placeholder list in each cut's place is read by orjson, as every
+    line is otherwise. The cut is used only if orjson finds the placeholder as the value of that
+    very key in the top-level object (so the cut was exactly that value), and simdjson read it as
+    a flat array of 64-bit integers (a key written with escapes is not cut: orjson reads its
+    list). Any other line (a list holding something else, a key given twice, a nested object
+    with the same key first, bad JSON) is read whole by orjson, which says what is wrong with it: the values, and so the findings, are the same
+    either way (`tests/test_reader.py` compares the two readings). One per block: simdjson's
+    parser is reused from line to line, and is not shared between threads.
+    """
+
+    def __init__(self) -> None:
+        self._parser = simdjson.Parser()
+
+    def read(self, text: bytes) -> tuple[Any, bytes, dict[str, np.ndarray]] | None:
+        """(value, the text orjson read, the id arrays), or None: read the line whole."""
+        cuts = self._cuts(text)
+        if not cuts:
+            return None
+        pieces, arrays, at = [], {}, 0
+        for name, start, end in cuts:
+            ids = self._ids(text[start:end])
+            if ids is None:
+                return None
+            pieces += (text[at:start], _PLACEHOLDER)
+            arrays[name] = ids
+            at = end
+        pieces.append(text[at:])
+        rest = b"".join(pieces)
+        try:
+            value = orjson.loads(rest)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(value, dict) or any(value.get(name) != [_PLACEHOLDER_ID] for name in arrays):
+            return None
+        return value, rest, arrays
+
+    @staticmethod
+    def _cuts(text: bytes) -> list[tuple[str, int, int]]:
+        """(name, start, end) of each id list's text, in line order; empty when one is not
+        where a plain reading finds it."""
+        cuts = []
+        for name, key in _KEYS:
+            at = text.find(key)
+            if at < 0:
+                continue
+            at += len(key)
+            while at < len(text) and text[at] in _JSON_SPACE:
+                at += 1
+            if text[at : at + 1] != b":":
+                return []
+            at += 1
+            while at < len(text) and text[at] in _JSON_SPACE:
+                at += 1
+            end = text.find(b"]", at) + 1
+            if text[at : at + 1] != b"[" or end == 0:
+                return []
+            cuts.append((name, at, end))
+        cuts.sort(key=lambda cut: cut[1])
+        if any(before[2] > after[1] for before, after in zip(cuts, cuts[1:])):
+            return []
+        return cuts
+
+    def _ids(self, array: bytes) -> np.ndarray | None:
+        """A JSON array of 64-bit integers as an int64 array, or None (anything else)."""
+        document = None
+        try:
+            document = self._parser.parse(array)
+            if not isinstance(document, simdjson.Array):
+                return None
+            ids = np.frombuffer(document.as_buffer(of_type="i"), dtype=np.int64)
+            # as_buffer flattens nested arrays: a list holding lists is not a list of ids.
+            return ids if len(document) == len(ids) else None
+        except (ValueError, TypeError, RuntimeError):
+            return None
+        finally:
+            del document  # the parser is reused only once nothing refers to its last document
 
 
 def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> RejectedLine:
@@ -359,7 +471,7 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         return [m.get(key) if m is not None else None for m in metas]
 
     def ids(name: str) -> pl.Series:
-        return pl.Series(name, [value.get(name) for value in values], dtype=pl.List(pl.Int64()), strict=True)
+        return _id_column(name, [value.get(name) for value in values])
 
     given_input, given_prompt = ids("input_ids"), ids("prompt_ids")
     columns = [
@@ -392,6 +504,25 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         "_prompt_ids",
         "_input_ids",
     )
+
+
+_IDS = pl.List(pl.Int64())
+_NO_IDS = np.zeros(0, dtype=np.int64)
+
+
+def _id_column(name: str, column: list[Any]) -> pl.Series:
+    """An id-list column from what the reading gave each line: an int64 array (read natively),
+    a list (read whole by orjson, built strictly: a float or a string raises) or None."""
+    native = [isinstance(ids, np.ndarray) for ids in column]
+    if not any(native):
+        return pl.Series(name, column, dtype=_IDS, strict=True)
+    # polars makes an Array column of equal-length arrays: cast to the contract's List.
+    arrays = pl.Series(name, [ids if n else _NO_IDS for ids, n in zip(column, native, strict=True)], dtype=_IDS)
+    arrays = arrays.cast(_IDS)
+    if all(native):
+        return arrays
+    rest = pl.Series(name, [None if n else ids for ids, n in zip(column, native, strict=True)], dtype=_IDS, strict=True)
+    return arrays.zip_with(pl.Series(native, dtype=pl.Boolean()), rest)
 
 
 # -- the token-id policy -------------------------------------------------------------------------

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from audit.engine import audit_file
 from audit.records import parse_block
@@ -120,3 +122,82 @@ def test_a_boolean_in_an_id_list_rejects_its_line_wherever_it_is_in_the_block() 
     assert parsed.records["id"].to_list() == ["a", "d"]
     assert [(r.line, r.field, r.position) for r in parsed.rejected] == [(43, "output_ids", 1), (44, "input_ids", 0)]
     assert parsed.blank_lines == 1
+
+
+# -- the native reading of id lists gives what the whole reading gives ----------------------------
+
+_ID_ELEMENTS = st.one_of(
+    st.integers(0, (1 << 32) - 1),
+    st.integers(-(1 << 70), 1 << 70),
+    st.sampled_from(["true", "false", "null", "1.5", "1e3", "-0", "01", '"7"', "[1]", "[]", "{}", '"]"']),
+)
+_SPACES = st.sampled_from(["", " ", "\t", "\n ", "  "])
+_MOSTLY = st.sampled_from([True, True, True, False])
+
+
+@st.composite
+def _id_list(draw) -> str:
+    """An id list as some writer wrote it: plain ids mostly, anything else sometimes."""
+    plain = draw(_MOSTLY)
+    elements = draw(st.lists(st.integers(0, (1 << 32) - 1) if plain else _ID_ELEMENTS, max_size=6))
+    comma = draw(st.sampled_from([",", ", ", " ,", ",\n"]))
+    text = "[" + draw(_SPACES) + comma.join(str(e) for e in elements) + draw(_SPACES) + "]"
+    if plain:
+        return text
+    return draw(st.sampled_from([text, text[:-1], text + "]", text.replace(",", ",,", 1)]))
+
+
+@st.composite
+def _record_line(draw) -> bytes:
+    """A record line whose id lists may be written oddly: escaped or repeated keys, the same key
+    in a nested object, lists of other things, odd spacing, cut short."""
+    keys = {
+        "input_ids": draw(st.sampled_from(['"input_ids"', '"input_ids"', '"input\\u005fids"', '"prompt_ids"'])),
+        "output_ids": draw(st.sampled_from(['"output_ids"', '"output_ids"', '"output\\u005fids"'])),
+    }
+    fields = [f'"id": {draw(st.sampled_from(["1", chr(34) + "s" + chr(34), "true"]))}']
+    for name in draw(st.permutations(["input_ids", "output_ids", "meta", "text", "again"])):
+        colon = draw(_SPACES) + ":" + draw(_SPACES)
+        if name in keys:
+            fields.append(keys[name] + colon + draw(_id_list()))
+        elif name == "meta" and not draw(_MOSTLY):
+            fields.append(f'"meta_info"{colon}{{"output_ids"{colon}{draw(_id_list())}, "completion_tokens": 2}}')
+        elif name == "text" and draw(st.booleans()):
+            fields.append(f'"text"{colon}"a \\"output_ids\\": [1, 2] ]"')
+        elif name == "again" and not draw(_MOSTLY):
+            fields.append(draw(st.sampled_from(['"output_ids"', '"input_ids"'])) + colon + draw(_id_list()))
+    return ("{" + ("," + draw(_SPACES)).join(fields) + "}").encode()
+
+
+def _read_whole(monkeypatch, block: LineBlock):
+    """parse_block with every line read whole by orjson: the reference."""
+    with monkeypatch.context() as patch:
+        patch.setattr("audit.records._IdLists.read", lambda self, text: None)
+        return parse_block(block)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lines=st.lists(_record_line(), min_size=1, max_size=6))
+def test_id_lists_read_natively_give_the_records_and_findings_of_the_whole_reading(monkeypatch, lines):
+    block = LineBlock(7, lines)
+    native, whole = parse_block(block), _read_whole(monkeypatch, block)
+    assert native.records.equals(whole.records)
+    assert native.rejected == whole.rejected
+    assert native.blank_lines == whole.blank_lines
+
+
+def test_the_native_reading_is_taken_for_plain_lines_and_keeps_their_ids(monkeypatch) -> None:
+    """The lines a generator writes (any spacing) are read natively; the ids are the same."""
+    block = LineBlock(1, [SAMPLE[0], SAMPLE[1].replace(b",", b", "), SAMPLE[2]])
+    natively = []
+    real = __import__("audit.records", fromlist=["_IdLists"])._IdLists.read
+
+    def spy(self, text):
+        result = real(self, text)
+        natively.append(result is not None)
+        return result
+
+    monkeypatch.setattr("audit.records._IdLists.read", spy)
+    parsed = parse_block(block)
+    assert natively == [True, True, True]
+    assert parsed.records["output_ids"].to_list() == [json.loads(line)["output_ids"] for line in SAMPLE[:3]]
