@@ -16,23 +16,21 @@ One JSON object per line (SGLang `/generate` output saved raw):
 Lines come in blocks from any source (`audit.sources`); each line is read once by a strict
 JSON parser, and the block's record frame (polars, the contract's column types) is built from
 the values it gave. The id lists, nearly all of a line's bytes, are read natively into int64
-buffers (`_IdLists`), never into Python ints. A line that is not a record becomes a `RejectedLine` with its physical line
+buffers (`IdLists`), never into Python ints. A line that is not a record becomes a `RejectedLine` with its physical line
 number and the kind of problem, and the rest of the block is still read.
 """
 
 from __future__ import annotations
 
 import json
-import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import nanoarrow
 import numpy as np
 import orjson
 import polars as pl
-import simdjson
 
+from audit.id_lists import ID_LIST_FIELDS, NO_IDS, IdLists, ids_column
 from audit.json_values import json_type
 from audit.sources import LineBlock
 
@@ -55,7 +53,7 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "source": pl.String(),
 }
 
-_LIST_FIELDS = ("input_ids", "prompt_ids", "output_ids")
+_LIST_FIELDS = ID_LIST_FIELDS
 
 # The kinds of problem that keep a line from being a record (`RejectedLine.problem`); the rule
 # that reports each kind says so itself (`Rule.problem`).
@@ -98,7 +96,7 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     rejected: list[RejectedLine] = []
     last_unterminated = block.last_line if block.last_unterminated else None
     booleans = _hold_boolean_literals(block.lines)
-    id_lists = _IdLists()
+    id_lists = IdLists()
     for line, raw in block.record_lines():
         text = raw.rstrip(b"\r")
         value, problem = _read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)
@@ -140,11 +138,11 @@ _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 
 
 def _read_strictly(
-    line: int, text: bytes, *, last_unterminated: bool, id_lists: _IdLists | None = None
+    line: int, text: bytes, *, last_unterminated: bool, id_lists: IdLists | None = None
 ) -> tuple[Any, RejectedLine | None]:
     """The line's JSON value, or why it is not a record (polars is never asked about it then).
 
-    With `id_lists`, the id lists of a line that allows it are read natively (`_IdLists`): the
+    With `id_lists`, the id lists of a line that allows it are read natively (`IdLists`): the
     value then holds them as int64 arrays, and everything else as the full reading gives it.
     """
     read = id_lists.read(text) if id_lists is not None else None
@@ -166,100 +164,6 @@ def _read_strictly(
     if arrays:
         value.update(arrays)
     return value, None
-
-
-# -- the id lists, read natively ------------------------------------------------------------------
-
-# What stands in a line for an id list cut out of it: one integer that no line holds by chance
-# (a random 62-bit negative number drawn when the process starts).
-_PLACEHOLDER_ID = -(secrets.randbits(62) + 1)
-_PLACEHOLDER = b"[%d]" % _PLACEHOLDER_ID
-_KEYS = tuple((name, b'"' + name.encode() + b'"') for name in _LIST_FIELDS)
-_JSON_SPACE = frozenset(b" \t\r\n")
-
-
-class _IdLists:
-    """Reads a line's id lists straight into int64 arrays, and the rest of it with orjson.
-
-    The id lists are nearly all of a line's bytes, and a JSON parser that hands them to Python
-    makes one `int` object per id: most of the time reading takes. Here each id list is cut out
-    of the line's text (from `"output_ids":` to the first `]`) and read by simdjson into an int64
-    buffer, and the line with a placeholder list in each cut's place is read by orjson, as every
-    line is otherwise. The cut is used only if orjson finds the placeholder as the value of that
-    very key in the top-level object (so the cut was exactly that value), and simdjson read it as
-    a flat array of 64-bit integers (a key written with escapes is not cut: orjson reads its
-    list). Any other line (a list holding something else, a key given twice, a nested object
-    with the same key first, bad JSON) is read whole by orjson, which says what is wrong with it: the values, and so the findings, are the same
-    either way (`tests/test_reader.py` compares the two readings). One per block: simdjson's
-    parser is reused from line to line, and is not shared between threads.
-    """
-
-    def __init__(self) -> None:
-        self._parser = simdjson.Parser()
-
-    def read(self, text: bytes) -> tuple[Any, bytes, dict[str, np.ndarray]] | None:
-        """(value, the text orjson read, the id arrays), or None: read the line whole."""
-        cuts = self._cuts(text)
-        if not cuts:
-            return None
-        pieces, arrays, at = [], {}, 0
-        for name, start, end in cuts:
-            ids = self._ids(text[start:end])
-            if ids is None:
-                return None
-            pieces += (text[at:start], _PLACEHOLDER)
-            arrays[name] = ids
-            at = end
-        pieces.append(text[at:])
-        rest = b"".join(pieces)
-        try:
-            value = orjson.loads(rest)
-        except orjson.JSONDecodeError:
-            return None
-        if not isinstance(value, dict) or any(value.get(name) != [_PLACEHOLDER_ID] for name in arrays):
-            return None
-        return value, rest, arrays
-
-    @staticmethod
-    def _cuts(text: bytes) -> list[tuple[str, int, int]]:
-        """(name, start, end) of each id list's text, in line order; empty when one is not
-        where a plain reading finds it."""
-        cuts = []
-        for name, key in _KEYS:
-            at = text.find(key)
-            if at < 0:
-                continue
-            at += len(key)
-            while at < len(text) and text[at] in _JSON_SPACE:
-                at += 1
-            if text[at : at + 1] != b":":
-                return []
-            at += 1
-            while at < len(text) and text[at] in _JSON_SPACE:
-                at += 1
-            end = text.find(b"]", at) + 1
-            if text[at : at + 1] != b"[" or end == 0:
-                return []
-            cuts.append((name, at, end))
-        cuts.sort(key=lambda cut: cut[1])
-        if any(before[2] > after[1] for before, after in zip(cuts, cuts[1:])):
-            return []
-        return cuts
-
-    def _ids(self, array: bytes) -> np.ndarray | None:
-        """A JSON array of 64-bit integers as an int64 array, or None (anything else)."""
-        document = None
-        try:
-            document = self._parser.parse(array)
-            if not isinstance(document, simdjson.Array):
-                return None
-            ids = np.frombuffer(document.as_buffer(of_type="i"), dtype=np.int64)
-            # as_buffer flattens nested arrays: a list holding lists is not a list of ids.
-            return ids if len(document) == len(ids) else None
-        except (ValueError, TypeError, RuntimeError):
-            return None
-        finally:
-            del document  # the parser is reused only once nothing refers to its last document
 
 
 def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> RejectedLine:
@@ -508,7 +412,6 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
 
 
 _IDS = pl.List(pl.Int64())
-_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 def _id_column(name: str, column: list[Any]) -> pl.Series:
@@ -517,24 +420,11 @@ def _id_column(name: str, column: list[Any]) -> pl.Series:
     native = [isinstance(ids, np.ndarray) for ids in column]
     if not any(native):
         return pl.Series(name, column, dtype=_IDS, strict=True)
-    arrays = _arrays_column(name, [ids if n else _NO_IDS for ids, n in zip(column, native, strict=True)])
+    arrays = ids_column(name, [ids if n else NO_IDS for ids, n in zip(column, native, strict=True)])
     if all(native):
         return arrays
     rest = pl.Series(name, [None if n else ids for ids, n in zip(column, native, strict=True)], dtype=_IDS, strict=True)
     return arrays.zip_with(pl.Series(native, dtype=pl.Boolean()), rest)
-
-
-def _arrays_column(name: str, arrays: list[np.ndarray]) -> pl.Series:
-    """int64 arrays as a List(Int64) column: one buffer of all their ids and one of offsets,
-    handed to polars as an Arrow array (nanoarrow), not array by array (~25x faster)."""
-    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays)), out=offsets[1:])
-    values = np.concatenate(arrays) if arrays else _NO_IDS
-    ids = nanoarrow.c_array_from_buffers(nanoarrow.int64(), len(values), [None, values])
-    lists = nanoarrow.c_array_from_buffers(
-        nanoarrow.large_list(nanoarrow.int64()), len(arrays), [None, offsets], children=[ids]
-    )
-    return pl.Series(lists).cast(_IDS).alias(name)
 
 
 # -- the token-id policy -------------------------------------------------------------------------

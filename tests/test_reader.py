@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.engine import audit_file
+from audit.id_lists import IdLists
 from audit.records import parse_block
 from audit.sources import LineBlock
 from tests.conftest import PREPARED, write_jsonl
@@ -172,7 +173,7 @@ def _record_line(draw) -> bytes:
 def _read_whole(monkeypatch, block: LineBlock):
     """parse_block with every line read whole by orjson: the reference."""
     with monkeypatch.context() as patch:
-        patch.setattr("audit.records._IdLists.read", lambda self, text: None)
+        patch.setattr("audit.records.IdLists.read", lambda self, text: None)
         return parse_block(block)
 
 
@@ -190,14 +191,14 @@ def test_the_native_reading_is_taken_for_plain_lines_and_keeps_their_ids(monkeyp
     """The lines a generator writes (any spacing) are read natively; the ids are the same."""
     block = LineBlock(1, [SAMPLE[0], SAMPLE[1].replace(b",", b", "), SAMPLE[2]])
     natively = []
-    real = __import__("audit.records", fromlist=["_IdLists"])._IdLists.read
+    real = IdLists.read
 
     def spy(self, text):
         result = real(self, text)
         natively.append(result is not None)
         return result
 
-    monkeypatch.setattr("audit.records._IdLists.read", spy)
+    monkeypatch.setattr("audit.records.IdLists.read", spy)
     parsed = parse_block(block)
     assert natively == [True, True, True]
     assert parsed.records["output_ids"].to_list() == [json.loads(line)["output_ids"] for line in SAMPLE[:3]]
