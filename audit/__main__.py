@@ -1,3 +1,21 @@
-from audit.cli import main
+"""`python -m audit` and the `audit` program.
 
-main()
+The workers a `check --jobs N` line asks for are started first, so that their imports run
+beside this process's (`audit.workers.start_for_command_line`); then the command line runs.
+"""
+
+import sys
+
+
+def main() -> None:
+    """Run the `audit` command line."""
+    from audit.workers import start_for_command_line
+
+    start_for_command_line(sys.argv[1:])
+    from audit.cli import main as run
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

@@ -4,8 +4,9 @@ Each file is cut into byte ranges that start at line boundaries, knowing the phy
 number at each cut (`iter_shards`: each range is handed out as soon as the one read that hashes
 the file has passed its end); each range is audited by the engine
 (`audit_blocks(file_blocks(path, start=, end=, first_line=))`) wherever it runs. The workers are
-started once per process (`worker_pool`), as early as the command knows it will need them
-(`start_workers`, before this process prepares its own session), and kept: each prepares a
+started once per process (`audit.workers.worker_pool`; the `audit` program starts them before
+its own modules load), given the target as early as the command knows it (`start_workers`,
+before this process prepares its own session), and kept: each prepares a
 session once, loading its tokenizer and building the fast encoder once, and audits any number
 of shards of any number of files. They are spawned, not forked: polars and the tokenizers keep
 thread pools that a fork would copy in an unknown state.
@@ -19,13 +20,10 @@ of a single process. Another executor (a cluster's tasks) does the same with the
 
 from __future__ import annotations
 
-import atexit
-import multiprocessing
-import os
 import shutil
 import time
 from collections.abc import Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,10 +37,10 @@ from audit.engine import (
     join_shards,
 )
 from audit.findings import FindingsLog
-from audit.memory import configure_allocators
 from audit.session import CheckOptions, Session, worker_session
 from audit.sources import InputDigest, file_blocks
 from audit.targets import Target
+from audit.workers import ignore_outcome, worker_pool
 
 # Below this many bytes per shard, a shard's own costs (a worker's tokenizer, a block cut short)
 # are more than sharing the file saves: such a file is audited in this process.
@@ -110,62 +108,6 @@ def iter_shards(
 
 # -- the workers ----------------------------------------------------------------------------------
 
-# Environment a worker needs the parent's value of (the cache and backend switches, thread limits).
-_INHERITED = ("AUDIT_", "HF_", "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")
-# Thread pools of the libraries a worker uses, sized to its share of the cores.
-_THREAD_VARIABLES = ("POLARS_MAX_THREADS", "RAYON_NUM_THREADS")
-
-_POOL: ProcessPoolExecutor | None = None
-_POOL_KEY: tuple | None = None
-
-
-def _environment_key() -> tuple:
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(_INHERITED)))
-
-
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """The process's `workers` worker processes, started on first use and kept until it exits.
-
-    Started again only when the number asked for or the environment they inherit changed.
-    """
-    global _POOL, _POOL_KEY
-    key = (workers, _environment_key())
-    if _POOL is not None and _POOL_KEY == key and not getattr(_POOL, "_broken", False):
-        return _POOL
-    stop_workers()
-    threads = str(max(1, (os.cpu_count() or 1) // (workers + 1)))
-    saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
-    # Each process gets its share of the cores: N processes x all cores would only thrash.
-    os.environ.update({name: threads for name in _THREAD_VARIABLES})
-    try:
-        pool = ProcessPoolExecutor(
-            max_workers=workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=configure_allocators,  # as the command configured this process
-        )
-        # Spawned now, with the limits above, rather than on the first shard.
-        for future in [pool.submit(_started) for _ in range(workers)]:
-            future.add_done_callback(_ignore)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-    _POOL, _POOL_KEY = pool, key
-    return pool
-
-
-def stop_workers() -> None:
-    """Stop the workers, if any (at exit; or before starting others)."""
-    global _POOL, _POOL_KEY
-    if _POOL is not None:
-        _POOL.shutdown(wait=True, cancel_futures=True)
-    _POOL = _POOL_KEY = None
-
-
-atexit.register(stop_workers)
-
 
 def start_workers(jobs: int, target: Target | None = None, options: CheckOptions | None = None) -> None:
     """Start the workers `--jobs` will need, before this process prepares its own session.
@@ -181,11 +123,7 @@ def start_workers(jobs: int, target: Target | None = None, options: CheckOptions
         return
     share = _size(target.data_file) // jobs
     for future in [pool.submit(_warm, target, options, share) for _ in range(jobs - 1)]:
-        future.add_done_callback(_ignore)
-
-
-def _ignore(future: Future) -> None:
-    future.exception()  # retrieved, so that an unused failure is not reported at exit
+        future.add_done_callback(ignore_outcome)
 
 
 def _size(path: Path) -> int:
@@ -193,10 +131,6 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
-
-
-def _started() -> None:
-    """A task that only makes the pool start a process (which imports the engine to run it)."""
 
 
 def _warm(target: Target, options: CheckOptions, expected_bytes: int) -> None:

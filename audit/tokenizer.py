@@ -30,6 +30,7 @@ from audit.fastcodec import (
     fast_encoder_for_backend,
     fast_paths_enabled,
 )
+from audit.offline import configure_offline
 from audit.tokenizer_cache import TokenizerState, load_state, state_key, store_state
 
 # A byte that is not a whole UTF-8 character, named as byte-fallback vocabularies name it: <0xE4>.
@@ -38,9 +39,7 @@ codecs.register_error(
     BYTE_NAMES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
 )
 
-# Nothing may reach a model hub at run time: tokenizers come from local directories only.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+configure_offline()
 
 # Files whose bytes define a tokenizer's behaviour; their hash is its fingerprint.
 _FINGERPRINT_FILES = (

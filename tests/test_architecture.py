@@ -29,6 +29,7 @@ LAYERS = {
         "audit.session",
         "audit.check",
         "audit.parallel",
+        "audit.workers",
         "audit.cluster",
         "audit.cache",
         "audit.gating",
@@ -45,6 +46,7 @@ LAYERS = {
     "record view": (
         "audit.sources",
         "audit.records",
+        "audit.id_lists",
         "audit.record_lines",
         "audit.contract",
         "audit.batch",
@@ -76,6 +78,7 @@ LAYERS = {
         "audit.inert",
         "audit.json_values",
         "audit.memory",
+        "audit.offline",
     ),
 }
 UI_LIBRARIES = ("rich", "typer", "textual")

@@ -4,14 +4,19 @@ numbered by the physical line it starts at, covering the file exactly, hashed on
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import audit.parallel as parallel
+from audit import parallel, workers
 from audit.parallel import iter_shards, plan_shards
 from audit.sources import InputDigest
+from tests.conftest import PREPARED, ROOT
 
 
 @pytest.fixture
@@ -64,3 +69,61 @@ def test_shards_are_yielded_before_the_read_reaches_the_end(tmp_path, monkeypatc
     first = next(shards)
     assert first.start == 0 and digest.bytes < path.stat().st_size / 5  # the read has just begun
     assert len([first, *shards]) == 10 and digest.bytes == path.stat().st_size
+
+
+@pytest.mark.parametrize(
+    ("args", "started"),
+    [
+        (["check", "B1_glaive", "--jobs", "3"], 2),
+        (["check", "--jobs=2", "B1_glaive"], 1),
+        (["check", "-j", "2", "B1_glaive"], 1),
+        (["check", "-j4", "B1_glaive"], 3),
+        (["check", "B1_glaive", "--jobs", "1"], None),
+        (["check", "B1_glaive"], None),
+        (["check", "B1_glaive", "--jobs"], None),
+        (["check", "B1_glaive", "--jobs", "many"], None),
+        (["check", "--", "--jobs", "2"], None),
+        (["check", "B1_glaive", "--jobs", "2", "--engine", "ray"], None),
+        (["gate", "B1_glaive", "out", "--jobs", "2"], None),
+        ([], None),
+    ],
+)
+def test_the_program_starts_the_workers_a_check_line_asks_for_before_loading_the_command(
+    monkeypatch, args, started
+) -> None:
+    """`audit check --jobs N` starts N-1 workers before the command's modules load; any other
+    line starts none (and the command reads its own line as always)."""
+    asked = []
+    monkeypatch.setattr(workers, "worker_pool", asked.append)
+    workers.start_for_command_line(args)
+    assert asked == ([] if started is None else [started])
+
+
+_EARLY_THEN_COMMAND = """
+import atexit, json, sys
+import audit.workers as workers
+from audit.__main__ import main
+pools = []
+real = workers.worker_pool
+workers.worker_pool = lambda n: pools.append(real(n)) or pools[-1]
+# Registered after the pool's own exit handler: runs before it, when the command is done.
+atexit.register(lambda: print(json.dumps({"pools": len({id(p) for p in pools}), "calls": len(pools)})))
+main()
+"""
+
+
+def test_the_workers_started_early_are_the_ones_the_check_uses(tmp_path) -> None:
+    """The pool the program starts before loading the command is the pool the command audits
+    with (the same environment, so not started again), and the result is the usual one."""
+    report = tmp_path / "report.json"
+    args = ["check", str(PREPARED / "B1_glaive"), "--jobs", "2", "--report", str(report), "--format", "json"]
+    # The environment a user has: none of the settings audit makes for itself.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "_RJEM"))}
+    run = subprocess.run(
+        [sys.executable, "-c", _EARLY_THEN_COMMAND, *args], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=300, check=False,
+    )
+    outcome = json.loads(run.stdout.strip().splitlines()[-1])
+    assert run.returncode == 1, run.stderr
+    assert outcome["pools"] == 1 and outcome["calls"] >= 2, run.stderr
+    assert json.loads(report.read_text())["summary"]["records"] > 0
