@@ -344,7 +344,8 @@ class Tokenizer:
         `encode_flat` asks for it only once the texts make it pay)."""
         if not fast_paths_enabled() or self._fast is None:
             return None
-        return fast_encoder_for_backend(self._fast)
+        stored = self._state.backend_json if self._state is not None else None
+        return fast_encoder_for_backend(self._fast, stored)
 
     def expect_encoding(self, characters: int) -> None:
         """Say that about `characters` of text are to be encoded by this process.

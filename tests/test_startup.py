@@ -365,7 +365,8 @@ def test_tpl001_findings_are_those_of_transformers(tmp_path: Path, monkeypatch) 
 
 
 def test_real_deepseek_v31_state_round_trips_its_backend(tmp_path: Path, monkeypatch) -> None:
-    """The stored backend (merges rewritten compactly) encodes and decodes as the original does."""
+    """The stored backend (merges rewritten compactly) encodes and decodes as the original does,
+    and so does fastokens built from it."""
     directory = _real_deepseek(tmp_path)
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
     cold = load_tokenizer(directory)
@@ -375,6 +376,10 @@ def test_real_deepseek_v31_state_round_trips_its_backend(tmp_path: Path, monkeyp
              "    indented\n\tcode  # 1234567890\n\n\n", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{}"]
     assert warm.encode_batch(texts) == cold.encode_batch(texts)
     ids = cold.encode_batch(texts)
+    # fastokens is built from the stored form too (when installed): the same ids.
+    if warm.fast_encoder is not None:
+        flat = warm.fast_encoder.encode_flat(texts)
+        assert [flat.sequence(i) for i in range(len(texts))] == ids
     assert warm.decode_batch(ids) == cold.decode_batch(ids) == texts
     assert warm.vocab_size == cold.vocab_size and warm.known_ids == cold.known_ids
     assert warm.special_token_strings == cold.special_token_strings
