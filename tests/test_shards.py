@@ -93,10 +93,27 @@ def test_the_program_starts_the_workers_a_check_line_asks_for_before_loading_the
 ) -> None:
     """`audit check --jobs N` starts N-1 workers before the command's modules load; any other
     line starts none (and the command reads its own line as always)."""
-    asked = []
+    asked, shared = [], []
     monkeypatch.setattr(workers, "worker_pool", asked.append)
+    monkeypatch.setattr(workers, "take_share_of_cores", shared.append)
     workers.start_for_command_line(args)
     assert asked == ([] if started is None else [started])
+    assert shared == ([] if started is None else [started + 1])
+
+
+def test_with_workers_this_process_takes_its_share_of_the_cores(monkeypatch) -> None:
+    """Before polars loads, `--jobs N` sizes this process's thread pools as the workers' (a
+    user's own setting kept); once polars is loaded nothing changes."""
+    monkeypatch.setattr(workers.os, "cpu_count", lambda: 8)
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    monkeypatch.setenv("RAYON_NUM_THREADS", "3")
+    monkeypatch.delitem(sys.modules, "polars")
+    workers.take_share_of_cores(4)
+    assert os.environ["POLARS_MAX_THREADS"] == "2" and os.environ["RAYON_NUM_THREADS"] == "3"
+    monkeypatch.undo()
+    monkeypatch.delenv("POLARS_MAX_THREADS", raising=False)
+    workers.take_share_of_cores(4)  # polars is loaded here
+    assert "POLARS_MAX_THREADS" not in os.environ
 
 
 _EARLY_THEN_COMMAND = """
