@@ -11,7 +11,7 @@ then answered from those few hits, not from the ids.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +41,14 @@ class FlatIds:
         np.cumsum(lengths, out=offsets[1:])
         values = series.explode(empty_as_null=False, keep_nulls=False).to_numpy()
         return cls(values.astype(np.int64, copy=False), offsets)
+
+    @classmethod
+    def from_sequences(cls, sequences: Sequence[Sequence[int]]) -> FlatIds:
+        """A few id lists (Python's), as flat ids."""
+        offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+        np.cumsum([len(ids) for ids in sequences], out=offsets[1:])
+        values = np.fromiter((i for ids in sequences for i in ids), dtype=np.int64, count=int(offsets[-1]))
+        return cls(values, offsets)
 
     def sequence(self, i: int) -> list[int]:
         return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()

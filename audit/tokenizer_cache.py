@@ -150,6 +150,61 @@ class TokenizerState:
         return ByteDecoder.from_arrays(self.table, self.lengths, self.decoder_known)
 
 
+@dataclass(frozen=True)
+class StoredVocabulary:
+    """What the `tokenizers` backend answers about ids, read from its serialized JSON.
+
+    `token_ids`: a token's id as `token_to_id` finds it (added tokens over the model's
+    vocabulary). `skipped_ids`: the ids `decode(skip_special_tokens=True)` drops: those whose
+    token (added tokens first, then the model's) is the content of an added token marked
+    special, as the backend tests each id's token.
+    """
+
+    token_ids: dict[str, int]
+    skipped_ids: frozenset[int]
+
+    @classmethod
+    def read(cls, backend_json: str) -> StoredVocabulary | None:
+        import orjson
+
+        data = orjson.loads(backend_json)
+        vocab = (data.get("model") or {}).get("vocab")
+        if not isinstance(vocab, dict):
+            return None  # a Unigram model's list: the backend answers
+        added = data.get("added_tokens") or []
+        token_ids = dict(vocab)
+        token_ids.update((token["content"], token["id"]) for token in added)
+        special = {token["content"] for token in added if token.get("special")}
+        added_ids = {token["id"] for token in added}
+        skipped = {token["id"] for token in added if token["content"] in special}
+        skipped.update(i for token, i in vocab.items() if token in special and i not in added_ids)
+        return cls(token_ids=token_ids, skipped_ids=frozenset(skipped))
+
+
+def compact_backend_json(backend: Any) -> str:
+    """The backend serialised, BPE merges written as "a b" strings where no piece holds a space:
+    the same tokenizer (checked: it serialises back identically), a quarter faster to load."""
+    import json
+
+    import tokenizers
+
+    text = backend.to_str()
+    data = json.loads(text)
+    model = data.get("model") or {}
+    merges = model.get("merges")
+    if model.get("type") != "BPE" or not isinstance(merges, list) or not merges:
+        return text
+    if not all(isinstance(m, list) and len(m) == 2 and " " not in m[0] and " " not in m[1] for m in merges):
+        return text
+    model["merges"] = [f"{a} {b}" for a, b in merges]
+    compact = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    try:
+        same = tokenizers.Tokenizer.from_str(compact).to_str() == text
+    except Exception:  # not readable back: keep the original form
+        same = False
+    return compact if same else text
+
+
 # -- the key -----------------------------------------------------------------------------------------
 
 

