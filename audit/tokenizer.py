@@ -109,8 +109,7 @@ class Tokenizer:
         self._state = state
         if hf_tokenizer is not None:
             self.__dict__["hf"] = hf_tokenizer  # the cached_property below, already filled
-        # From the cached state, the `tokenizers` backend is built on first use (`_fast`): with
-        # fastokens and the byte table an audit may never need it (~0.2 s, ~40 MB less).
+        # From the cached state the `tokenizers` backend is built on first use (`_fast`, `_stored`).
         self._backend_json = state.backend_json if state is not None and state.kind == "backend" else None
         if self._backend_json is None:
             backend = getattr(hf_tokenizer, "backend_tokenizer", None)
@@ -148,13 +147,15 @@ class Tokenizer:
 
         return _encode_special_tokens(tokenizers.Tokenizer.from_str(self._backend_json))
 
-    @cached_property
+    @property
     def _stored(self) -> StoredVocabulary | None:
-        """The stored backend's look-ups, read from its JSON (None without one, or when the
-        backend is built anyway, or its vocabulary is not a token -> id map)."""
-        if self._backend_json is None or "_fast" in self.__dict__ or not fast_paths_enabled():
+        """The stored backend's look-ups, once fastokens encodes (a large audit) and the backend
+        is not built; else None: the backend answers (a small audit builds it to encode)."""
+        if "_fast" in self.__dict__ or self.__dict__.get("fast_encoder") is None or not self._backend_json:
             return None
-        return StoredVocabulary.read(self._backend_json)
+        if "_stored_vocabulary" not in self.__dict__:  # None too when the vocabulary is a list
+            self.__dict__["_stored_vocabulary"] = StoredVocabulary.read(self._backend_json)
+        return self.__dict__["_stored_vocabulary"]
 
     @cached_property
     def _vocab(self) -> dict[str, int]:

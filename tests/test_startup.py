@@ -425,6 +425,9 @@ def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str
     directory = real_tokenizer_dir(family, tmp_path / "real")
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
     backend = load_tokenizer(directory)._fast  # the first load: the backend transformers built
+    small = load_tokenizer(directory)  # a small audit: the backend answers, no second vocabulary
+    assert small.token_id("<think>") == backend.token_to_id("<think>")
+    assert "_fast" in small.__dict__ and "_stored_vocabulary" not in small.__dict__
     warm = load_tokenizer(directory)
     warm.expect_encoding(10**9)  # a large audit: fastokens encodes
     vocabulary = backend.get_vocab(with_added_tokens=True)
