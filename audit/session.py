@@ -16,7 +16,6 @@ from pathlib import Path
 import orjson
 
 from audit.batch import AuditContext
-from audit.engine import ENCODED_BYTES_PER_CHARACTER
 from audit.errors import ConfigError
 from audit.generate.prompts import load_prompts
 from audit.profiles import ResolvedProfile, load_profile
@@ -119,7 +118,6 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         )
     tokenizer = shared_tokenizer(tokenizer_dir, options.trust_remote_code)
     _check_fingerprint(target, tokenizer)
-    _expect_encoding(target, options, rule_set, tokenizer)
 
     profile_name = options.profile or generation.profile
     if not profile_name:
@@ -136,19 +134,6 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         rule_set=rule_set,
         options=options,
     )
-
-
-def _expect_encoding(target: Target, options: CheckOptions, rule_set: RuleSet, tokenizer: Tokenizer) -> None:
-    """Tell the tokenizer how much text this process will encode (its share of the file), before
-    anything is encoded: a large file's encoder (fastokens) is then built first, and encodes the
-    profile's few texts too, so the `tokenizers` backend is never built (`Tokenizer._fast`)."""
-    if target.remote or not any(c.rule.encodes_text for c in rule_set.rules if not c.rule.file_level):
-        return
-    try:
-        size = target.data_file.stat().st_size
-    except OSError:
-        return  # reported where the file is read
-    tokenizer.expect_encoding(size // max(1, options.jobs) // ENCODED_BYTES_PER_CHARACTER)
 
 
 def _refuse_recorded_trust(target: Target, options: CheckOptions, tokenizer_dir: Path) -> None:

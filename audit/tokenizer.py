@@ -300,8 +300,7 @@ class Tokenizer:
         """
         decoder = self.byte_decoder
         if decoder is not None:
-            # The table's pieces are what the decoder gives each id (verified id by id when it
-            # was built): no decoder call.
+            # The table's pieces are the decoder's (verified id by id when it was built).
             raw = [decoder.piece_bytes(int(token_id)) for token_id in ids]
             if all(piece is not None for piece in raw):
                 return [piece.decode("utf-8", errors=BYTE_NAMES) for piece in raw]  # type: ignore[union-attr]
@@ -394,12 +393,13 @@ class Tokenizer:
         """Say that about `characters` of text are to be encoded by this process.
 
         More than the plain encoder handles in the time fastokens takes to build: fastokens is
-        built now, before the first block is read. Its build holds half again what the encoder
-        keeps (~95 MB against ~55 MB for a 128k vocabulary), freed when it is done: built while
-        a block is held, that would add to the block's memory at the peak.
-        Less text: nothing changes (`encode_flat` still switches once the texts paid for it).
+        built now, before any block is held (its build peak is not added to a block's), and
+        encodes from then on; the stored vocabulary answers look-ups, so a backend read from
+        the cached state is let go (~35 MB; built again if needed). Less text: no change.
         """
         if characters > FAST_ENCODER_AFTER_CHARS:
+            if self._backend_json is not None:
+                self.__dict__.pop("_fast", None)
             self.fast_encoder  # noqa: B018 - built (and kept) now
 
     @property

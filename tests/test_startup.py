@@ -428,6 +428,8 @@ def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str
     small = load_tokenizer(directory)  # a small audit: the backend answers, no second vocabulary
     assert small.token_id("<think>") == backend.token_to_id("<think>")
     assert "_fast" in small.__dict__ and "_stored_vocabulary" not in small.__dict__
+    small.expect_encoding(10**9)  # then a large file: fastokens encodes, the backend is let go
+    assert "_fast" not in small.__dict__ and small.token_id("<think>") == backend.token_to_id("<think>")
     warm = load_tokenizer(directory)
     warm.expect_encoding(10**9)  # a large audit: fastokens encodes
     vocabulary = backend.get_vocab(with_added_tokens=True)
