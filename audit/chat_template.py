@@ -289,3 +289,27 @@ def _compiled(template: str) -> Any:
     environment.globals["dict"] = TemplateDict()
     environment.globals["namespace"] = TemplateNamespace
     return environment.from_string(template)
+
+
+def verified_chat_template(hf: Any) -> ChatTemplate | None:
+    """`hf`'s chat template as a `ChatTemplate`, if it renders the probe conversations exactly as
+    `hf.apply_chat_template` does; None for a class that renders its own way (remote code)."""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    cls = type(hf)
+    for name in ("apply_chat_template", "get_chat_template", "special_tokens_map"):
+        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerBase, name, None):
+            return None
+    templates = hf.chat_template
+    special = hf.special_tokens_map
+    if not (isinstance(templates, str) or (isinstance(templates, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in templates.items()))):
+        return None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in special.items()):
+        return None
+    template = ChatTemplate(templates, special)
+
+    def reference(messages: list[Any], tools: list[Any] | None, **kwargs: Any) -> str:
+        return hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
+
+    return template if renders_like(template, reference) else None

@@ -33,7 +33,7 @@ def suffix_ids(tokenizer: Tokenizer, text: str) -> tuple[int, ...]:
     written as plain text may merge with the text before it (`.<｜` is one piece in Qwen's
     BPE): its ids are the tail that every context leaves unchanged.
     """
-    encodings = tokenizer.encode_batch([text, *(context + text for context in _CONTEXTS)])
+    encodings = tokenizer.encode_remembered([text, *(context + text for context in _CONTEXTS)])
     bare = encodings[0]
     kept = 0
     while kept < len(bare) and all(

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.chat_template import ChatTemplate, UnsupportedInput, renders_like
+from audit.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
 from audit.errors import ConfigError
 from audit.fastcodec import (
     FAST_ENCODER_AFTER_CHARS,
@@ -31,6 +31,7 @@ from audit.fastcodec import (
 )
 from audit.offline import configure_offline
 from audit.tokenizer_cache import (
+    RememberedAnswers,
     StoredVocabulary,
     TokenizerState,
     compact_backend_json,
@@ -103,9 +104,11 @@ class Tokenizer:
         sha256: str | None = None,
         trust_remote_code: bool = False,
         state: TokenizerState | None = None,
+        cache_key: str | None = None,
     ):
         self.directory = directory
         self.trust_remote_code = trust_remote_code
+        self._remembered = RememberedAnswers(cache_key) if cache_key is not None else None
         self._state = state
         if hf_tokenizer is not None:
             self.__dict__["hf"] = hf_tokenizer  # the cached_property below, already filled
@@ -213,7 +216,7 @@ class Tokenizer:
             return None if stored is None else ChatTemplate.from_dict(stored)
         if not self.has_chat_template:
             return None
-        return _verified_chat_template(self.hf)
+        return verified_chat_template(self.hf)
 
     def render_chat(self, messages: list[Any], tools: list[Any] | None = None, **template_kwargs: Any) -> str:
         """The chat template's rendering of a conversation, generation prompt added, as text:
@@ -238,12 +241,31 @@ class Tokenizer:
     # -- look-ups -------------------------------------------------------------------------
     def token_id(self, token: str) -> int | None:
         """The id of a token given by its exact string, or None when the vocabulary lacks it."""
-        if self._has_backend:
-            if (stored := self._stored) is not None:
-                return stored.token_ids.get(token)
-            # The backend's own look-up: added tokens first, as get_vocab(with_added_tokens) has them.
-            return self._fast.token_to_id(token)
-        return self._vocab.get(token)
+        if not self._has_backend:
+            return self._vocab.get(token)
+        if (stored := self._stored) is not None:
+            return stored.token_ids.get(token)
+        if self._remembered is not None and "_fast" not in self.__dict__:
+            known, token_id = self._remembered.token_id(token)
+            if known:
+                return token_id
+        # The backend's own look-up: added tokens first, as get_vocab(with_added_tokens) has them.
+        token_id = self._fast.token_to_id(token)
+        if self._remembered is not None:
+            self._remembered.remember("token_id", {token: token_id})
+        return token_id
+
+    def encode_remembered(self, texts: list[str]) -> list[list[int]]:
+        """`encode_batch` of a few short texts a profile asks for, remembered between runs."""
+        if self._remembered is None or "_fast" in self.__dict__ or "fast_encoder" in self.__dict__:
+            encoded = self.encode_batch(texts)
+        elif (encoded := self._remembered.encodings(texts)) is not None:  # type: ignore[assignment]
+            return encoded
+        else:
+            encoded = self.encode_batch(texts)
+        if self._remembered is not None:
+            self._remembered.remember("encode", dict(zip(texts, encoded, strict=True)))
+        return encoded
 
     def can_decode(self, ids: Sequence[int]) -> bool:
         """Is every id one this tokenizer has (the vocabulary check, for a handful of ids)?"""
@@ -474,30 +496,6 @@ def _encode_special_tokens(backend: Any) -> Any:
     return backend
 
 
-def _verified_chat_template(hf: Any) -> ChatTemplate | None:
-    """`hf`'s chat template as a `ChatTemplate`, if it renders the probe conversations exactly as
-    `hf.apply_chat_template` does; None for a class that renders its own way (remote code)."""
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-    cls = type(hf)
-    for name in ("apply_chat_template", "get_chat_template", "special_tokens_map"):
-        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerBase, name, None):
-            return None
-    templates = hf.chat_template
-    special = hf.special_tokens_map
-    if not (isinstance(templates, str) or (isinstance(templates, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in templates.items()))):
-        return None
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in special.items()):
-        return None
-    template = ChatTemplate(templates, special)
-
-    def reference(messages: list[Any], tools: list[Any] | None, **kwargs: Any) -> str:
-        return hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False, **kwargs)
-
-    return template if renders_like(template, reference) else None
-
-
 def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
     """The tiktoken `Encoding` behind a remote-code tokenizer (Kimi's), if there is one."""
     model = getattr(hf_tokenizer, "model", None)
@@ -568,11 +566,11 @@ def _load_with_transformers(path: Path, trust_remote_code: bool) -> Any:
     return hf
 
 
-def _restore(path: Path, sha256: str, trust_remote_code: bool, state: TokenizerState) -> Tokenizer | None:
+def _restore(path: Path, sha256: str, trust_remote_code: bool, state: TokenizerState, key: str) -> Tokenizer | None:
     """The tokenizer from its cached state; None when this `tokenizers` cannot read it back."""
     try:
         hf = _load_with_transformers(path, trust_remote_code) if state.kind != "backend" else None
-        return Tokenizer(hf, path, sha256=sha256, trust_remote_code=trust_remote_code, state=state)
+        return Tokenizer(hf, path, sha256=sha256, trust_remote_code=trust_remote_code, state=state, cache_key=key)
     except Exception:  # any failure to restore means: load afresh, and store anew
         return None
 
@@ -592,9 +590,9 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
                          trust_remote_code=trust_remote_code)
     key = state_key(path, sha256, trust_remote_code=trust_remote_code)
     state = load_state(key)
-    if state is not None and (restored := _restore(path, sha256, trust_remote_code, state)) is not None:
+    if state is not None and (restored := _restore(path, sha256, trust_remote_code, state, key)) is not None:
         return restored
     tokenizer = Tokenizer(_load_with_transformers(path, trust_remote_code), path, sha256=sha256,
-                          trust_remote_code=trust_remote_code)
+                          trust_remote_code=trust_remote_code, cache_key=key)
     store_state(key, tokenizer.state())
     return tokenizer

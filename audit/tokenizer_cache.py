@@ -258,3 +258,61 @@ def store_state(key: str, state: TokenizerState) -> None:
     except OSError:
         if temporary is not None:
             temporary.discard()
+
+
+# -- answers remembered between runs -----------------------------------------------------------------
+
+
+class RememberedAnswers:
+    """A few answers of the tokenizer kept beside its state: the ids of the short texts a profile
+    encodes (its generation-prompt endings) and of the tokens it looks up.
+
+    Preparing an audit asks only these; remembered, a later run prepares without building an
+    encoder at all: a result taken from the result cache, or a large audit (whose encoder is
+    fastokens, built before the first block), never builds the `tokenizers` backend. Kept in
+    `<key>.answers.json`, keyed like the state (the same tokenizer, the same libraries), with a
+    sha256 of its body: a damaged file is ignored and written again; one that cannot be written
+    costs speed only.
+    """
+
+    def __init__(self, key: str):
+        self._path = cache_dir() / f"{key}.answers.json"
+        self._loaded: dict[str, dict[str, Any]] | None = None
+
+    def _answers(self) -> dict[str, dict[str, Any]]:
+        if self._loaded is None:
+            self._loaded = {"encode": {}, "token_id": {}}
+            try:
+                stored = json.loads(self._path.read_bytes())
+                body = json.dumps(stored["answers"], sort_keys=True)
+                if hashlib.sha256(body.encode()).hexdigest() == stored["sha256"]:
+                    self._loaded.update({k: dict(stored["answers"][k]) for k in ("encode", "token_id")})
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # none yet, or damaged: answered afresh and written again
+        return self._loaded
+
+    def encodings(self, texts: list[str]) -> list[list[int]] | None:
+        """The remembered ids of every text, or None when one is not remembered."""
+        known = self._answers()["encode"]
+        return [list(known[t]) for t in texts] if all(t in known for t in texts) else None
+
+    def token_id(self, token: str) -> tuple[bool, int | None]:
+        """(remembered?, the id or None)."""
+        known = self._answers()["token_id"]
+        return (token in known, known.get(token))
+
+    def remember(self, kind: str, answers: dict[str, Any]) -> None:
+        """Keep new answers (`kind` "encode" or "token_id") and write the file again."""
+        table = self._answers()[kind]
+        if all(table.get(k, object()) == v for k, v in answers.items()):
+            return
+        table.update(answers)
+        body = json.dumps(self._loaded, sort_keys=True)
+        temporary = None
+        try:
+            temporary = open_temporary(self._path.parent, self._path.name)
+            temporary.file.write(json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "answers": self._loaded}).encode())
+            temporary.commit(self._path, sync_directory=False)
+        except OSError:
+            if temporary is not None:
+                temporary.discard()

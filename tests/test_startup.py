@@ -449,3 +449,22 @@ def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str
     for token_id, shown in zip(sequences[0], warm.token_strings(sequences[0]), strict=True):
         piece = backend.decode([token_id], skip_special_tokens=False)
         assert shown == piece if "\ufffd" not in piece else re.fullmatch(r"(<0x[0-9A-F]{2}>|[^\ufffd])+", shown)
+
+
+def test_a_warm_run_prepares_from_remembered_answers(tmp_path: Path, monkeypatch) -> None:
+    """The ids a profile asks of the tokenizer (its prompt endings, its tokens) are remembered
+    beside the tokenizer's state: a later run resolves the same profile without building the
+    `tokenizers` backend; a damaged file is ignored, answered afresh and written again."""
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_tokenizer(DEEPSEEK_TOKENIZER)
+    expected = load_profile("deepseek-v3.1").resolve(first)
+    warm = load_tokenizer(DEEPSEEK_TOKENIZER)
+    assert load_profile("deepseek-v3.1").resolve(warm) == expected
+    assert "_fast" not in warm.__dict__
+    [answers] = (tmp_path / "cache" / "tokenizers").glob("*.answers.json")
+    answers.write_text(answers.read_text().replace("1", "2"))  # damaged: its sha256 no longer matches
+    again = load_tokenizer(DEEPSEEK_TOKENIZER)
+    assert load_profile("deepseek-v3.1").resolve(again) == expected
+    assert "_fast" in again.__dict__  # answered by the backend, not by the damaged file
+    fresh = load_tokenizer(DEEPSEEK_TOKENIZER)
+    assert load_profile("deepseek-v3.1").resolve(fresh) == expected and "_fast" not in fresh.__dict__
