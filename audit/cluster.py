@@ -25,12 +25,12 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
-from audit.engine import FileAudit, ProgressCallback, ShardAudit, audit_blocks, join_shards
+from audit.engine import FileAudit, ProgressCallback, ShardAudit, join_shards
 from audit.errors import AuditError, ConfigError, InputError
 from audit.findings import FindingsLog, spill_part
-from audit.parallel import Shard, iter_shards
+from audit.parallel import Shard, audit_range, iter_shards
 from audit.session import CheckOptions, Session, worker_session
-from audit.sources import InputDigest, file_blocks
+from audit.sources import InputDigest
 from audit.storage import ObjectPath
 
 if TYPE_CHECKING:
@@ -196,14 +196,7 @@ def audit_shard_task(
             f"(sha256 {found.sha256[:12]}…, the driver's {tokenizer_sha256[:12]}…): put the same "
             "tokenizer at that path on every node"
         )
-    blocks = file_blocks(
-        session.target.data_file,
-        start=shard.start,
-        end=shard.end,
-        first_line=shard.first_line,
-        block_bytes=session.options.block_bytes,
-    )
-    return audit_blocks(blocks, session.context, session.rule_set, spill=None)
+    return audit_range(session, shard)
 
 
 _REMOTE: dict[int, Any] = {}

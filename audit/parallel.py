@@ -140,10 +140,14 @@ def _warm(target: Target, options: CheckOptions, expected_bytes: int) -> None:
 
 
 def _audit_shard(target: Target, options: CheckOptions, shard: Shard, spill: Path) -> ShardAudit:
-    return _audit_range(worker_session(target, options), shard, spill)
+    return audit_range(worker_session(target, options), shard, spill)
 
 
-def _audit_range(session: Session, shard: Shard, spill: Path, progress: ProgressCallback | None = None) -> ShardAudit:
+def audit_range(
+    session: Session, shard: Shard, spill: Path | None = None, progress: ProgressCallback | None = None
+) -> ShardAudit:
+    """The engine over one shard of the session's file, wherever it runs (this process, a
+    `--jobs` worker, a Ray task); `spill`: where its findings' parts go (None: kept in memory)."""
     blocks = file_blocks(
         session.target.data_file,
         start=shard.start,
@@ -230,7 +234,7 @@ def _run(
                 if progress is not None:
                     progress(done.records + records, done.tokens + tokens, done.bytes + read)
 
-            finished(index, _audit_range(session, plan[index], spill, shard_progress))
+            finished(index, audit_range(session, plan[index], spill, shard_progress))
         elif pending:
             wait(pending, return_when=FIRST_COMPLETED)
     return results

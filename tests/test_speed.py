@@ -174,8 +174,8 @@ def test_workers_start_once_and_keep_their_session(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(parallel, "MIN_SHARD_BYTES", 1)
     session = _session("B1_glaive", tmp_path, cache=False, jobs=2)
     audited_here = []
-    real = parallel._audit_range
-    monkeypatch.setattr(parallel, "_audit_range", lambda *a, **k: audited_here.append(a[1]) or real(*a, **k))
+    real = parallel.audit_range
+    monkeypatch.setattr(parallel, "audit_range", lambda *a, **k: audited_here.append(a[1]) or real(*a, **k))
     first = check_session(session)
     pid, sessions = parallel.worker_pool(1).submit(_worker_state).result()
     second = check_session(session)
