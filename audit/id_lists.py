@@ -116,7 +116,20 @@ class IdLists:
             del document  # the parser is reused only once nothing refers to its last document
 
 
-def ids_column(name: str, arrays: list[np.ndarray]) -> pl.Series:
+def ids_column(name: str, column: list[Any]) -> pl.Series:
+    """An id-list column from what the reading gave each line: an int64 array (read natively),
+    a list (read whole by orjson, built strictly: a float or a string raises) or None."""
+    native = [isinstance(ids, np.ndarray) for ids in column]
+    if not any(native):
+        return pl.Series(name, column, dtype=_IDS, strict=True)
+    arrays = _arrays_column(name, [ids if n else NO_IDS for ids, n in zip(column, native, strict=True)])
+    if all(native):
+        return arrays
+    rest = pl.Series(name, [None if n else ids for ids, n in zip(column, native, strict=True)], dtype=_IDS, strict=True)
+    return arrays.zip_with(pl.Series(native, dtype=pl.Boolean()), rest)
+
+
+def _arrays_column(name: str, arrays: list[np.ndarray]) -> pl.Series:
     """int64 arrays as a List(Int64) column: one buffer of all their ids and one of offsets,
     handed to polars as an Arrow array (nanoarrow), not array by array (~25x faster)."""
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)

@@ -16,8 +16,9 @@ One JSON object per line (SGLang `/generate` output saved raw):
 Lines come in blocks from any source (`audit.sources`); each line is read once by a strict
 JSON parser, and the block's record frame (polars, the contract's column types) is built from
 the values it gave. The id lists, nearly all of a line's bytes, are read natively into int64
-buffers (`IdLists`), never into Python ints. A line that is not a record becomes a `RejectedLine` with its physical line
-number and the kind of problem, and the rest of the block is still read.
+buffers (`audit.id_lists`), never into Python ints. A line that is not a record becomes a
+`RejectedLine` with its physical line number and the kind of problem, and the rest of the block
+is still read.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import orjson
 import polars as pl
 
-from audit.id_lists import ID_LIST_FIELDS, NO_IDS, IdLists, ids_column
+from audit.id_lists import ID_LIST_FIELDS, IdLists, ids_column
 from audit.json_values import json_type
 from audit.sources import LineBlock
 
@@ -52,8 +52,6 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     # it has `messages` or `tools` and a rule reads it (the template rule, the tool-call rules).
     "source": pl.String(),
 }
-
-_LIST_FIELDS = ID_LIST_FIELDS
 
 # The kinds of problem that keep a line from being a record (`RejectedLine.problem`); the rule
 # that reports each kind says so itself (`Rule.problem`).
@@ -191,7 +189,7 @@ def _may_repeat_keys(text: bytes, value: dict[str, Any]) -> bool:
     strings) get the careful parse.
     """
     escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS) if b"\\u003" in text else 0
-    rest = {key: item for key, item in value.items() if key not in _LIST_FIELDS}
+    rest = {key: item for key, item in value.items() if key not in ID_LIST_FIELDS}
     keys_of_id_lists = len(value) - len(rest)
     return orjson.dumps(rest).count(b":") + keys_of_id_lists != text.count(b":") + escaped
 
@@ -241,7 +239,7 @@ def _field_problem(value: dict[str, Any]) -> str | None:
     if not isinstance(sample_id, str) and not (isinstance(sample_id, int) and not isinstance(sample_id, bool)):
         # orjson reads integers beyond 64 bits as floats: such an id is not kept exactly either.
         return f"id must be a string or an integer, got {_shown(sample_id)}"
-    for name in _LIST_FIELDS:
+    for name in ID_LIST_FIELDS:
         ids = value.get(name)
         if ids is not None and not isinstance(ids, list):
             return f"{name} must be a list of token ids, got {json_type(ids)}"
@@ -297,7 +295,7 @@ def _id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:
     Per-element Python: only for lines whose text holds a boolean literal, or the lines of a
     block whose id columns could not be built (see `_records_frame`).
     """
-    for name in _LIST_FIELDS:
+    for name in ID_LIST_FIELDS:
         ids = value.get(name)
         if not isinstance(ids, list):
             continue
@@ -376,7 +374,7 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         return [m.get(key) if m is not None else None for m in metas]
 
     def ids(name: str) -> pl.Series:
-        return _id_column(name, [value.get(name) for value in values])
+        return ids_column(name, [value.get(name) for value in values])
 
     given_input, given_prompt = ids("input_ids"), ids("prompt_ids")
     columns = [
@@ -409,22 +407,6 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         "_prompt_ids",
         "_input_ids",
     )
-
-
-_IDS = pl.List(pl.Int64())
-
-
-def _id_column(name: str, column: list[Any]) -> pl.Series:
-    """An id-list column from what the reading gave each line: an int64 array (read natively),
-    a list (read whole by orjson, built strictly: a float or a string raises) or None."""
-    native = [isinstance(ids, np.ndarray) for ids in column]
-    if not any(native):
-        return pl.Series(name, column, dtype=_IDS, strict=True)
-    arrays = ids_column(name, [ids if n else NO_IDS for ids, n in zip(column, native, strict=True)])
-    if all(native):
-        return arrays
-    rest = pl.Series(name, [None if n else ids for ids, n in zip(column, native, strict=True)], dtype=_IDS, strict=True)
-    return arrays.zip_with(pl.Series(native, dtype=pl.Boolean()), rest)
 
 
 # -- the token-id policy -------------------------------------------------------------------------
