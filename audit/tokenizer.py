@@ -245,26 +245,23 @@ class Tokenizer:
             return self._vocab.get(token)
         if (stored := self._stored) is not None:
             return stored.token_ids.get(token)
-        if self._remembered is not None and "_fast" not in self.__dict__:
-            known, token_id = self._remembered.token_id(token)
-            if known:
-                return token_id
+        remembered = self._remembered
+        if remembered is not None and (answer := remembered.token_id(token))[0]:
+            return answer[1]
         # The backend's own look-up: added tokens first, as get_vocab(with_added_tokens) has them.
         token_id = self._fast.token_to_id(token)
-        if self._remembered is not None:
-            self._remembered.remember("token_id", {token: token_id})
+        if remembered is not None:
+            remembered.remember("token_id", {token: token_id})
         return token_id
 
     def encode_remembered(self, texts: list[str]) -> list[list[int]]:
         """`encode_batch` of a few short texts a profile asks for, remembered between runs."""
-        if self._remembered is None or "_fast" in self.__dict__ or "fast_encoder" in self.__dict__:
-            encoded = self.encode_batch(texts)
-        elif (encoded := self._remembered.encodings(texts)) is not None:  # type: ignore[assignment]
-            return encoded
-        else:
-            encoded = self.encode_batch(texts)
-        if self._remembered is not None:
-            self._remembered.remember("encode", dict(zip(texts, encoded, strict=True)))
+        remembered = self._remembered
+        if remembered is not None and (known := remembered.encodings(texts)) is not None:
+            return known
+        encoded = self.encode_batch(texts)
+        if remembered is not None:
+            remembered.remember("encode", dict(zip(texts, encoded, strict=True)))
         return encoded
 
     def can_decode(self, ids: Sequence[int]) -> bool:

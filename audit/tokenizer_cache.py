@@ -311,7 +311,8 @@ class RememberedAnswers:
         temporary = None
         try:
             temporary = open_temporary(self._path.parent, self._path.name)
-            temporary.file.write(json.dumps({"sha256": hashlib.sha256(body.encode()).hexdigest(), "answers": self._loaded}).encode())
+            digest = hashlib.sha256(body.encode()).hexdigest()
+            temporary.file.write(json.dumps({"sha256": digest, "answers": self._loaded}).encode())
             temporary.commit(self._path, sync_directory=False)
         except OSError:
             if temporary is not None:
