@@ -42,7 +42,7 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     if _POOL is not None and _POOL_KEY == key and not getattr(_POOL, "_broken", False):
         return _POOL
     stop_workers()
-    threads = str(max(1, (os.cpu_count() or 1) // (workers + 1)))
+    threads = _share_of_cores(workers + 1)
     saved = {name: os.environ.get(name) for name in _THREAD_VARIABLES}
     # Each process gets its share of the cores: N processes x all cores would only thrash.
     os.environ.update({name: threads for name in _THREAD_VARIABLES})
@@ -100,9 +100,14 @@ def take_share_of_cores(processes: int) -> None:
     """
     if "polars" in sys.modules:
         return
-    threads = str(max(1, (os.cpu_count() or 1) // processes))
+    threads = _share_of_cores(processes)
     for name in _THREAD_VARIABLES:
         os.environ.setdefault(name, threads)
+
+
+def _share_of_cores(processes: int) -> str:
+    """Threads per process when `processes` share the cores (at least one)."""
+    return str(max(1, (os.cpu_count() or 1) // processes))
 
 
 def _jobs_option(args: list[str]) -> int | None:
