@@ -53,6 +53,27 @@ class FlatIds:
     def sequence(self, i: int) -> list[int]:
         return self.values[self.offsets[i] : self.offsets[i + 1]].tolist()
 
+    def kept(self, keep: np.ndarray) -> FlatIds:
+        """The ids where `keep` (a boolean per id) is true, each sequence's in its place."""
+        counts = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(keep, out=counts[1:])
+        return FlatIds(self.values[keep], counts[self.offsets])
+
+    def take(self, indices: np.ndarray) -> FlatIds:
+        """Sequences `indices`, in that order."""
+        return FlatIds.slices(self.values, self.offsets[:-1][indices], self.offsets[1:][indices])
+
+    def ends_with(self, ids: Iterable[int]) -> np.ndarray:
+        """Per sequence: is its last id one of `ids`? (False for an empty sequence)"""
+        last = self.values[np.maximum(self.offsets[1:] - 1, 0)] if len(self.values) else np.zeros(len(self), np.int64)
+        return (self.lengths > 0) & np.isin(last, np.fromiter(ids, dtype=np.int64))
+
+    def without_last(self, drop: np.ndarray) -> FlatIds:
+        """Each sequence without its last id where `drop` (a boolean per sequence) is true."""
+        keep = np.ones(len(self.values), dtype=bool)
+        keep[self.offsets[1:][drop & (self.lengths > 0)] - 1] = False
+        return self.kept(keep)
+
     @classmethod
     def slices(cls, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> FlatIds:
         """`values[starts[i]:ends[i]]` for every i, as flat ids, with numpy gathers only."""

@@ -156,8 +156,10 @@ class Tokenizer:
         is not built; else None: the backend answers (a small audit builds it to encode)."""
         if "_fast" in self.__dict__ or self.__dict__.get("fast_encoder") is None or not self._backend_json:
             return None
-        if "_stored_vocabulary" not in self.__dict__:  # None too when the vocabulary is a list
-            self.__dict__["_stored_vocabulary"] = StoredVocabulary.read(self._backend_json)
+        if "_stored_vocabulary" not in self.__dict__:  # None when the vocabulary is a list
+            skipped = self._state.extra.get("skipped_ids") if self._state is not None else None
+            stored = None if skipped is None else StoredVocabulary(self._backend_json, skipped)
+            self.__dict__["_stored_vocabulary"] = stored
         return self.__dict__["_stored_vocabulary"]
 
     @cached_property
@@ -341,11 +343,7 @@ class Tokenizer:
             return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=False)
         if self._tiktoken is not None:
             return self._tiktoken.decode_batch([list(s) for s in sequences])
-        return self.hf.batch_decode(
-            [list(s) for s in sequences],
-            skip_special_tokens=False,
-            clean_up_tokenization_spaces=False,
-        )
+        return self.hf.batch_decode([list(s) for s in sequences], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def _decode_plainly(self, sequences: list[list[int]]) -> list[str]:
         """`decode_batch` by the tokenizer itself (the reference for bytes that are not UTF-8)."""
@@ -353,17 +351,18 @@ class Tokenizer:
 
     def decode_batch_skipping_special(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         """Decode as SGLang does by default (`skip_special_tokens=True`)."""
+        return self.decode_flat_skipping_special(FlatIds.from_sequences(sequences))
+
+    def decode_flat_skipping_special(self, flat: FlatIds) -> list[str]:
+        """`decode_batch_skipping_special` of flat sequences, vectorised when possible."""
         if (stored := self._stored) is not None and (decoder := self.byte_decoder) is not None:
-            flat = FlatIds.from_sequences([[i for i in ids if i not in stored.skipped_ids] for ids in sequences])
-            if decoder.covers(flat.values):
-                return self.decode_flat(flat)
+            kept = flat.kept(~stored.skipped(flat.values))
+            if decoder.covers(kept.values):
+                return self.decode_flat(kept)
+        sequences = [flat.sequence(i) for i in range(len(flat))]
         if self._has_backend:
-            return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=True)
-        return self.hf.batch_decode(
-            [list(s) for s in sequences],
-            skip_special_tokens=True,
-            clean_up_tokenization_spaces=False,
-        )
+            return self._fast.decode_batch(sequences, skip_special_tokens=True)
+        return self.hf.batch_decode(sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts, special-token strings recognised, no BOS/EOS added."""
@@ -469,18 +468,21 @@ class Tokenizer:
         """What `audit.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
         decoder = self._byte_table
         template = self._verified_template
+        backend_json = self._backend_json or (compact_backend_json(self._fast) if self._has_backend else None)
+        skipped = None if backend_json is None else StoredVocabulary.skipped_in(backend_json)
         return TokenizerState(
             kind="backend" if self._has_backend else "remote",
             vocab_size=self.vocab_size,
             special_token_strings=self.special_token_strings,
             has_chat_template=self.has_chat_template,
             known=self._known,
-            backend_json=self._backend_json or (compact_backend_json(self._fast) if self._has_backend else None),
+            backend_json=backend_json,
             table=None if decoder is None else decoder.table,
             lengths=None if decoder is None else decoder.lengths,
             decoder_known=None if decoder is None else decoder.known,
             extra={
                 "special_ids": sorted(self.special_ids),
+                **({} if skipped is None else {"skipped_ids": skipped}),
                 **({} if template is None else {"chat_template": template.to_dict()}),
             },
         )

@@ -27,7 +27,9 @@ import importlib.util
 import json
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ from audit.files import open_temporary
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 _MAGIC = b"audit-tokenizer-state\n"
 # Bumped whenever what is stored, or how the table is verified, changes.
-_LAYOUT = 1
+_LAYOUT = 2
 _DIGEST_BYTES = 64  # sha256 as hex
 _HEADER_LENGTH = struct.Struct("<Q")
 # Besides the fingerprinted tokenizer files, what can change what transformers builds.
@@ -150,35 +152,58 @@ class TokenizerState:
         return ByteDecoder.from_arrays(self.table, self.lengths, self.decoder_known)
 
 
-@dataclass(frozen=True)
 class StoredVocabulary:
     """What the `tokenizers` backend answers about ids, read from its serialized JSON.
 
-    `token_ids`: a token's id as `token_to_id` finds it (added tokens over the model's
-    vocabulary). `skipped_ids`: the ids `decode(skip_special_tokens=True)` drops: those whose
-    token (added tokens first, then the model's) is the content of an added token marked
-    special, as the backend tests each id's token.
+    `skipped_ids`: the ids `decode(skip_special_tokens=True)` drops: those whose token (added
+    tokens first, then the model's) is the content of an added token marked special, as the
+    backend tests each id's token. Found when the state is stored (`skipped_in`) and kept in it,
+    so a run knows them without reading the JSON. `token_ids`: a token's id as `token_to_id`
+    finds it (added tokens over the model's vocabulary), read from the JSON on first use only:
+    as a dict a 128k vocabulary holds ~17 MB, which a large audit (whose look-ups are remembered,
+    `RememberedAnswers`) never needs.
     """
 
-    token_ids: dict[str, int]
-    skipped_ids: frozenset[int]
+    def __init__(self, backend_json: str, skipped_ids: Iterable[int]):
+        self._backend_json = backend_json
+        self.skipped_ids = frozenset(skipped_ids)
+        self._skipped = np.zeros(max(self.skipped_ids, default=-1) + 1, dtype=bool)
+        self._skipped[list(self.skipped_ids)] = True
 
-    @classmethod
-    def read(cls, backend_json: str) -> StoredVocabulary | None:
-        import orjson
+    @staticmethod
+    def skipped_in(backend_json: str) -> list[int] | None:
+        """The skipped ids of a serialized backend, or None when its vocabulary is not a token ->
+        id map (a Unigram model's list: the backend itself answers then)."""
+        read = _read_vocabulary(backend_json)
+        return None if read is None else sorted(read[1])
 
-        data = orjson.loads(backend_json)
-        vocab = (data.get("model") or {}).get("vocab")
-        if not isinstance(vocab, dict):
-            return None  # a Unigram model's list: the backend answers
-        added = data.get("added_tokens") or []
-        token_ids = dict(vocab)
-        token_ids.update((token["content"], token["id"]) for token in added)
-        special = {token["content"] for token in added if token.get("special")}
-        added_ids = {token["id"] for token in added}
-        skipped = {token["id"] for token in added if token["content"] in special}
-        skipped.update(i for token, i in vocab.items() if token in special and i not in added_ids)
-        return cls(token_ids=token_ids, skipped_ids=frozenset(skipped))
+    @cached_property
+    def token_ids(self) -> dict[str, int]:
+        read = _read_vocabulary(self._backend_json)
+        return {} if read is None else read[0]
+
+    def skipped(self, ids: np.ndarray) -> np.ndarray:
+        """Per id: does `skip_special_tokens` drop it? (vectorised; ids outside the vocabulary
+        are not skipped)"""
+        inside = (ids >= 0) & (ids < len(self._skipped))
+        return inside & self._skipped[np.where(inside, ids, 0)]
+
+
+def _read_vocabulary(backend_json: str) -> tuple[dict[str, int], set[int]] | None:
+    import orjson
+
+    data = orjson.loads(backend_json)
+    vocab = (data.get("model") or {}).get("vocab")
+    if not isinstance(vocab, dict):
+        return None
+    added = data.get("added_tokens") or []
+    token_ids = dict(vocab)
+    token_ids.update((token["content"], token["id"]) for token in added)
+    special = {token["content"] for token in added if token.get("special")}
+    added_ids = {token["id"] for token in added}
+    skipped = {token["id"] for token in added if token["content"] in special}
+    skipped.update(i for token, i in vocab.items() if token in special and i not in added_ids)
+    return token_ids, skipped
 
 
 def compact_backend_json(backend: Any) -> str:

@@ -78,6 +78,10 @@ def test_fastokens_and_table_give_the_plain_verdicts_on_a_real_tokenizer(qwen3_d
     records.append({"id": "spliced", "input_ids": [1], "output_ids": spliced})  # not canonical: RTR001
     records.append({"id": "cut", "input_ids": [1], "output_ids": fast.encode_text("a ") + emoji[1:]})  # bad UTF-8
     records.append({"id": "edited", "input_ids": [1], "output_ids": records[0]["output_ids"], "text": "edited"})
+    # SGLang's default text (special tokens skipped: <|im_end|>; Qwen3's </think> is not special)
+    # and the full decoding without the stop token (`no_stop_trim` off): both the ids' own text.
+    for n, text in enumerate((QWEN_TEXTS[1].replace("<|im_end|>", ""), QWEN_TEXTS[2].removesuffix("<|im_end|>"))):
+        records.append({"id": f"default-{n}", "input_ids": [1], "output_ids": fast.encode_text(QWEN_TEXTS[n + 1]), "text": text})
     data = tmp_path / "qwen.jsonl"
     data.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
     rules = tmp_path / "rules.toml"
@@ -92,6 +96,17 @@ def test_fastokens_and_table_give_the_plain_verdicts_on_a_real_tokenizer(qwen3_d
     plain_findings = audit_file(data, AuditContext(context.profile, plain), rule_set).findings
     assert_frame_equal(fast_findings, plain_findings)
     assert fast_findings.select("line", "rule").rows() == [(4, "RTR001"), (5, "RTR001"), (6, "RTR002")]
+
+    # A large audit's tokenizer, loaded from the stored state: fastokens encodes, ids and the
+    # skipped special ids come from the stored vocabulary, without building the backend or
+    # reading the whole vocabulary into a dict (it is not needed).
+    monkeypatch.delenv(BACKEND_ENV)
+    warm = load_tokenizer(qwen3_dir)
+    warm.expect_encoding(10**9)
+    stored = warm._stored
+    assert stored is not None and "_fast" not in warm.__dict__
+    assert_frame_equal(audit_file(data, AuditContext(context.profile, warm), rule_set).findings, plain_findings)
+    assert "token_ids" not in stored.__dict__
 
 
 @pytest.mark.parametrize("partition", list(PARTITIONS))

@@ -111,7 +111,8 @@ def test_a_damaged_or_foreign_state_is_rebuilt_not_trusted(tmp_path: Path, monke
         good[: len(good) // 2],  # cut short (a crash of an old writer: renames make this rare)
         b"",
         b"not a state at all",
-        good.replace(b'"layout": 1', b'"layout": 0', 1),  # another layout (checksum fails too)
+        # another layout (the checksum fails too)
+        good.replace(f'"layout": {tokenizer_cache._LAYOUT}'.encode(), b'"layout": 0', 1),
     ):
         state.write_bytes(damaged)
         assert tokenizer_cache.load_state(state.stem) is None
@@ -439,6 +440,13 @@ def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str
     assert warm.decode_batch([text]) == backend.decode_batch([text], skip_special_tokens=False)
     assert "_fast" not in warm.__dict__  # so far without the backend (bytes not UTF-8 need it)
     added = sorted(t.id if hasattr(t, "id") else i for i, t in backend.get_added_tokens_decoder().items())
+    # Special tokens skipped as SGLang's default decoding skips them: from the skipped ids stored
+    # with the state (whole UTF-8 text: no reason to build the backend).
+    texts = ["Hello, 世界 🌤️", "def f(x):\n    return x", " <think> a </think> b", ""]
+    readable = [[added[k % len(added)], *warm.encode_text(t), added[-1 - k]] for k, t in enumerate(texts)]
+    readable.append(added)
+    assert warm.decode_batch_skipping_special(readable) == backend.decode_batch(readable, skip_special_tokens=True)
+    assert "_fast" not in warm.__dict__ and "token_ids" in warm._stored.__dict__  # asked above
     rng = __import__("random").Random(7)
     ids = list(range(warm.vocab_size))
     sequences = [rng.sample(added, min(3, len(added))) + rng.sample(ids, 40) for _ in range(50)]

@@ -167,6 +167,25 @@ def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:
     assert index.count(wanted, since=np.array(since)).tolist() == expected["since"].to_list()
 
 
+@settings(max_examples=150, deadline=None)
+@given(sequences=st.lists(st.lists(st.integers(0, 9), max_size=6), max_size=8), data=st.data())
+def test_flat_subsets_equal_the_list_operations(sequences, data) -> None:
+    """The flat ids RTR002 decodes (suspects taken, special ids dropped, a final stop id
+    trimmed) are those the list operations give."""
+    flat = FlatIds.from_sequences(sequences)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(flat.values), max_size=len(flat.values)))
+    kept, flags = flat.kept(np.array(keep, dtype=bool)), iter(keep)
+    assert [kept.sequence(i) for i in range(len(kept))] == [[i for i in s if next(flags)] for s in sequences]
+    stops = data.draw(st.sets(st.integers(0, 9), max_size=3))
+    ends = flat.ends_with(stops)
+    assert ends.tolist() == [bool(s) and s[-1] in stops for s in sequences]
+    trimmed = flat.without_last(ends)
+    assert [trimmed.sequence(i) for i in range(len(trimmed))] == [s[:-1] if s and s[-1] in stops else s for s in sequences]
+    order = data.draw(st.lists(st.integers(0, max(len(sequences) - 1, 0)), max_size=10)) if sequences else []
+    taken = flat.take(np.array(order, dtype=np.int64))
+    assert [taken.sequence(i) for i in range(len(taken))] == [sequences[i] for i in order]
+
+
 @settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_loop_periods_equal_the_list_expressions(contexts, data) -> None:

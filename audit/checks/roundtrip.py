@@ -138,30 +138,39 @@ class TextMismatch(RecordRule):
         return Explanation(self.code, f"text vs decode(output_ids), from character {start}", rows)
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        frame = batch.records.select("text", "output_ids").with_columns(
-            batch.decoded_output.alias("decoded")
-        )
-        suspect = frame.with_row_index("row").filter(
-            pl.col("text").is_not_null()
-            & pl.col("decoded").is_not_null()
-            & (pl.col("text") != pl.col("decoded"))
+        suspect = (
+            batch.records.select("text")
+            .with_columns(batch.decoded_output.alias("decoded"))
+            .with_row_index("row")
+            .filter(
+                pl.col("text").is_not_null()
+                & pl.col("decoded").is_not_null()
+                & (pl.col("text") != pl.col("decoded"))
+            )
         )
         if suspect.is_empty():
             return empty_findings()
-        stop_ids = set(batch.profile.stop_ids)
-        sequences = suspect["output_ids"].to_list()
-        trimmed = [ids[:-1] if ids and ids[-1] in stop_ids else ids for ids in sequences]
+        texts = suspect["text"].to_list()
+        # The suspects' ids as flat arrays, and without a final stop id (`no_stop_trim` off).
+        output = batch.output_flat.take(suspect["row"].to_numpy())
+        trimmed = output.without_last(output.ends_with(batch.profile.stop_ids))
         tokenizer = batch.tokenizer
-        variants = [
-            tokenizer.decode_batch(trimmed),
-            tokenizer.decode_batch_skipping_special(sequences),
-            tokenizer.decode_batch_skipping_special(trimmed),
-        ]
+        variants = (
+            lambda which: tokenizer.decode_flat_skipping_special(output.take(which)),  # SGLang's default
+            lambda which: tokenizer.decode_flat(trimmed.take(which)),
+            lambda which: tokenizer.decode_flat_skipping_special(trimmed.take(which)),
+        )
+        # Each setting decodes only the suspects no earlier setting explained.
+        unexplained = np.arange(len(texts))
+        for decode in variants:
+            if len(unexplained) == 0:
+                return empty_findings()
+            decoded = decode(unexplained)
+            unexplained = unexplained[[texts[i] != text for i, text in zip(unexplained.tolist(), decoded, strict=True)]]
         fold = _folder(tokenizer.special_token_strings)
         rows, messages = [], []
-        for index, (row, text, decoded) in enumerate(suspect.select("row", "text", "decoded").iter_rows()):
-            if any(text == variant[index] for variant in variants):
-                continue
+        for index in unexplained.tolist():
+            row, text, decoded = suspect.row(index)
             if fold(text) == fold(decoded):
                 # Same words and tokens; only special-token spelling or spacing differs, as
                 # SGLang's detokenizer may add (`spaces_between_special_tokens`).
