@@ -205,8 +205,9 @@ class FastEncoder:
 
     def encode_flat(self, texts: list[str]) -> FlatIds:
         ids, offsets = self._tokenizer.encode_batch_flat(texts, add_special_tokens=False)
+        # The ids as fastokens wrote them (uint32, no int64 copy: numpy compares them with int64).
         return FlatIds(
-            np.frombuffer(ids, dtype=np.uint32).astype(np.int64),
+            np.frombuffer(ids, dtype=np.uint32),
             np.frombuffer(offsets, dtype=np.uint64).astype(np.int64),
         )
 

@@ -22,7 +22,7 @@ import polars as pl
 class FlatIds:
     """Many id lists as one flat array: sequence i is `values[offsets[i]:offsets[i + 1]]`."""
 
-    values: np.ndarray  # int64
+    values: np.ndarray  # int64 (uint32 as an encoder wrote them)
     offsets: np.ndarray  # int64, len = sequences + 1
 
     @property
@@ -88,7 +88,11 @@ def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
     """Boolean per sequence: are the two flat id lists different there? (vectorised)"""
     differs = left.lengths != right.lengths
     same_length = ~differs
-    if same_length.any():
+    if same_length.all():  # nearly always: the arrays line up whole, compared without copies
+        unequal = left.values != right.values
+        if unequal.any():
+            differs[np.unique(np.searchsorted(left.offsets, np.flatnonzero(unequal), side="right") - 1)] = True
+    elif same_length.any():
         # Over the sequences of equal length the two flat arrays line up element by element.
         left_keep = np.repeat(same_length, left.lengths)
         right_keep = np.repeat(same_length, right.lengths)

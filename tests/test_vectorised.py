@@ -23,7 +23,7 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
 from audit.contract import contract_failures, record_contract, validated_by_pandera
-from audit.flat_ids import ABSENT, FlatIds, MarkerIndex
+from audit.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
 from audit.profiles import load_profile
 from audit.records import RECORD_COLUMNS
 from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
@@ -184,6 +184,20 @@ def test_flat_subsets_equal_the_list_operations(sequences, data) -> None:
     order = data.draw(st.lists(st.integers(0, max(len(sequences) - 1, 0)), max_size=10)) if sequences else []
     taken = flat.take(np.array(order, dtype=np.int64))
     assert [taken.sequence(i) for i in range(len(taken))] == [sequences[i] for i in order]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sequences=st.lists(st.lists(st.integers(0, 4), max_size=5), max_size=8), data=st.data())
+def test_differing_sequences_are_those_the_lists_tell(sequences, data) -> None:
+    """RTR001's comparison of saved ids (int64) with an encoder's (uint32): which differ."""
+    again = [
+        data.draw(st.one_of(st.just(s), st.lists(st.integers(0, 4), min_size=len(s), max_size=len(s)), st.lists(st.integers(0, 4), max_size=5)))
+        for s in sequences
+    ]
+    left = FlatIds.from_sequences(sequences)
+    right = FlatIds.from_sequences(again)
+    right = FlatIds(right.values.astype(np.uint32), right.offsets)
+    assert differing_sequences(left, right).tolist() == [a != b for a, b in zip(sequences, again, strict=True)]
 
 
 @settings(max_examples=80, deadline=None)

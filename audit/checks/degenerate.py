@@ -158,20 +158,21 @@ class SegmentTooShort(RecordRule):
             pl.concat([batch.records.select("output_ids", "finish_type"), bounds], how="horizontal")
             .with_row_index("row")
             .filter(_finished() & reached)
-            .select(
-                "row",
-                *[
-                    output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name)
-                    for name, (begin, stop_at) in segments.items()
-                ],
-            )
         )
         minimum = self._minimum()
         rows: dict[int, str] = {}
-        for name in segments:
-            short = frame.filter(
-                pl.col(name).is_not_null() & (pl.col(name).list.len() < minimum[name] + _WHITESPACE_SLACK)
-            ).select("row", name)
+        for name, (begin, stop_at) in segments.items():
+            limit = minimum[name] + _WHITESPACE_SLACK
+            # Only segments that may be short are cut out of the output (not every output copied):
+            # by their bounds, or whose end is open or past the output's.
+            maybe_short = begin.is_not_null() & (
+                stop_at.is_null() | (stop_at - begin < limit) | (stop_at > output.list.len())
+            )
+            short = (
+                frame.filter(maybe_short)
+                .select("row", output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name))
+                .filter(pl.col(name).is_not_null() & (pl.col(name).list.len() < limit))
+            )
             if short.is_empty():
                 continue
             counts = _content_counts(batch, short[name])
