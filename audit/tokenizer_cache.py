@@ -155,10 +155,10 @@ class TokenizerState:
 class StoredVocabulary:
     """What the `tokenizers` backend answers about ids, read from its serialized JSON.
 
-    `skipped_ids`: the ids `decode(skip_special_tokens=True)` drops: those whose token (added
-    tokens first, then the model's) is the content of an added token marked special, as the
-    backend tests each id's token. Found when the state is stored (`skipped_in`) and kept in it,
-    so a run knows them without reading the JSON. `token_ids`: a token's id as `token_to_id`
+    The skipped ids: those `decode(skip_special_tokens=True)` drops, whose token (added tokens
+    first, then the model's) is the content of an added token marked special, as the backend
+    tests each id's token. Found when the state is stored (`skipped_in`) and kept in it, so a
+    run knows them without reading the JSON (`skipped`). `token_ids`: a token's id as `token_to_id`
     finds it (added tokens over the model's vocabulary), read from the JSON on first use only:
     as a dict a 128k vocabulary holds ~17 MB, which a large audit (whose look-ups are remembered,
     `RememberedAnswers`) never needs.
@@ -166,9 +166,9 @@ class StoredVocabulary:
 
     def __init__(self, backend_json: str, skipped_ids: Iterable[int]):
         self._backend_json = backend_json
-        self.skipped_ids = frozenset(skipped_ids)
-        self._skipped = np.zeros(max(self.skipped_ids, default=-1) + 1, dtype=bool)
-        self._skipped[list(self.skipped_ids)] = True
+        skipped = np.fromiter(skipped_ids, dtype=np.int64)
+        self._skipped = np.zeros(int(skipped.max(initial=0)) + 1, dtype=bool)
+        self._skipped[skipped] = True
 
     @staticmethod
     def skipped_in(backend_json: str) -> list[int] | None:

@@ -28,6 +28,7 @@ from audit.profiles import load_profile
 from audit.records import RECORD_COLUMNS
 from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
 from audit.tokenizer import load_tokenizer
+from audit.tokenizer_cache import StoredVocabulary
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER
 
@@ -165,6 +166,14 @@ def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:
     assert index.count(wanted).tolist() == expected["count"].to_list()
     assert index.trailing_run(wanted).tolist() == expected["trailing"].to_list()
     assert index.count(wanted, since=np.array(since)).tolist() == expected["since"].to_list()
+
+
+@given(skipped=st.sets(st.integers(0, 40), max_size=5), ids=st.lists(st.integers(-3, 60), max_size=30))
+def test_skipped_special_ids_are_the_stored_ones(skipped, ids) -> None:
+    """The ids `skip_special_tokens` drops, as a large audit tells them apart (vectorised):
+    exactly the stored ones, none when none are stored, none outside the vocabulary."""
+    stored = StoredVocabulary("{}", sorted(skipped))
+    assert stored.skipped(np.array(ids, dtype=np.int64)).tolist() == [i in skipped for i in ids]
 
 
 @settings(max_examples=150, deadline=None)
