@@ -35,15 +35,14 @@ _JSON_SPACE = frozenset(b" \t\r\n")
 class IdLists:
     """Reads a line's id lists straight into int64 arrays, and the rest of it with orjson.
 
-    The id lists are nearly all of a line's bytes, and a JSON parser that hands them to Python
-    makes one `int` object per id: most of the time reading takes. Here each id list is cut out
-    of the line's text (from `"output_ids":` to the first `]`) and read by simdjson into an int64
-    buffer, and the line with a placeholder list in each cut's place is read by orjson, as every
-    line is otherwise. The cut is used only if orjson finds the placeholder as the value of that
-    very key in the top-level object (so the cut was exactly that value), and simdjson read it as
-    a flat array of 64-bit integers (a key written with escapes is not cut: orjson reads its
-    list). Any other line (a list holding something else, a key given twice, a nested object
-    with the same key first, bad JSON) is read whole by orjson, which says what is wrong with it: the values, and so the findings, are the same
+    Each id list is cut out of the line's text (from `"output_ids":` to the first `]`) and read
+    by simdjson into an int64 buffer; the line with a placeholder list in each cut's place is
+    read by orjson, as every line is otherwise. The cut is used only if orjson finds the
+    placeholder as the value of that very key in the top-level object (so the cut was exactly
+    that value), and simdjson read it as a flat array of 64-bit integers (a key written with
+    escapes is not cut: orjson reads its list). Any other line (a list holding something else,
+    a key given twice, a nested object with the same key first, bad JSON) is read whole by
+    orjson, which says what is wrong with it: the values, and so the findings, are the same
     either way (`tests/test_reader.py` compares the two readings). One per block: simdjson's
     parser is reused from line to line, and is not shared between threads.
     """

@@ -2,8 +2,8 @@
 
 Each file is cut into byte ranges that start at line boundaries, knowing the physical line
 number at each cut (`iter_shards`: each range is handed out as soon as the one read that hashes
-the file has passed its end); each range is audited by the engine
-(`audit_blocks(file_blocks(path, start=, end=, first_line=))`) wherever it runs. The workers are
+the file has passed its end); each range is audited by the engine (`audit_range`) wherever it
+runs. The workers are
 started once per process (`audit.workers.worker_pool`; the `audit` program starts them before
 its own modules load), given the target as early as the command knows it (`start_workers`,
 before this process prepares its own session), and kept: each prepares a

@@ -413,7 +413,7 @@ class Tokenizer:
         More than the plain encoder handles in the time fastokens takes to build: fastokens is
         built now, before any block is held (its build peak is not added to a block's), and
         encodes from then on; the stored vocabulary answers look-ups, so a backend read from
-        the cached state is let go (~35 MB; built again if needed). Less text: no change.
+        the cached state is let go (~45 MB live, ~65 MB once built; built again if needed). Less text: no change.
         """
         if characters > FAST_ENCODER_AFTER_CHARS:
             if self._backend_json is not None:

@@ -158,10 +158,10 @@ class StoredVocabulary:
     The skipped ids: those `decode(skip_special_tokens=True)` drops, whose token (added tokens
     first, then the model's) is the content of an added token marked special, as the backend
     tests each id's token. Found when the state is stored (`skipped_in`) and kept in it, so a
-    run knows them without reading the JSON (`skipped`). `token_ids`: a token's id as `token_to_id`
-    finds it (added tokens over the model's vocabulary), read from the JSON on first use only:
-    as a dict a 128k vocabulary holds ~17 MB, which a large audit (whose look-ups are remembered,
-    `RememberedAnswers`) never needs.
+    run knows them without reading the JSON (`skipped`). `token_ids`: a token's id as
+    `token_to_id` finds it (added tokens over the model's vocabulary), read from the JSON on
+    first use only: as a dict a 128k vocabulary holds ~17 MB, which a large audit (whose
+    look-ups are remembered, `RememberedAnswers`) never needs.
     """
 
     def __init__(self, backend_json: str, skipped_ids: Iterable[int]):
