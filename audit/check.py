@@ -47,7 +47,7 @@ def run_audit(session: Session, progress: ProgressCallback | None = None) -> Fil
             block_bytes=options.block_bytes,
             progress=progress,
         )
-    if cache is not None:
+    if cache is not None and not audited.internal_errors:  # a rerun with --debug must run them again
         # Stored under the content actually audited (the audit hashes what it reads), so a file
         # edited between the lookup and the audit never files its findings under the old bytes.
         cache.store(AuditCache.key_for(audited.sha256, session.context, session.rule_set), audited)

@@ -169,7 +169,7 @@ def audit_on_ray(
         started=started,
         spill=spill,
     )
-    if cache is not None and key is not None:
+    if cache is not None and key is not None and not audited.internal_errors:
         cache.store(key, audited)
     return audited
 

@@ -24,13 +24,14 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
 from audit.batch import AuditContext, Batch
 from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
+from audit.isolation import INTERNAL_ERROR, InternalError, isolated
 from audit.records import RejectedLine, parse_block
 from audit.ruleset import ConfiguredRule, RuleSet
 from audit.segments import record_summary
@@ -70,6 +71,8 @@ class ShardAudit:
     parts: list[FindingsPart]  # one per block with findings, each sorted by line then rule
     identities: pl.DataFrame  # IDENTITY_SCHEMA: `line`, `id` of every readable record
     stats: pl.DataFrame  # STATS_SCHEMA
+    # Records a rule raised on (each also an INTERNAL_ERROR finding), with their tracebacks.
+    internal_errors: list[InternalError] = field(default_factory=list)
 
     def failing_by_rule(self) -> dict[str, int]:
         """Records each rule flagged in these blocks (the file-level rules are not run here)."""
@@ -96,6 +99,7 @@ class FileAudit:
     seconds: float
     stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
     cached: bool = False  # the stored result of an identical earlier audit (audit.cache)
+    internal_errors: list[InternalError] = field(default_factory=list)  # see audit.isolation
 
     @property
     def findings(self) -> pl.DataFrame:
@@ -127,6 +131,7 @@ def audit_blocks(
     parts: list[FindingsPart] = []
     identities: list[pl.DataFrame] = []
     stats: list[pl.DataFrame] = []
+    internal_errors: list[InternalError] = []
     lines = records = output_tokens = read = 0
 
     for block in blocks:
@@ -136,10 +141,21 @@ def audit_blocks(
         records += parsed.records.height + len(parsed.rejected)
         found_here = [_rejected_findings(parsed.rejected, rule_set)]
         batch = Batch(parsed.records, context)
+        raised: list[InternalError] = []
         for configured in record_rules:
-            found = configured.rule.check(batch)
-            if found.height:
-                found_here.append(_locate(found, batch, configured))
+            # A rule that raises costs the records it raises on, not the block (audit.isolation).
+            done, failed = isolated(configured.rule.check, batch)
+            for start, found in done:
+                if found.height:
+                    found = found.with_columns(pl.col("row") + start) if start else found
+                    found_here.append(_locate(found, batch, configured))
+            raised += _internal_errors(batch, configured.code, failed)
+        done_stats, failed = isolated(record_stats, batch)
+        raised += _internal_errors(batch, "statistics", failed)
+        stats.append(_joined_stats(batch, done_stats, failed))
+        if raised:
+            found_here.append(_internal_findings(raised))
+            internal_errors += raised
         block_findings = pl.concat(found_here, how="vertical").sort(
             "line", "rule", maintain_order=True
         )
@@ -147,7 +163,6 @@ def audit_blocks(
             parts.append(spill_part(block_findings, lines, spill))
         del found_here, block_findings
         identities.append(parsed.records.select("line", "id"))
-        stats.append(record_stats(batch))
         output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
         del batch, parsed  # free the block before the next one is read: memory stays flat
         if progress is not None:
@@ -161,6 +176,7 @@ def audit_blocks(
         parts=parts,
         identities=pl.concat([pl.DataFrame(schema=IDENTITY_SCHEMA), *identities], how="vertical"),
         stats=pl.concat([pl.DataFrame(schema=STATS_SCHEMA), *stats], how="vertical"),
+        internal_errors=internal_errors,
     )
 
 
@@ -220,6 +236,7 @@ def join_shards(
         stats=pl.concat(
             [pl.DataFrame(schema=STATS_SCHEMA), *(s.stats for s in shards)], how="vertical"
         ),
+        internal_errors=[error for shard in shards for error in shard.internal_errors],
     )
 
 
@@ -327,3 +344,37 @@ def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.Da
                 )
             )
     return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")
+
+
+def _internal_errors(batch: Batch, rule: str, failed: list[tuple[int, str, str]]) -> list[InternalError]:
+    """The records `rule` raised on, by line and id."""
+    if not failed:
+        return []
+    located = batch.records.select(pl.col("line", "id").gather([row for row, _, _ in failed]))
+    return [
+        InternalError(int(line), sample_id, rule, error, trace)
+        for (line, sample_id), (_, error, trace) in zip(located.iter_rows(), failed, strict=True)
+    ]
+
+
+def _internal_findings(raised: list[InternalError]) -> pl.DataFrame:
+    """One INTERNAL_ERROR finding per record and rule that raised."""
+    rows = [(e.line, e.id, INTERNAL_ERROR, "error", None, None, e.message) for e in raised]
+    return pl.DataFrame(rows, schema=FINDINGS_SCHEMA, orient="row")
+
+
+def _joined_stats(batch: Batch, done: list[tuple[int, pl.DataFrame]], failed: list[tuple[int, str, str]]) -> pl.DataFrame:
+    """The statistics of a block whose records the statistics raised on: what was computed, and
+    for those records the lengths and finish reason alone."""
+    if not failed:
+        return done[0][1]
+    rows = [row for row, _, _ in failed]
+    bare = batch.records[rows].select(
+        pl.col("line"),
+        pl.col("input_ids").list.len().fill_null(0).cast(pl.UInt32).alias("prompt_tokens"),
+        pl.col("output_ids").list.len().fill_null(0).cast(pl.UInt32).alias("output_tokens"),
+        pl.lit(None, dtype=pl.Int64).alias("response_at"),
+        pl.col("finish_type"),
+        pl.lit(0, dtype=pl.UInt32).alias("tool_calls"),
+    )
+    return pl.concat([*(frame for _, frame in done), bare], how="vertical").sort("line")

@@ -23,9 +23,10 @@ from audit.distributions import summarize
 from audit.engine import FileAudit
 from audit.errors import InputError
 from audit.findings import FINDINGS_SCHEMA, FindingsLog
+from audit.isolation import InternalError
 from audit.ruleset import RuleSet
 from audit.storage import ObjectPath, write_output
-from audit.verdict import Verdict, threshold_text
+from audit.verdict import EXIT_ERROR, Verdict, threshold_text
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5
@@ -87,6 +88,8 @@ class Report:
     distributions: dict[str, Any] | None = None
     # Taken from the result cache (an identical earlier audit), not audited by this run.
     cached: bool = False
+    # Records a rule raised on (audit.isolation): each an ERR001 finding; the run exits 2.
+    internal_errors: list[InternalError] = field(default_factory=list)
 
     @property
     def judgement(self) -> Verdict:
@@ -114,8 +117,16 @@ class Report:
         errors = self.log.scan().filter(pl.col("severity") == "error")
         return int(errors.select(pl.col("line").n_unique()).collect(engine="streaming")[0, 0] or 0)
 
+    @property
+    def internal_error_records(self) -> int:
+        """Records some rule raised on: each is quarantined, and the run exits 2."""
+        return len({error.line for error in self.internal_errors})
+
     def exit_code(self, *, fail_on_warning: bool = False) -> int:
-        """0 when the gate passed, 1 when it failed (warnings fail it under `fail_on_warning`)."""
+        """0 when the gate passed, 1 when it failed (warnings fail it under `fail_on_warning`),
+        2 when a rule raised on some record (the tool broke: audit.isolation)."""
+        if self.internal_errors:
+            return EXIT_ERROR
         return self.judgement.exit_code(fail_on_warning=fail_on_warning)
 
     def to_json(self) -> dict[str, Any]:
@@ -139,8 +150,10 @@ class Report:
                 "records": self.records,
                 "records_with_errors": self.failing_records,
                 "findings": self.log.height,
+                "internal_error_records": self.internal_error_records,
             },
             "results": [r.to_json() for r in self.results],
+            "internal_errors": [error.to_json() for error in self.internal_errors],
         }
 
     def json_chunks(self, *, indent: bool = True) -> Iterator[bytes]:
@@ -201,6 +214,7 @@ class Report:
             created_at=data["created_at"],
             seconds=data.get("seconds", 0.0),
             distributions=data.get("distributions"),
+            internal_errors=[InternalError.from_json(e) for e in data.get("internal_errors", [])],
         )
 
 
@@ -261,4 +275,5 @@ def build_report(
         seconds=audited.seconds,
         distributions=summarize(audited.stats),
         cached=audited.cached,
+        internal_errors=audited.internal_errors,
     )

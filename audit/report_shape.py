@@ -152,6 +152,10 @@ def _report(data: Any) -> None:
         _result(result, index)
     for index, finding in enumerate(_list(report.get("findings", []), "findings")):
         _finding(finding, f"findings[{index}]")
+    for index, error in enumerate(_list(report.get("internal_errors", []), "internal_errors")):
+        where = f"internal_errors[{index}]"
+        kinds = {"line": "count", "id": "text?", "rule": "text", "error": "text", "traceback": "text"}
+        _fields(_object(error, where), where, kinds, required=("line", "rule", "error", "traceback"))
     if report.get("distributions") is not None:
         _distributions(_object(report["distributions"], "distributions"))
 

@@ -94,12 +94,17 @@ def load_rule_set(path: Path | None = None) -> RuleSet:
     for code in overrides:
         if code not in RULES:
             raise ConfigError(f"{where}: [rules.{code}] is not a rule code (see `audit rules`)")
+        if RULES[code].always_on:
+            raise ConfigError(
+                f"{where}: [rules.{code}] cannot be configured: a record a rule raised on always "
+                f"fails the gate and exits 2 (see `audit explain {code}`); remove the table"
+            )
     configured = []
     for code, rule_class in RULES.items():
-        if not _matches(code, select) or _matches(code, ignore):
+        if not rule_class.always_on and (not _matches(code, select) or _matches(code, ignore)):
             continue
         configured.append(_configure(rule_class, overrides.get(code, {}), f"{where}: [rules.{code}]"))
-    if not configured:
+    if all(c.rule.always_on for c in configured):
         # A gate that runs no rule passes everything: that is never what a rule set meant.
         raise ConfigError(f"{where}: select/ignore leave no rule to run; select at least one (\"ALL\" runs all)")
     return RuleSet(

@@ -22,6 +22,8 @@ VERDICT_RANK = {PASS: 0, WARN: 1, FAIL: 2}
 # The exit codes of a judged run (2, nothing judged, is the CLI's: `audit.cli.app.EXIT_USAGE`).
 EXIT_PASSED = 0
 EXIT_FAILED = 1
+# The tool broke: a usage, configuration or input error, or a rule that raised on a record.
+EXIT_ERROR = 2
 
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 

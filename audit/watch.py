@@ -18,6 +18,7 @@ import polars as pl
 
 from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
+from audit.isolation import InternalError
 from audit.session import Session
 from audit.sources import GrowingFile, LineBlock
 from audit.targets import DATA_FILE, Target, resolve_target
@@ -50,6 +51,8 @@ class WatchSnapshot:
     pending_bytes: int  # a partial last line not yet complete
     seconds_since_growth: float
     rules: list[RuleStanding]
+    # Records a rule raised on so far (audit.isolation): each an ERR001; `--once` exits 2.
+    internal_errors: tuple[InternalError, ...] = ()
 
     @property
     def judgement(self) -> Verdict:
@@ -93,6 +96,7 @@ class LiveAudit:
         self._failing = {c.code: 0 for c in self.session.rule_set.rules}
         self._identities = pl.DataFrame(schema=IDENTITY_SCHEMA)
         self.records = 0
+        self._internal_errors: list[InternalError] = []
         self._history: deque[tuple[float, int]] = deque()
         self._last_growth = time.monotonic()
 
@@ -117,6 +121,7 @@ class LiveAudit:
         for block in blocks:
             shard = audit_blocks([block], session.context, session.rule_set)
             self.records += shard.records
+            self._internal_errors += shard.internal_errors
             for code, failing in shard.failing_by_rule().items():
                 self._failing[code] += failing
             if self._file_rules:
@@ -154,4 +159,5 @@ class LiveAudit:
             pending_bytes=self._source.pending,
             seconds_since_growth=now - self._last_growth,
             rules=rules,
+            internal_errors=tuple(self._internal_errors),
         )

@@ -79,7 +79,10 @@ def test_every_registered_rule_fires_on_a_shipped_sample() -> None:
         partition: set(audit_partition(partition).findings["rule"].unique().to_list())
         for partition in LABELLED
     }
-    silent = set(RULES) - set().union(*fired.values())
+    # ERR001 reports a bug in a rule, which no data can show: tests/test_internal_errors.py
+    # injects one on every path instead.
+    judged = {code for code, rule in RULES.items() if not rule.always_on}
+    silent = judged - set().union(*fired.values())
     assert not silent, f"no shipped sample makes {sorted(silent)} fire: add a labelled case"
     labelled = {
         code
@@ -87,7 +90,7 @@ def test_every_registered_rule_fires_on_a_shipped_sample() -> None:
         for codes in json.loads((PREPARED / partition / "labels.json").read_text()).values()
         for code in codes
     }
-    assert set(RULES) <= labelled, f"no label names {sorted(set(RULES) - labelled)}"
+    assert judged <= labelled, f"no label names {sorted(judged - labelled)}"
 
 
 @pytest.mark.parametrize("partition", ["B2_sharegpt", "K2_thinking", "H1_harmony"])

@@ -401,7 +401,7 @@ def test_tpl001_keeps_a_bounded_number_of_renderings(tmp_path: Path, monkeypatch
         monkeypatch.setattr(template, "_KEPT_RENDERED_IDS", budget)
         rule_set = load_rule_set(rules)
         findings = audit_file(data, context, rule_set, block_bytes=4096).findings
-        (configured,) = rule_set.rules
+        configured = rule_set["TPL001"]
         return findings, configured.rule
 
     bounded, rule = run(50)

@@ -12,6 +12,7 @@ from audit.checks.integrity import (
     TokenOutOfVocabulary,
     UnreadableLine,
 )
+from audit.checks.internal import InternalError
 from audit.checks.prompt import PromptSuffix, ThinkNotOpened
 from audit.checks.roundtrip import RoundTrip, TextMismatch
 from audit.checks.segmentation import (
@@ -60,6 +61,7 @@ RULES: dict[str, type[Rule]] = {
         TurnJoined,
         RepetitionLoop,
         SegmentTooShort,
+        InternalError,
     )
 }
 

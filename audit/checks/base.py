@@ -98,6 +98,8 @@ class Rule:
     encodes_text: ClassVar[bool] = False
     # Parameters a rule set may override under [rules.CODE]: default, type and valid range each.
     parameters: ClassVar[dict[str, Parameter]] = {}
+    # True for the engine's own report (ERR001): in every rule set, never configured.
+    always_on: ClassVar[bool] = False
 
     def __init__(self, **parameters: Any):
         self.options = self.validate_parameters(parameters, f"[rules.{self.code}]")

@@ -14,11 +14,12 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Iterator
+import traceback
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -27,6 +28,7 @@ from rich.text import Text
 from audit import __version__, inert
 
 EXIT_USAGE = 2
+DEBUG_ENV = "AUDIT_DEBUG"  # audit.isolation reads it; the CLI cannot import the core at start-up
 
 app = typer.Typer(
     name="audit",
@@ -240,6 +242,39 @@ def data_root_for(data_root: str | None, targets: list[str], announce: bool):
     return root
 
 
+def internal_errors_line(found: Sequence[tuple[str, Sequence[Any]]]) -> None:
+    """After a command's own output, for targets where some rule raised on a record (pairs of
+    a target and its `audit.isolation.InternalError`s): each traceback under `--debug`, then
+    the last line, which says how many records and how to see why. The command exits 2."""
+    from audit.isolation import debug_requested
+
+    broken = [(target, raised) for target, raised in found if raised]
+    if not broken:
+        return
+    debug = debug_requested()
+    if debug:
+        for target, raised in broken:
+            for error in raised:
+                print_traceback(f"{target} line {error.line}: {error.rule} raised:\n{error.traceback}")
+    count = sum(len({error.line for error in raised}) for _, raised in broken)
+    rules = sorted({error.rule for _, raised in broken for error in raised})
+    how = "the tracebacks are above" if debug else "run again with --debug to see the tracebacks"
+    errors.print(
+        Text.assemble(
+            ("audit: internal error:", "bold red"),
+            f" {count} record{'s' if count != 1 else ''} hit an internal error in {', '.join(rules)} "
+            f"(a bug in audit, not a verdict on the data; ERR001 in the report, quarantined by a gate): {how}",
+        ),
+        soft_wrap=True,
+    )
+
+
+def print_traceback(text: str) -> None:
+    """A traceback on stderr, line by line, inert (it may quote the data: never markup)."""
+    for line in text.rstrip().splitlines():
+        errors.print(Text(inert.terminal(line)), soft_wrap=True)
+
+
 def version_callback(value: bool) -> None:
     if value:
         console.print(f"audit {__version__}")
@@ -251,8 +286,29 @@ def root(
     version: Annotated[
         bool, typer.Option("--version", callback=version_callback, is_eager=True, help="Print the version.")
     ] = False,
+    debug: Annotated[
+        bool,
+        typer.Option(
+            "--debug",
+            envvar=DEBUG_ENV,
+            help="Print the full traceback of any internal error (also after a command: "
+            "`audit check X --debug`; or set AUDIT_DEBUG=1).",
+        ),
+    ] = False,
 ) -> None:
     """Gate LLM-generated token data before it trains an EAGLE-3 drafter."""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
+
+
+def _take_debug_flag(argv: list[str]) -> list[str]:
+    """`--debug` anywhere before `--` (`audit check X --debug` as `audit --debug check X`): every
+    command honours it, through AUDIT_DEBUG."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    if "--debug" not in argv[:end]:
+        return argv
+    os.environ[DEBUG_ENV] = "1"
+    return [arg for i, arg in enumerate(argv) if i >= end or arg != "--debug"]
 
 
 def _exit_without_teardown(code: int) -> NoReturn:
@@ -315,6 +371,7 @@ def main() -> None:
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     if not sys.stdout.isatty():
         sys.stdout = _ReaderMayLeave(sys.stdout)  # type: ignore[assignment]
+    sys.argv[1:] = _take_debug_flag(sys.argv[1:])
     try:
         app()
     except KeyboardInterrupt:
@@ -325,10 +382,15 @@ def main() -> None:
             _exit_without_teardown(exc.code or 0)
         raise
     except BaseException as exc:  # the last guard (polars panics derive from BaseException)
+        from audit.isolation import debug_requested
+
+        if debug_requested():
+            print_traceback(traceback.format_exc())
+        how = "" if debug_requested() else "; run again with --debug to see the traceback"
         errors.print(
             Text(
                 f"audit: internal error: {type(exc).__name__}: {inert.terminal(exc, 2000)} "
-                "(please report it with the command you ran)"
+                f"(please report it with the command you ran{how})"
             ),
             soft_wrap=True,
         )

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from audit.cli.app import (
+    EXIT_USAGE,
     DataRootOption,
     Engine,
     EngineOption,
@@ -39,6 +40,7 @@ from audit.cli.app import (
     data_root_for,
     errors,
     fail,
+    internal_errors_line,
     os_error,
     writing,
 )
@@ -279,5 +281,7 @@ def check(
             console.print(summary_table(reports, fail_on_warning=fail_on_warning))
     else:
         emit(reports, output_format, fail_on_warning=fail_on_warning)
+    internal_errors_line([(r.target, r.internal_errors) for r in reports])  # the last line, when some rule raised on a record
     worst = max(r.exit_code(fail_on_warning=fail_on_warning) for r in reports)
-    raise typer.Exit(0 if exit_zero else worst)
+    # --exit-zero forgives the data, never the tool: an internal error still exits 2.
+    raise typer.Exit(0 if exit_zero and worst != EXIT_USAGE else worst)

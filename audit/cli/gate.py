@@ -9,6 +9,7 @@ import typer
 from rich.text import Text
 
 from audit.cli.app import (
+    EXIT_USAGE,
     DataRootOption,
     Engine,
     EngineOption,
@@ -28,6 +29,7 @@ from audit.cli.app import (
     data_root_for,
     errors,
     fail,
+    internal_errors_line,
     os_error,
     writing,
 )
@@ -120,5 +122,6 @@ def gate(
     where.print(Text(terminal(line)), soft_wrap=True)
     if output_format is OutputFormat.rich:
         explain_shipped_sample(session.target)
+    internal_errors_line([(result.report.target, result.report.internal_errors)])  # the last line, when some rule raised on a record
     code = result.report.exit_code(fail_on_warning=fail_on_warning)
-    raise typer.Exit(0 if exit_zero else code)
+    raise typer.Exit(0 if exit_zero and code != EXIT_USAGE else code)

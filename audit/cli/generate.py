@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from audit.cli.app import Thinking, TrustOption, app, errors, fail
+from audit.cli.app import EXIT_USAGE, Thinking, TrustOption, app, errors, fail, internal_errors_line
 from audit.errors import AuditError
 from audit.inert import terminal
 
@@ -284,6 +284,10 @@ def generate(
         )
         raise typer.Exit(EXIT_INTERRUPTED)
     if result.stopped == "canary":
+        canary_report = result.canary_report
+        if canary_report is not None and canary_report.internal_errors:
+            internal_errors_line([(canary_report.target, canary_report.internal_errors)])
+            raise typer.Exit(EXIT_USAGE)
         reason = result.canary_message or "the first samples fail the rule set (table above)"
         console.print(
             Text.assemble(

@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from audit.cli.app import (
+    EXIT_USAGE,
     DataRootOption,
     ProfileOption,
     RulesOption,
@@ -26,6 +27,7 @@ from audit.cli.app import (
     check_options,
     console,
     fail,
+    internal_errors_line,
 )
 from audit.cli.tables import VERDICT_STYLE, plain
 from audit.errors import AuditError
@@ -163,7 +165,8 @@ def watch(
         # A one-shot watch is a check of what is there so far: the same exit codes.
         console.print(snapshot_table(snapshot, live=False))
         console.print(once_verdict(snapshot))
-        raise typer.Exit(snapshot.judgement.exit_code())
+        internal_errors_line([(session.target.partition, snapshot.internal_errors)])
+        raise typer.Exit(EXIT_USAGE if snapshot.internal_errors else snapshot.judgement.exit_code())
     try:
         with (
             _keys() as read_key,

@@ -74,6 +74,11 @@ class Canary:
             self.message = f"the canary audit itself failed: {describe(exc)}"
             self._finish(passed=False)
             return
+        if self.report.internal_errors:  # not judged: a bug, which stops the run as a failure does
+            self.message = (
+                f"the canary audit hit an internal error on {self.report.internal_error_records} "
+                "records (a bug in audit, not in the samples)"
+            )
         self._finish(passed=not self.report.judgement.fails())
 
     def _finish(self, *, passed: bool) -> None:
