@@ -30,6 +30,9 @@ from audit.flat_ids import FlatIds
 
 BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
 
+# What an id the tokenizer lacks decodes to, on every path: U+FFFD, the replacement character.
+REPLACEMENT = "\ufffd".encode()
+
 # Tokens decoded per numpy step: bounds the index arrays (4 bytes per decoded byte) to a few MB.
 _DECODE_CHUNK_TOKENS = 1 << 16
 
@@ -77,6 +80,23 @@ class ByteDecoder:
             return False
         return bool(self.known[ids].all())
 
+    def knows(self, ids: np.ndarray) -> np.ndarray:
+        """Per id: does the table have a piece for it (in range and known)?"""
+        inside = (ids >= 0) & (ids < len(self.known))
+        inside[inside] = self.known[ids[inside]]
+        return inside
+
+    def _guarded(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Ids, table, lengths and starts where every id the table lacks reads as U+FFFD: a piece
+        appended past the table (built on first need: such ids are INT001's, and rare)."""
+        if "_replacing" not in self.__dict__:
+            table = np.concatenate([self.table, np.frombuffer(REPLACEMENT, dtype=np.uint8)])
+            lengths = np.append(self.lengths, len(REPLACEMENT))
+            starts = np.append(self.starts, len(self.table))
+            self.__dict__["_replacing"] = (table, lengths, starts)
+        table, lengths, starts = self.__dict__["_replacing"]
+        return np.where(self.knows(ids), ids, len(self.known)), table, lengths, starts
+
     def piece_bytes(self, token_id: int) -> bytes | None:
         """One id's bytes (None for an id the tokenizer lacks)."""
         if not 0 <= token_id < len(self.lengths) or not self.known[token_id]:
@@ -85,17 +105,20 @@ class ByteDecoder:
         return self.table[start : start + int(self.lengths[token_id])].tobytes()
 
     def decode_bytes(self, flat: FlatIds) -> tuple[np.ndarray, np.ndarray]:
-        """All sequences' bytes concatenated (uint8), and per-sequence byte offsets."""
-        ids = flat.values
-        token_lengths = self.lengths[ids]
+        """All sequences' bytes concatenated (uint8), and per-sequence byte offsets. Total: an id
+        the table lacks (out of range, a hole) reads as U+FFFD."""
+        ids, table, lengths, starts = flat.values, self.table, self.lengths, self.starts
+        if not self.covers(ids):
+            ids, table, lengths, starts = self._guarded(ids)
+        token_lengths = lengths[ids]
         ends = np.cumsum(token_lengths)
         byte_offsets = np.zeros(len(flat) + 1, dtype=np.int64)
         if len(ids):
             byte_offsets[1:] = np.concatenate([[0], ends])[flat.offsets[1:]]
         out = np.empty(int(ends[-1]) if len(ids) else 0, dtype=np.uint8)
         # 32-bit indexes when the table allows: half the memory traffic of the gathers.
-        index_type = np.int32 if len(self.table) < 1 << 31 else np.int64
-        starts = self.starts.astype(index_type, copy=False)
+        index_type = np.int32 if len(table) < 1 << 31 else np.int64
+        starts = starts.astype(index_type, copy=False)
         for lo in range(0, len(ids), _DECODE_CHUNK_TOKENS):
             hi = min(lo + _DECODE_CHUNK_TOKENS, len(ids))
             lens = token_lengths[lo:hi]
@@ -107,7 +130,7 @@ class ByteDecoder:
             token_out_start = (ends[lo:hi] - lens - base).astype(index_type)
             index = np.repeat(starts[ids[lo:hi]] - token_out_start, lens)
             index += np.arange(chunk_total, dtype=index_type)
-            out[base : base + chunk_total] = self.table[index]
+            out[base : base + chunk_total] = table[index]
         return out, byte_offsets
 
     def decode(self, flat: FlatIds) -> list[str | None]:

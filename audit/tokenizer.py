@@ -8,9 +8,7 @@ call takes a whole batch, so no rule ever loops over tokens in Python.
 from __future__ import annotations
 
 import codecs
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from audit.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
-from audit.errors import ConfigError
 from audit.fastcodec import (
     FAST_ENCODER_AFTER_CHARS,
+    REPLACEMENT,
     ByteDecoder,
     FastEncoder,
     FlatIds,
@@ -39,6 +37,14 @@ from audit.tokenizer_cache import (
     state_key,
     store_state,
 )
+from audit.tokenizer_files import (
+    Fingerprint,
+    checked_directory,
+    encode_special_tokens,
+    fingerprint_directory,
+    load_with_transformers,
+    tiktoken_encoding,
+)
 
 # A byte that is not a whole UTF-8 character, named as byte-fallback vocabularies name it: <0xE4>.
 BYTE_NAMES = "audit-byte-names"
@@ -47,46 +53,6 @@ codecs.register_error(
 )
 
 configure_offline()
-
-# Files whose bytes define a tokenizer's behaviour; their hash is its fingerprint.
-_FINGERPRINT_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tiktoken.model",
-    "tokenizer.model",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-
-
-@dataclass(frozen=True)
-class Fingerprint:
-    """What identifies a tokenizer: where it was loaded from, its size and a hash of its files."""
-
-    path: str
-    vocab_size: int
-    sha256: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "vocab_size": self.vocab_size, "sha256": self.sha256}
-
-
-def fingerprint_directory(directory: Path) -> str:
-    """sha256 over the tokenizer files present in `directory`, in a fixed order."""
-    digest = hashlib.sha256()
-    for name in _FINGERPRINT_FILES:
-        path = directory / name
-        if path.is_file():
-            digest.update(name.encode())
-            digest.update(b"\0")
-            digest.update(path.read_bytes())
-            digest.update(b"\0")
-    return digest.hexdigest()
-
 
 class Tokenizer:
     """A loaded tokenizer with batched decode/encode and token look-ups.
@@ -116,9 +82,9 @@ class Tokenizer:
         self._backend_json = state.backend_json if state is not None and state.kind == "backend" else None
         if self._backend_json is None:
             backend = getattr(hf_tokenizer, "backend_tokenizer", None)
-            self.__dict__["_fast"] = None if backend is None else _encode_special_tokens(backend)
+            self.__dict__["_fast"] = None if backend is None else encode_special_tokens(backend)
         self._has_backend = self._backend_json is not None or self.__dict__["_fast"] is not None
-        self._tiktoken = None if self._has_backend else _tiktoken_encoding(hf_tokenizer)
+        self._tiktoken = None if self._has_backend else tiktoken_encoding(hf_tokenizer)
         if state is not None:
             self._known = state.known
         else:
@@ -141,14 +107,14 @@ class Tokenizer:
     @cached_property
     def hf(self) -> Any:
         """The transformers tokenizer (loaded on first use when the state came from the cache)."""
-        return _load_with_transformers(self.directory, self.trust_remote_code)
+        return load_with_transformers(self.directory, self.trust_remote_code)
 
     @cached_property
     def _fast(self) -> Any:
         """The `tokenizers` backend, built from the cached state on first use."""
         import tokenizers
 
-        return _encode_special_tokens(tokenizers.Tokenizer.from_str(self._backend_json))
+        return encode_special_tokens(tokenizers.Tokenizer.from_str(self._backend_json))
 
     @property
     def _stored(self) -> StoredVocabulary | None:
@@ -334,35 +300,75 @@ class Tokenizer:
 
     # -- batched work ---------------------------------------------------------------------
     def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
-        """Decode many id lists, special tokens kept, no clean-up of spaces."""
-        if self._stored is not None and (decoder := self.byte_decoder) is not None:
-            flat = FlatIds.from_sequences(sequences)
-            if decoder.covers(flat.values):
-                return self.decode_flat(flat)
-        if self._has_backend:
-            return self._fast.decode_batch([list(s) for s in sequences], skip_special_tokens=False)
-        if self._tiktoken is not None:
-            return self._tiktoken.decode_batch([list(s) for s in sequences])
-        return self.hf.batch_decode([list(s) for s in sequences], skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-    def _decode_plainly(self, sequences: list[list[int]]) -> list[str]:
-        """`decode_batch` by the tokenizer itself (the reference for bytes that are not UTF-8)."""
-        return self._fast.decode_batch(sequences, skip_special_tokens=False) if self._has_backend else self.decode_batch(sequences)
+        """Decode many id lists, special tokens kept, no clean-up of spaces (see `decode_flat`)."""
+        return self.decode_flat(FlatIds.from_sequences(sequences))
 
     def decode_batch_skipping_special(self, sequences: Sequence[Sequence[int]]) -> list[str]:
         """Decode as SGLang does by default (`skip_special_tokens=True`)."""
         return self.decode_flat_skipping_special(FlatIds.from_sequences(sequences))
 
     def decode_flat_skipping_special(self, flat: FlatIds) -> list[str]:
-        """`decode_batch_skipping_special` of flat sequences, vectorised when possible."""
-        if (stored := self._stored) is not None and (decoder := self.byte_decoder) is not None:
-            kept = flat.kept(~stored.skipped(flat.values))
-            if decoder.covers(kept.values):
-                return self.decode_flat(kept)
-        sequences = [flat.sequence(i) for i in range(len(flat))]
+        """Decode as SGLang does by default (`skip_special_tokens=True`), vectorised when possible."""
+        if (stored := self._stored) is not None and self.byte_decoder is not None:
+            return self.decode_flat(flat.kept(~stored.skipped(flat.values)))
+        return self._decode_by_tokenizer(flat, skip_special_tokens=True)
+
+    def decode_flat(self, flat: FlatIds) -> list[str]:
+        """Decode flat sequences, special tokens kept: the one way ids become text.
+
+        Total over any ids: an id the tokenizer lacks (out of its range, or a hole in it: INT001
+        names it) reads as U+FFFD on every path, never an error. The byte table decodes when
+        there is one; bytes that are not UTF-8 are decoded by the tokenizer itself, whose lossy
+        replacement is the reference.
+        """
+        decoder = self.byte_decoder
+        if decoder is None:
+            return self._decode_by_tokenizer(flat, skip_special_tokens=False)
+        texts = decoder.decode(flat)
+        invalid = [i for i, text in enumerate(texts) if text is None]
+        if invalid:
+            plain = self._decode_by_tokenizer(flat.take(np.array(invalid)), skip_special_tokens=False)
+            for i, text in zip(invalid, plain, strict=True):
+                texts[i] = text
+        return texts  # type: ignore[return-value]
+
+    def _decode_by_tokenizer(self, flat: FlatIds, *, skip_special_tokens: bool) -> list[str]:
+        """The tokenizer's own decoder, which must never see an id it lacks (`tokenizers` drops
+        one silently, tiktoken raises): each run of known ids is decoded apart, U+FFFD between."""
+        known = self.knows(flat.values)
+        runs: list[list[int]] = []
+        shape: list[int] = []  # per sequence: how many runs it was cut into
+        for i in range(len(flat)):
+            lo, hi = int(flat.offsets[i]), int(flat.offsets[i + 1])
+            if known[lo:hi].all():
+                runs.append(flat.values[lo:hi].tolist())
+                shape.append(1)
+                continue
+            bounds = [lo - 1, *(np.flatnonzero(~known[lo:hi]) + lo).tolist(), hi]
+            pieces = [flat.values[a + 1 : b].tolist() for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+            runs.extend(pieces)
+            shape.append(len(pieces))
+        texts = self._decode_known(runs, skip_special_tokens)
+        out, at = [], 0
+        for count in shape:
+            out.append(REPLACEMENT.decode().join(texts[at : at + count]))
+            at += count
+        return out
+
+    def _decode_known(self, sequences: list[list[int]], skip_special_tokens: bool) -> list[str]:
         if self._has_backend:
-            return self._fast.decode_batch(sequences, skip_special_tokens=True)
-        return self.hf.batch_decode(sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            return self._fast.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
+        if self._tiktoken is not None and not skip_special_tokens:
+            return self._tiktoken.decode_batch(sequences)
+        return self.hf.batch_decode(
+            sequences, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def knows(self, ids: np.ndarray) -> np.ndarray:
+        """Per id: is it one the tokenizer has (in its range, not a hole)?"""
+        inside = (ids >= 0) & (ids < len(self._known))
+        inside[inside] = self._known[ids[inside]]
+        return inside
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts, special-token strings recognised, no BOS/EOS added."""
@@ -430,19 +436,6 @@ class Tokenizer:
             encode = "tiktoken" if self._tiktoken is not None else "tokenizers"
         return f"decode={decode} encode={encode}"
 
-    def decode_flat(self, flat: FlatIds) -> list[str]:
-        """`decode_batch` of flat sequences (special tokens kept), vectorised when possible."""
-        decoder = self.byte_decoder
-        if decoder is None:
-            return self.decode_batch([flat.sequence(i) for i in range(len(flat))])
-        texts = decoder.decode(flat)
-        invalid = [i for i, text in enumerate(texts) if text is None]
-        if invalid:
-            # Bytes that are not UTF-8: the tokenizer's own lossy replacement is the reference.
-            for i, text in zip(invalid, self._decode_plainly([flat.sequence(i) for i in invalid]), strict=True):
-                texts[i] = text
-        return texts  # type: ignore[return-value]
-
     def encode_flat(self, texts: list[str]) -> FlatIds:
         """`encode_batch` as one flat id array (special-token strings recognised)."""
         if self._wants_fast_encoder(texts) and (encoder := self.fast_encoder) is not None:
@@ -488,87 +481,10 @@ class Tokenizer:
         )
 
 
-def _encode_special_tokens(backend: Any) -> Any:
-    """Special-token strings in text encode to their ids, as in the server's own tokenizer (a
-    config, or an earlier `split_special_tokens=True` call, may have turned it off)."""
-    backend.encode_special_tokens = False
-    return backend
-
-
-def _tiktoken_encoding(hf_tokenizer: Any) -> Any:
-    """The tiktoken `Encoding` behind a remote-code tokenizer (Kimi's), if there is one."""
-    model = getattr(hf_tokenizer, "model", None)
-    if model is not None and hasattr(model, "encode_batch") and hasattr(model, "n_vocab"):
-        return model
-    return None
-
-
-def _provide_moved_names() -> None:
-    """Let remote tokenizer code written for transformers 4 import under transformers 5.
-
-    Kimi's `tokenization_kimi.py` imports `bytes_to_unicode` from the GPT-2 tokenizer module,
-    which transformers 5 no longer exports there (it lives in `convert_slow_tokenizer`).
-    """
-    try:
-        from transformers.models.gpt2 import tokenization_gpt2
-    except ImportError:
-        return
-    if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
-        from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-        tokenization_gpt2.bytes_to_unicode = bytes_to_unicode
-
-
-def _checked_directory(directory: str | Path) -> Path:
-    """`directory` as a path, or a ConfigError saying why it is not a tokenizer directory."""
-    path = Path(directory).expanduser()
-    if path.is_file():
-        raise ConfigError(
-            f"tokenizer {path} is a file: pass --tokenizer DIR, the directory that holds "
-            "tokenizer.json and tokenizer_config.json"
-        )
-    if path.is_dir() and not any((path / name).is_file() for name in _FINGERPRINT_FILES):
-        raise ConfigError(
-            f"tokenizer directory {path} holds no tokenizer files (tokenizer.json, "
-            "tokenizer_config.json, ...): pass the directory a Hugging Face model's tokenizer was saved to"
-        )
-    if not path.is_dir():
-        raise ConfigError(
-            f"tokenizer directory {path} does not exist: pass --tokenizer DIR, a local Hugging "
-            "Face tokenizer directory (tokenizer.json, tokenizer_config.json)"
-        )
-    return path
-
-
-def _load_with_transformers(path: Path, trust_remote_code: bool) -> Any:
-    """The transformers tokenizer in `path`, or a ConfigError saying why it cannot be used."""
-    try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        if trust_remote_code:
-            _provide_moved_names()
-        hf = AutoTokenizer.from_pretrained(
-            str(path), trust_remote_code=trust_remote_code, local_files_only=True
-        )
-    except Exception as exc:  # transformers raises many types; all mean "cannot use this"
-        hint = ""
-        if not trust_remote_code and (path / "tiktoken.model").exists():
-            hint = " (this looks like a tiktoken tokenizer such as Kimi's: add --trust-remote-code)"
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = hint or "; check that its tokenizer.json and tokenizer_config.json are intact"
-        raise ConfigError(f"cannot load the tokenizer in {path}: {first_line}{hint}") from exc
-    backend = getattr(hf, "backend_tokenizer", None)
-    if backend is not None:
-        backend.encode_special_tokens = False  # as in Tokenizer: special strings are tokens
-    return hf
-
-
 def _restore(path: Path, sha256: str, trust_remote_code: bool, state: TokenizerState, key: str) -> Tokenizer | None:
     """The tokenizer from its cached state; None when this `tokenizers` cannot read it back."""
     try:
-        hf = _load_with_transformers(path, trust_remote_code) if state.kind != "backend" else None
+        hf = load_with_transformers(path, trust_remote_code) if state.kind != "backend" else None
         return Tokenizer(hf, path, sha256=sha256, trust_remote_code=trust_remote_code, state=state, cache_key=key)
     except Exception:  # any failure to restore means: load afresh, and store anew
         return None
@@ -582,16 +498,16 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
     tokenizer is a plain `tokenizer.json`. `AUDIT_TOKENIZER_BACKEND=tokenizers` always loads
     through transformers, the reference.
     """
-    path = _checked_directory(directory)
+    path = checked_directory(directory)
     sha256 = fingerprint_directory(path)
     if not fast_paths_enabled():
-        return Tokenizer(_load_with_transformers(path, trust_remote_code), path, sha256=sha256,
+        return Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
                          trust_remote_code=trust_remote_code)
     key = state_key(path, sha256, trust_remote_code=trust_remote_code)
     state = load_state(key)
     if state is not None and (restored := _restore(path, sha256, trust_remote_code, state, key)) is not None:
         return restored
-    tokenizer = Tokenizer(_load_with_transformers(path, trust_remote_code), path, sha256=sha256,
+    tokenizer = Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
                           trust_remote_code=trust_remote_code, cache_key=key)
     store_state(key, tokenizer.state())
     return tokenizer

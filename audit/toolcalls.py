@@ -144,7 +144,9 @@ def _view(batch: Batch) -> ToolCallView:
         first_marker=judged["first_marker"],
         calls=pl.DataFrame(schema=CALLS_SCHEMA),
     )
-    with_calls = answers.with_row_index("row").filter(grammar_ok & (judged["letters"] != ""))
+    # A record holding an id the tokenizer lacks has no text to read (INT003 names the id); its
+    # markers' order is judged above all the same.
+    with_calls = answers.with_row_index("row").filter(grammar_ok & (judged["letters"] != "") & batch.decodable)
     if with_calls.is_empty():
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
