@@ -18,6 +18,8 @@ one; a parameter or tool the record does not declare is never an error.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -211,6 +213,73 @@ def _kind_error(text: str, declared: str) -> str | None:
     return None
 
 
+def python_literal(text: str, *, scalars: bool = True) -> str | None:
+    """What `text` is when it is a Python literal rather than JSON ("a Python dict"), else None.
+
+    The trace of a pipeline that parsed a call and wrote a value back with `str()`: single
+    quotes, `True`, `False`, `None`, tuples. JSON is never one, nor text that is neither (cut
+    short, or with a trailing comma: broken JSON, which the JSON check names). With
+    `scalars=False` a bare `True`, `False` or `None` is not one either (what Qwen's template
+    writes for a boolean or null parameter, with `| string`).
+    """
+    stripped = text.strip()
+    if not stripped or stripped[0] not in "{[(TFN":
+        return None
+    try:
+        orjson.loads(stripped)
+        return None
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        value = ast.literal_eval(stripped)
+        tokens = [t for t in tokenize.generate_tokens(io.StringIO(stripped).readline) if t.string.strip()]
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError, tokenize.TokenError):
+        return None
+    if not isinstance(value, dict | list | tuple | bool) and value is not None:
+        return None
+    if not scalars and not isinstance(value, dict | list | tuple):
+        return None
+    if any(a.string == "," and b.string in ")]}" for a, b in zip(tokens, tokens[1:], strict=False)):
+        return None  # a trailing comma: JSON cut or edited by hand, not a repr
+    python_only = isinstance(value, tuple) or any(
+        (t.type == tokenize.STRING and not t.string.startswith('"'))
+        or (t.type == tokenize.NAME and t.string in ("True", "False", "None"))
+        for t in tokens
+    )
+    if not python_only:
+        return None
+    kind = {dict: "dict", list: "list", tuple: "tuple", bool: "bool"}.get(type(value), "None")
+    return f"a Python {kind}"
+
+
+def string_error(declared: str | tuple[str, ...] | list[str] | None) -> str | None:
+    """Why a value the model marked as a string (DSML's `string="true"`, which SGLang passes on
+    as text whatever the schema says) is not one its declared types admit, or None."""
+    if declared is None:
+        return None
+    kinds = (declared,) if isinstance(declared, str) else tuple(declared)
+    if not kinds or any(_normal_kind(kind) in (None, "string") for kind in kinds):
+        return None
+    return f"declared {' or '.join(kinds)}, written as a string"
+
+
+def parameter_literal(value: str, declared: str | tuple[str, ...] | None, *, python_scalars: bool) -> str | None:
+    """`python_literal` of a parameter written as text, when it is one of the types the tools
+    declare for it (an object as a Python dict, a boolean as `True` where the template writes
+    `true`, ...), else None. `python_scalars`: the template writes booleans and null with
+    `| string` (Qwen3.5/3.6), so `True` and `None` are its own form there."""
+    if declared is None:
+        return None
+    kinds = {_normal_kind(kind) for kind in ((declared,) if isinstance(declared, str) else declared)}
+    if "string" in kinds:
+        return None  # any text is a string
+    literal = python_literal(value, scalars=not python_scalars)
+    wanted = {"a Python dict": "object", "a Python list": "array", "a Python tuple": "array", "a Python bool": "boolean"}
+    if literal is None or (literal != "a Python None" and wanted[literal] not in kinds):
+        return None
+    return literal
+
+
 def _is_integer(text: str) -> bool:
     """An integer, or a number with no fractional part (JSON Schema's integer: 3.0 is one)."""
     try:
@@ -363,6 +432,23 @@ def _leaf_error(text: str, schema: Any) -> str | None:
     if types & _M3_CONTAINER:
         return f"declared {declared}, written as text"
     return None  # a type SGLang has no conversion for: kept as text
+
+
+def elements_literal(elements: tuple[Element, ...], schema: Any, path: str = "") -> str | None:
+    """The first leaf declared boolean written as a Python bool (`True`, where MiniMax-M3's
+    template writes `true` with `tojson`), as `have 'path' written as a Python bool`, or None."""
+    seen: dict[str, int] = {}
+    for element in elements:
+        index = seen.get(element.tag, 0)
+        seen[element.tag] = index + 1
+        child = _child_schema(schema, element.tag, index)
+        where = f"{path}.{element.tag}" if path else element.tag
+        if element.children:
+            if found := elements_literal(element.children, child, where):
+                return found
+        elif _schema_types(child) & _M3_BOOLEAN and element.text.strip() in ("True", "False"):
+            return f"have {where!r} written as a Python bool, not JSON: {element.text.strip()!r}"
+    return None
 
 
 def elements_error(elements: tuple[Element, ...], schema: Any, path: str = "") -> str | None:

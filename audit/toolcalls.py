@@ -24,8 +24,8 @@ The tool-call rules, the record statistics, `audit inspect` and the HTML samples
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -34,10 +34,15 @@ import polars as pl
 from audit.batch import Batch
 from audit.flat_ids import FlatIds
 from audit.response import answer_text, response_bounds
-from audit.toolcall_formats import ROLE_LETTERS, ToolCall
+from audit.toolcall_formats import ROLE_LETTERS
+from audit.toolcall_readers import ToolCall
 from audit.toolcall_values import (
     elements_error,
+    elements_literal,
+    parameter_literal,
     parameter_types,
+    python_literal,
+    string_error,
     tool_parameters,
     tools_in_prompt,
     value_error,
@@ -54,8 +59,15 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "call_id": pl.String(),
     "arguments": pl.String(),
     "malformed": pl.String(),  # how the call's text breaks the format's grammar, or null
+    "problem_at": pl.Int64(),  # token index where it breaks it (null: at the call's start)
     "arguments_error": pl.String(),  # why the arguments do not read, or null
+    "literal": pl.String(),  # an argument written as a Python literal, not JSON (TCL005), or null
 }
+
+
+# Text found between two markers of a call block where the family's template writes nothing but
+# whitespace (between calls, after a section begin, before a section end).
+STRAY_SCHEMA: dict[str, pl.DataType] = {"row": pl.UInt32(), "position": pl.Int64(), "text": pl.String()}
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,8 @@ class ToolCallView:
     empty_head: pl.Series  # per record: a call begin followed at once by another marker
     first_marker: pl.Series  # per record: index in output_ids of the answer's first marker, or null
     calls: pl.DataFrame  # CALLS_SCHEMA, calls of grammar-valid records only
+    # STRAY_SCHEMA: text between two markers where the template writes none (grammar-valid records)
+    stray: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STRAY_SCHEMA))
 
     @property
     def per_record(self) -> pl.Series:
@@ -151,12 +165,75 @@ def _view(batch: Batch) -> ToolCallView:
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
     calls = read(batch, with_calls)
-    return ToolCallView(
-        view.letters, view.grammar_ok, view.prefix_ok, view.empty_head, view.first_marker, _judge(batch, calls)
+    return replace(view, calls=_judge(batch, calls), stray=_stray_text(batch, with_calls))
+
+
+def _stray_text(batch: Batch, frame: pl.DataFrame) -> pl.DataFrame:
+    """Text between consecutive markers whose roles the format keeps apart by whitespace only
+    (`ToolCallFormat.blank_between`): decoded in one batch, the gaps that hold more."""
+    fmt = batch.profile.tool_calls.format
+    if not fmt.blank_between:
+        return pl.DataFrame(schema=STRAY_SCHEMA)
+    markers = batch.profile.tool_markers
+    wanted = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
+    letter = pl.col("at_id").replace_strict(
+        list(markers.values()), [ROLE_LETTERS[r] for r in markers], return_dtype=pl.String
     )
+    positions = (
+        frame.with_columns(
+            pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted))).alias("at"),
+            pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"),
+        )
+        .with_columns(pl.col("answer").list.gather(pl.col("at")).alias("at_id"))
+        .select("row", "sequence", "answer_from", "at", "at_id")
+        .explode("at", "at_id")
+        .with_columns(letter.alias("role"))
+    )
+    gaps = positions.with_columns(
+        pl.col("at").shift(-1).over("sequence").alias("next"),
+        (pl.col("role") + pl.col("role").shift(-1).over("sequence")).alias("pair"),
+    ).filter(pl.col("pair").is_in(list(fmt.blank_between)) & (pl.col("next") - pl.col("at") > 1))
+    if gaps.is_empty():
+        return pl.DataFrame(schema=STRAY_SCHEMA)
+    flat = FlatIds.from_series(frame["answer"])
+    base = flat.offsets[gaps["sequence"].to_numpy()]
+    texts = batch.tokenizer.decode_flat(
+        FlatIds.slices(flat.values, base + gaps["at"].to_numpy() + 1, base + gaps["next"].to_numpy())
+    )
+    found = gaps.select(
+        pl.col("row").cast(pl.UInt32),
+        (pl.col("answer_from") + pl.col("at") + 1).cast(pl.Int64).alias("position"),
+    ).with_columns(pl.Series("text", texts, dtype=pl.String))
+    return found.filter(pl.col("text").str.strip_chars() != "").group_by("row", maintain_order=True).first()
 
 
-def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, int, int, ToolCall]]:
+class ReadCall(NamedTuple):
+    """A call and where it sits in its record's output_ids."""
+
+    row: int
+    start: int
+    end: int
+    head_at: int
+    body_at: int
+    call: ToolCall
+    problem_token: int | None = None  # where `call.problem_at` falls, as a token index
+
+
+def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndarray, int]]) -> int | None:
+    """The token index of `call.problem_at`, a character offset into the reader's text, which
+    `pieces` make up in order: each piece's text, its ids, and the token index they start at."""
+    if call.problem_at is None:
+        return None
+    char = call.problem_at
+    for index, (text, ids, first) in enumerate(pieces):
+        if char < len(text) or index == len(pieces) - 1:
+            # Past the end of the text: the token after it (the marker that closes the piece).
+            return first + batch.tokenizer.tokens_at(ids.tolist(), [min(char, len(text))])[0]
+        char -= len(text)
+    return None
+
+
+def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
     """Formats whose calls sit between call begin and call end ids: slice, decode, read."""
     markers = batch.profile.tool_markers
     fmt = batch.profile.tool_calls.format
@@ -186,16 +263,24 @@ def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, 
         else [""] * calls.height
     )
     offset = calls["answer_from"].to_numpy().astype(np.int64)
-    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    read: list[ReadCall] = []
     rows = calls["row"].to_list()
     for i, (head, body) in enumerate(zip(heads, bodies, strict=True)):
         start = int(offset[i] + call_begin[i])
         spans = (rows[i], start, int(offset[i] + call_end[i] + 1), start + 1, int(offset[i] + head_end[i] + 1))
-        read.extend((*spans, call) for call in fmt.read(head, body))
+        for call in fmt.read(head, body):
+            at = None
+            if call.problem_at is not None:
+                first = base[i] + call_begin[i] + 1
+                pieces = [(head, flat.values[first : base[i] + head_end[i]], start + 1)]
+                if has_arguments:
+                    pieces.append((body, flat.values[base[i] + head_end[i] + 1 : base[i] + call_end[i]], spans[4]))
+                at = _problem_token(batch, call, pieces)
+            read.append(ReadCall(*spans, call, at))
     return read
 
 
-def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int, int, int, ToolCall]]:
+def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
     """Formats whose calls are delimited by text (DSML): decode each answer with markers, read it."""
     fmt = batch.profile.tool_calls.format
     wanted = pl.lit(pl.Series(list(batch.profile.tool_markers.values()), dtype=pl.Int64)).implode()
@@ -204,14 +289,18 @@ def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[tuple[int, int, int
     ).to_series()
     # The answer without its trailing stop token(s): the end of turn is not the calls' text.
     answers = frame.select(pl.col("answer").list.head(pl.col("answer_length"))).to_series()
-    texts = batch.tokenizer.decode_flat(FlatIds.from_series(answers))
-    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    flat = FlatIds.from_series(answers)
+    texts = batch.tokenizer.decode_flat(flat)
+    read: list[ReadCall] = []
     lengths = frame["answer_length"].to_list()
-    for row, answer_from, at, length, text in zip(
+    for i, (row, answer_from, at, length, text) in enumerate(zip(
         frame["row"].to_list(), frame["answer_from"].to_list(), first.to_list(), lengths, texts, strict=True
-    ):
+    )):
         start = answer_from + at
-        read.extend((row, start, answer_from + length, start, start, call) for call in fmt.read(text, ""))
+        ids = flat.values[flat.offsets[i] : flat.offsets[i + 1]]
+        for call in fmt.read(text, ""):
+            problem = _problem_token(batch, call, [(text, ids, answer_from)])
+            read.append(ReadCall(row, start, answer_from + length, start, start, call, problem))
     return read
 
 
@@ -237,7 +326,7 @@ def _text_view(batch: Batch) -> ToolCallView:
     pattern = re.compile("|".join(re.escape(text) for text in longest_first))
     role_of = {text: role for role, text in markers.items()}
     grammar = re.compile(f"^(?:{fmt.grammar})$")
-    read: list[tuple[int, int, int, int, int, ToolCall]] = []
+    read: list[ReadCall] = []
     for row, text, answer_from in found.iter_rows():
         matches = list(pattern.finditer(text))
         letters[row] = "".join(ROLE_LETTERS[role_of[m.group()]] for m in matches)
@@ -276,7 +365,7 @@ def _text_view(batch: Batch) -> ToolCallView:
                     token(head_at),
                     token(body_at or head_at),
                 )
-                read.extend((*spans, call) for call in fmt.read(head, body))
+                read.extend(ReadCall(*spans, call) for call in fmt.read(head, body))
                 head_at = body_at = None
     letter_series = pl.Series("letters", letters, dtype=pl.String)
     return ToolCallView(
@@ -289,29 +378,42 @@ def _text_view(batch: Batch) -> ToolCallView:
     )
 
 
-def _judge(batch: Batch, read: list[tuple[int, int, int, int, int, ToolCall]]) -> pl.DataFrame:
+def _judge(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
     """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
     columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
-    named_by_id = batch.profile.tool_calls.format.has_call_ids
-    typed = {row for row, *_, call in read if call.parameters is not None or call.elements is not None}
+    fmt = batch.profile.tool_calls.format
+    named_by_id = fmt.has_call_ids
+    typed = {
+        item.row for item in read
+        if item.call.parameters is not None or item.call.elements is not None or item.call.strings
+    }
     declared = _declared_tools(batch, typed)
-    for row, start, end, head_at, body_at, call in read:
+    for row, start, end, head_at, body_at, call, problem_token in read:
         if not (named_by_id or call.name or call.malformed):
             # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
             call = replace(call, malformed="a call with no function name")
+        literal = None
         if call.arguments_error is not None:
             error = call.arguments_error
         elif call.elements is not None:
             schema = tool_parameters(declared.get(row), call.name)
             error = elements_error(call.elements, schema) if schema is not None else None
+            literal = elements_literal(call.elements, schema) if schema is not None and error is None else None
         elif call.parameters is None:
             error = _json_error(call.arguments)
+            if error is not None and (kind := python_literal(call.arguments)) is not None:
+                error, literal = None, f"are written as {kind}, not JSON: {call.arguments.strip()[:80]!r}"
+            if error is None and call.strings:
+                error = _strings_error(call, parameter_types(declared.get(row), call.name))
         else:
-            error = _parameters_error(call, parameter_types(declared.get(row), call.name))
+            types = parameter_types(declared.get(row), call.name)
+            error = _parameters_error(call, types)
+            literal = None if error is not None else _parameters_literal(call, types, fmt.python_scalars)
         for name, value in (
             ("row", row), ("start", start), ("end", end), ("head_at", head_at), ("body_at", body_at),
             ("name", call.name), ("call_id", call.call_id), ("arguments", call.arguments),
-            ("malformed", call.malformed), ("arguments_error", error),
+            ("malformed", call.malformed), ("problem_at", problem_token), ("arguments_error", error),
+            ("literal", literal),
         ):
             columns[name].append(value)
     return pl.DataFrame(columns, schema=CALLS_SCHEMA)
@@ -342,6 +444,24 @@ def _parameters_error(
         problem = value_error(value, types.get(key))
         if problem:
             return f"have parameter {key!r} {problem}: {value[:60]!r}"
+    return None
+
+
+def _strings_error(call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None) -> str | None:
+    for key, value in call.strings:
+        problem = string_error((types or {}).get(key))
+        if problem:
+            return f"have parameter {key!r} {problem}: {value[:60]!r}"
+    return None
+
+
+def _parameters_literal(
+    call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None, python_scalars: bool
+) -> str | None:
+    for key, value in call.parameters or ():
+        kind = parameter_literal(value, (types or {}).get(key), python_scalars=python_scalars)
+        if kind is not None:
+            return f"have parameter {key!r} written as {kind}, not JSON: {value.strip()[:60]!r}"
     return None
 
 

@@ -477,3 +477,31 @@ def test_tools_in_prompt_reads_the_schema_block_not_the_sentence_naming_the_tags
     assert tools_in_prompt("no tools here", "<tools>", "</tools>") is None
     assert tools_in_prompt("<tools>\n{\"name\": \"a\"}", "<tools>", "</tools>") is None  # never closed
     assert parameter_types(tools_in_prompt(prompt, "<tools>", "</tools>"), "a") is None  # no parameters
+
+
+@pytest.mark.parametrize(
+    ("output", "at"),
+    [
+        # a missing closer: at the tag it leaves open
+        ("<tool_call>\n<function=create_issue>\n<parameter=title>\nt\n<parameter=count>\n3\n</parameter>\n"
+         "</function>\n</tool_call>", "<parameter=title>"),
+        # an extra closer: at the closer
+        ("<tool_call>\n<function=create_issue>\n<parameter=title>\nt\n</parameter>\n</parameter>\n"
+         "</function>\n</tool_call>", "</parameter>\n</function>"),
+        # text where the template writes none: at the text
+        ("<tool_call>\n<function=create_issue>\n</function>\n</tool_call>\nthen\n<tool_call>\n"
+         "<function=create_issue>\n</function>\n</tool_call>", "then"),
+    ],
+    ids=["missing-closer", "extra-closer", "stray-text"],
+)
+def test_a_broken_call_is_found_at_the_token_that_breaks_it(qwen36, tmp_path, output, at) -> None:
+    tokenizer = qwen36.tokenizer
+    text = "Plan.\n</think>\n\n" + output + "<|im_end|>"
+    ids = tokenizer.encode_text(text)
+    record = {"id": "r", "input_ids": tokenizer.encode_text("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"),
+              "output_ids": ids, "tools": TOOLS}
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps(record) + "\n", encoding="utf-8")
+    found = audit_file(path, qwen36, load_rule_set()).findings
+    (position,) = found.filter(found["rule"] == "TCL001")["position"].to_list()
+    assert tokenizer.decode_batch([ids[position:]])[0].lstrip("\n").startswith(at)

@@ -24,6 +24,7 @@ from audit.checks.segmentation import (
 from audit.checks.template import TemplateMismatch
 from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated, TurnJoined
 from audit.checks.toolcalls import (
+    ToolArgumentPythonLiteral,
     ToolArgumentsInvalidJson,
     ToolCallIdMalformed,
     ToolMarkerAsText,
@@ -52,6 +53,7 @@ RULES: dict[str, type[Rule]] = {
         ToolArgumentsInvalidJson,
         ToolCallIdMalformed,
         ToolMarkerAsText,
+        ToolArgumentPythonLiteral,
         RoundTrip,
         TextMismatch,
         Truncated,

@@ -96,10 +96,16 @@ class ToolMarkerGrammar(ToolCallRule):
             .group_by("row", maintain_order=True)
             .first()
         )
-        for row, start, problem in malformed.select("row", "start", "malformed").iter_rows():
+        at = pl.coalesce("problem_at", "start")
+        for row, start, problem in malformed.select("row", at, "malformed").iter_rows():
             rows.append(row)
             positions.append(start)
             messages.append(f"tool call text out of the format ({problem}); expected {expected}")
+        stray = view.stray.filter(~pl.col("row").is_in(pl.Series(rows, dtype=pl.UInt32).append(cut_rows.cast(pl.UInt32)).implode()))
+        for row, start, text in stray.iter_rows():
+            rows.append(row)
+            positions.append(start)
+            messages.append(f"text between tool-call markers where the template writes none: {text.strip()[:40]!r}; expected {expected}")
         return findings_frame(rows, positions, messages)
 
 
@@ -141,6 +147,58 @@ class ToolArgumentsInvalidJson(ToolCallRule):
             [
                 f"arguments of call {name or '?'} {error}"
                 for name, error in first.select("name", "arguments_error").iter_rows()
+            ],
+        )
+
+
+class ToolArgumentPythonLiteral(ToolCallRule):
+    """A tool-call argument written as a Python literal (`{'a': 1}`, `True`, `None`), not as JSON.
+
+    What it checks:
+        In every well-formed call of the answer, an object, array, boolean or null argument is
+        written as the family's template writes it: JSON (`tojson`), never Python's `repr`
+        (single quotes, `True`/`False`/`None`, tuples). JSON formats (Kimi, DeepSeek, Qwen3,
+        DSML's `string="false"` values) are judged whole; parameters written as text (GLM's
+        `<arg_value>`, Qwen3.5/3.6's `<parameter=K>`) by the type the record's tools declare
+        for them, so a string parameter holding `{'a': 1}` is just text; MiniMax-M3's
+        boolean elements the same way. Qwen3.5/3.6's template writes a boolean or null with
+        `| string`, so there `True` and `None` are its own form and pass. Arguments cut short
+        or with a trailing comma are not a Python literal: they stay TCL002's.
+
+    Why it matters:
+        The templates write every object and array with `tojson`, and the model was trained
+        on those renderings; SGLang's detectors accept a Python literal only through their
+        `literal_eval` fallback. What writes `{'Accept': 'json'}` is nearly always a pipeline
+        that parsed the call and put the value back with `str()`: the ids are then a
+        re-rendering, not what the model emitted, and the drafter learns a form the target
+        does not produce. An error by default, for that reason; a team whose model does emit
+        Python literals for real (seen in serving logs, not only in the data) can make it a
+        warning: `[rules.TCL005] severity = "warning"`.
+
+    Example:
+        <tool_call>fetch<arg_key>headers</arg_key><arg_value>{'Accept': 'json'}</arg_value></tool_call>
+
+    Fix:
+        Save raw `output_ids` from `/generate`; never rebuild a call's text from parsed
+        arguments. Where arguments must be written again, write them with `json.dumps`.
+    """
+
+    code = "TCL005"
+    name = "tool-argument-python-literal"
+
+    def find(self, batch: Batch) -> pl.DataFrame:
+        calls = tool_call_view(batch).calls
+        flagged = calls.filter(
+            pl.col("literal").is_not_null() & pl.col("malformed").is_null() & pl.col("arguments_error").is_null()
+        )
+        first = flagged.group_by("row", maintain_order=True).first()
+        return findings_frame(
+            first["row"].to_list(),
+            first["body_at"].to_list(),
+            [
+                f"arguments of call {name or '?'} {literal}; the template writes JSON, and the serving "
+                "parser reads this only through its literal_eval fallback"
+                for name, literal in first.select("name", "literal").iter_rows()
             ],
         )
 
@@ -240,7 +298,6 @@ class ToolMarkerAsText(ToolCallRule):
             [
                 batch.records.with_columns(
                     batch.decoded_output.alias("decoded"),
-                    tool_call_view(batch).per_record.alias("calls_read"),
                     *counts,
                 ),
                 bounds,
@@ -261,16 +318,13 @@ class ToolMarkerAsText(ToolCallRule):
         counted = batch.profile.tool_markers.get(role)
         if spec.format.text_markers:
             answer = answer_text(batch.profile)
-            if counted is not None:
-                calls = pl.col("_answer_calls")
-                marker = spec.markers[role]
-            else:  # calls delimited by text around one tag id (DSML): the calls read
-                calls = pl.col("calls_read")
-                marker = "its marker tokens"
-            excess.extend(
-                (f"{text} without {marker}", answer.str.count_matches(text, literal=True) > calls)
-                for text in spec.format.text_markers
-            )
+            for text in spec.format.text_markers:
+                if counted is not None:
+                    calls, marker = pl.col("_answer_calls"), spec.markers[role]
+                else:  # calls delimited by text around one tag id (DSML): the tag right before it
+                    tag = spec.markers["tag"]
+                    calls, marker = answer.str.count_matches(tag + text, literal=True), tag
+                excess.append((f"{text} without {marker}", answer.str.count_matches(text, literal=True) > calls))
         if spec.format.stripped_call:
             stripped = answer_text(batch.profile).str.contains(spec.format.stripped_call)
             excess.append(("a call's text with its markers removed", stripped.fill_null(False)))
