@@ -9,7 +9,7 @@ many records hit an internal error. The traceback is kept as text (it crosses pr
 Ray boundaries) and printed on request (`--debug`, `AUDIT_DEBUG=1`).
 
 Halving costs nothing when nothing raises (one `try`), and about twice the batch's work per
-record that does.
+record that does; a budget bounds it when a rule raises on nearly everything.
 """
 
 from __future__ import annotations
@@ -70,27 +70,36 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
+# Runs of a rule one block may spend finding the records it raises on: enough to single out a
+# dozen bad records among thousands; past it, a part that raises counts all its records as hit
+# (a rule that raises on everything costs a few seconds per block, not a run through each record).
+ISOLATION_BUDGET = 256
+
+
 def isolated(
-    compute: Callable[[Batch], T], batch: Batch
+    compute: Callable[[Batch], T], batch: Batch, budget: list[int] | None = None
 ) -> tuple[list[tuple[int, T]], list[tuple[int, str, str]]]:
     """`compute(batch)`, or, when it raises, `compute` over parts of the batch that do not.
 
     Returns each result with the row its part starts at, and (row, error, traceback) for each
-    record that raises alone.
+    record that raises alone (or that sits in a part that raised once the budget was spent).
     """
+    budget = [ISOLATION_BUDGET] if budget is None else budget
     try:
+        budget[0] -= 1
         return [(0, compute(batch))], []
     except BaseException as exc:
         if not is_failure(exc):
             raise
-        if batch.height <= 1:
-            return [], [(0, one_line(exc), traceback.format_exc())] if batch.height else []
+        if batch.height <= 1 or budget[0] <= 0:
+            error, trace = one_line(exc), traceback.format_exc()
+            return [], [(row, error, trace) for row in range(batch.height)]
     results: list[tuple[int, T]] = []
     failures: list[tuple[int, str, str]] = []
     half = batch.height // 2
     for start, length in ((0, half), (half, batch.height - half)):
         part = Batch(batch.records.slice(start, length), batch.context)
-        done, failed = isolated(compute, part)
+        done, failed = isolated(compute, part, budget)
         results.extend((start + offset, value) for offset, value in done)
         failures.extend((start + row, error, trace) for row, error, trace in failed)
     return results, failures

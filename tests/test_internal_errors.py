@@ -207,3 +207,21 @@ def test_halving_finds_exactly_the_records_that_raise(kimi_context, size, data):
     covered = [sample for start, ids in done for sample in ids]
     assert sorted(covered, key=lambda i: int(i[1:])) == [f"r{i}" for i in range(size) if i not in bad]
     assert all(batch.records["id"][start] == ids[0] for start, ids in done)
+
+
+def test_a_rule_that_raises_on_everything_costs_a_bounded_number_of_runs(kimi_context, monkeypatch):
+    from audit import isolation
+
+    monkeypatch.setattr(isolation, "ISOLATION_BUDGET", 20)
+    lines = [json.dumps({"id": f"r{i}", "input_ids": [1], "output_ids": [2]}).encode() for i in range(500)]
+    batch = Batch(parse_block(next(memory_blocks(lines))).records, kimi_context)
+    runs = []
+
+    def compute(part: Batch) -> None:
+        runs.append(part.height)
+        raise ValueError("always")
+
+    done, failed = isolated(compute, batch)
+    assert done == [] and sorted(row for row, _, _ in failed) == list(range(500))  # every record accounted for
+    # the budget, then one run of each part left (one a level of the halving: log2(500) < 9)
+    assert len(runs) <= 20 + 9
