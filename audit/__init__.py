@@ -26,9 +26,9 @@ _EXPORTS = {
     "Verdict": "audit.verdict",
     "GateResult": "audit.gating",
     "iter_quarantine": "audit.gating",
-    "AuditError": "audit.errors",
-    "ConfigError": "audit.errors",
-    "InputError": "audit.errors",
+    "AuditError": "audit.base.errors",
+    "ConfigError": "audit.base.errors",
+    "InputError": "audit.base.errors",
 }
 
 __all__ = [

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from audit import __version__
+from audit.base.files import write_directory_atomically
 from audit.engine import STATS_SCHEMA, FileAudit
 from audit.fastcodec import fast_paths_enabled
-from audit.files import write_directory_atomically
 from audit.findings import FindingsLog
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def default_cache_dir() -> Path:
 def code_fingerprint() -> str:
     """The tool's version and a hash of its own Python source (rules, engine, reader...)."""
     digest = hashlib.sha256(f"audit {__version__} layout {_LAYOUT}".encode())
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent  # MOVEFIX
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())

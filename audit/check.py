@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 
+from audit.base.errors import InputError
 from audit.cache import AuditCache
 from audit.engine import FileAudit, ProgressCallback, audit_file
-from audit.errors import InputError
 from audit.parallel import audit_file_parallel
 from audit.report import Report, build_report
 from audit.session import Session

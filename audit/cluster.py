@@ -25,13 +25,13 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from audit.base.errors import AuditError, ConfigError, InputError
+from audit.base.storage import ObjectPath
 from audit.engine import FileAudit, ProgressCallback, ShardAudit, join_shards
-from audit.errors import AuditError, ConfigError, InputError
 from audit.findings import FindingsLog, spill_part
 from audit.parallel import Shard, audit_range, iter_shards
 from audit.session import CheckOptions, Session, worker_session
 from audit.sources import InputDigest
-from audit.storage import ObjectPath
 
 if TYPE_CHECKING:
     from audit.cache import AuditCache

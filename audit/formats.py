@@ -29,7 +29,8 @@ from xml.etree import ElementTree as ET
 
 import polars as pl
 
-from audit import __version__, inert
+from audit import __version__
+from audit.base import inert
 from audit.report import SCHEMA_VERSION, Report, RuleResult
 from audit.verdict import failing_verdicts
 

@@ -34,14 +34,14 @@ outputs that manifest describes (check its hashes), even after a power cut. One 
 writes an output directory: a run holds `<out>/.audit.lock` from start to end, and a second
 one refuses at once. Temporaries a killed gate left behind are removed by the next one.
 
-`out_dir` may be a prefix in object storage (`s3://bucket/gated/B1`, `audit.storage`). The same
+`out_dir` may be a prefix in object storage (`s3://bucket/gated/B1`, `audit.base.storage`). The same
 order holds there, with the store's own atomic step in place of the rename: each output is a
 multipart upload that becomes visible only when it is completed, so the uploads run during the
 split, the old manifest is deleted, the two outputs are completed, and the manifest is written
 last. A run that dies before that leaves the old gate as it was (its unfinished uploads are
 aborted by the next run); one that dies in between leaves outputs without a manifest, which is
 not a finished gate and which the next run writes again. The lock is `<out>/.audit.lock`
-created by a conditional write (see `audit.storage.lock_prefix` for what it can and cannot do).
+created by a conditional write (see `audit.base.storage.lock_prefix` for what it can and cannot do).
 """
 
 from __future__ import annotations
@@ -59,21 +59,21 @@ import orjson
 import polars as pl
 
 from audit import __version__
-from audit.check import check_session
-from audit.engine import ProgressCallback
-from audit.errors import InputError
-from audit.files import (
+from audit.base.errors import InputError
+from audit.base.files import (
     Temporary,
     fsync_directory,
     lock_output,
     open_temporary,
     remove_leftover_temporaries,
 )
+from audit.base.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
+from audit.check import check_session
+from audit.engine import ProgressCallback
 from audit.findings import FindingsLog
 from audit.report import Report
 from audit.session import Session
 from audit.sources import InputDigest, file_blocks
-from audit.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
 
 MANIFEST_SCHEMA_VERSION = 1
 CLEAN_FILE = "clean.jsonl"

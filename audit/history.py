@@ -19,10 +19,10 @@ from typing import Any
 import orjson
 import polars as pl
 
-from audit.errors import InputError
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath
 from audit.report import SCHEMA_VERSION, Report, RuleResult
 from audit.report_shape import check_report_shape
-from audit.storage import ObjectPath
 from audit.verdict import VERDICT_RANK, failing_verdicts
 
 # Reports `audit check` names itself in a reports directory: <partition>-<UTC time>.json.

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
-from audit.errors import ConfigError
+from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
+from audit.base.errors import ConfigError
 from audit.prompt_endings import (
     REASONING_STATES,
     THINKING_STATES,

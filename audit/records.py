@@ -30,8 +30,8 @@ from typing import Any
 import orjson
 import polars as pl
 
+from audit.base.json_values import json_type
 from audit.id_lists import ID_LIST_FIELDS, IdLists, ids_column
-from audit.json_values import json_type
 from audit.sources import LineBlock
 
 # The columns every batch frame has, one row per readable record.

@@ -19,13 +19,13 @@ import orjson
 import polars as pl
 
 from audit import __version__
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath, write_output
 from audit.distributions import summarize
 from audit.engine import FileAudit
-from audit.errors import InputError
 from audit.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.isolation import InternalError
 from audit.ruleset import RuleSet
-from audit.storage import ObjectPath, write_output
 from audit.verdict import EXIT_ERROR, Verdict, threshold_text
 
 SCHEMA_VERSION = 1

@@ -16,7 +16,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from audit.errors import InputError
+from audit.base.errors import InputError
 
 VERDICTS = ("pass", "warn", "fail")
 # Lengths, counts and positions in a report are token counts: far below this. A larger value

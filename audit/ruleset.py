@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
+from audit.base.errors import ConfigError
 from audit.checks import RULES, Rule, Severity
-from audit.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
-from audit.errors import ConfigError
 from audit.verdict import Threshold, judge, threshold_text
 
 DEFAULT_RULE_SET = BUILTIN_RULES_DIR / "default.toml"

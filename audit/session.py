@@ -15,8 +15,8 @@ from pathlib import Path
 
 import orjson
 
+from audit.base.errors import ConfigError
 from audit.batch import AuditContext
-from audit.errors import ConfigError
 from audit.generate.prompts import load_prompts
 from audit.profiles import ResolvedProfile, load_profile
 from audit.ruleset import RuleSet, load_rule_set

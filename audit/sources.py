@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.errors import InputError
+from audit.base.errors import InputError
 
 # A block's records, decoded texts and the rules' working columns take ~25-40x its bytes at the
 # peak; 4 MB keeps that near 100 MB, and per-block overheads stay a few percent of the work.

@@ -6,7 +6,7 @@ made (profile, tokenizer path and fingerprint, thinking mode) so that a bare
 `audit check NAME` knows what to audit it with (`audit.generate.manifest` reads it).
 
 Targets and the data root may be URLs in object storage (`s3://bucket/prepared/B1`, see
-`audit.storage`): a partition name under `--data-root s3://bucket/prepared` is found as under a
+`audit.base.storage`): a partition name under `--data-root s3://bucket/prepared` is found as under a
 local root, and can no more escape it.
 """
 
@@ -17,9 +17,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from audit.errors import InputError
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath, is_url, location
 from audit.generate.manifest import GenerationManifest, read_manifest
-from audit.storage import ObjectPath, is_url, location
 
 DATA_FILE = "raw_responses.jsonl"
 DEFAULT_DATA_ROOT = Path("prepared")

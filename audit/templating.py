@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from audit.base.errors import ConfigError
 from audit.encoders import ENCODERS, deepseek_v32
-from audit.errors import ConfigError
 from audit.tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "chat_template"

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit import inert
+from audit.base import inert
 from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule

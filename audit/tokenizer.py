@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from audit.base.offline import configure_offline
 from audit.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
 from audit.fastcodec import (
     FAST_ENCODER_AFTER_CHARS,
@@ -27,7 +28,6 @@ from audit.fastcodec import (
     fast_encoder_for_backend,
     fast_paths_enabled,
 )
-from audit.offline import configure_offline
 from audit.tokenizer_cache import (
     RememberedAnswers,
     StoredVocabulary,

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from audit.base.files import open_temporary
 from audit.fastcodec import ByteDecoder
-from audit.files import open_temporary
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 _MAGIC = b"audit-tokenizer-state\n"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.errors import ConfigError
+from audit.base.errors import ConfigError
 
 # Files whose bytes define a tokenizer's behaviour; their hash is its fingerprint.
 _FINGERPRINT_FILES = (

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from audit.json_values import json_type
+from audit.base.json_values import json_type
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from audit.errors import ConfigError
+from audit.base.errors import ConfigError
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 # A verdict's rank: what "got worse" means between two reports.

@@ -15,8 +15,8 @@ import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 
-from audit.memory import configure_allocators
-from audit.offline import configure_offline
+from audit.base.memory import configure_allocators
+from audit.base.offline import configure_offline
 
 # Environment a worker needs the parent's value of (the cache and backend switches, thread limits).
 _INHERITED = ("AUDIT_", "HF_", "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")

@@ -73,14 +73,15 @@ LAYERS = {
     ),
     "base": (
         "audit",
-        "audit.errors",
-        "audit.config",
-        "audit.files",
-        "audit.storage",
-        "audit.inert",
-        "audit.json_values",
-        "audit.memory",
-        "audit.offline",
+        "audit.base",
+        "audit.base.errors",
+        "audit.base.config",
+        "audit.base.files",
+        "audit.base.storage",
+        "audit.base.inert",
+        "audit.base.json_values",
+        "audit.base.memory",
+        "audit.base.offline",
     ),
 }
 UI_LIBRARIES = ("rich", "typer", "textual")

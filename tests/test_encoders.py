@@ -17,6 +17,7 @@ from types import ModuleType
 
 import pytest
 
+from audit.base.errors import ConfigError
 from audit.encoders import (
     ENCODERS,
     EncoderError,
@@ -25,7 +26,6 @@ from audit.encoders import (
     encoder,
     sglang_request_messages,
 )
-from audit.errors import ConfigError
 from audit.tokenizer import Tokenizer, load_tokenizer
 from fixtures.conversations import TOOLS, conversation
 from fixtures.family_partitions import real_encoder, real_tokenizer_dir

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from audit.files import write_atomically
+from audit.base.files import write_atomically
 
 
 def test_written_file_follows_the_umask_and_replaces_the_old_one(tmp_path):

@@ -26,14 +26,14 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
-import audit.files
-from audit import inert
+import audit.base.files
+from audit.base import inert
+from audit.base.errors import ConfigError, InputError
+from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_atomically
 from audit.check import check_session
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine import audit_file
-from audit.errors import ConfigError, InputError
-from audit.files import LOCK_FILE, lock_output, open_temporary, write_atomically
 from audit.formats import format_reports, step_summary
 from audit.gating import gate_session, iter_quarantine
 from audit.history import diff_reports, load_report
@@ -78,7 +78,7 @@ HOLD_LOCK = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from audit.files import lock_output
+    from audit.base.files import lock_output
     lock = lock_output(Path(sys.argv[1]), command="audit gate held-by-test")
     print("locked", flush=True)
     time.sleep(120)
@@ -713,7 +713,7 @@ def test_a_temporary_a_live_process_holds_is_never_removed(tmp_path):
         """
         import sys, time
         from pathlib import Path
-        from audit.files import open_temporary
+        from audit.base.files import open_temporary
         temporary = open_temporary(Path(sys.argv[1]), "report.json")
         temporary.file.write(b"half")
         temporary.file.flush()
@@ -770,8 +770,8 @@ def sync_log(monkeypatch) -> list[tuple[str, str]]:
         log.append(("rename", str(Path(dst).resolve())))
         return real_replace(src, dst)
 
-    monkeypatch.setattr(audit.files.os, "fsync", fsync)  # the same `os` module everywhere
-    monkeypatch.setattr(audit.files.os, "replace", replace)
+    monkeypatch.setattr(audit.base.files.os, "fsync", fsync)  # the same `os` module everywhere
+    monkeypatch.setattr(audit.base.files.os, "replace", replace)
     return log
 
 

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import audit
+from audit.base.errors import ConfigError
 from audit.batch import Batch
 from audit.cli import app
-from audit.errors import ConfigError
 from audit.isolation import INTERNAL_ERROR, isolated
 from audit.records import parse_block
 from audit.ruleset import load_rule_set

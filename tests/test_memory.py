@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from audit.memory import JEMALLOC_SETTINGS
+from audit.base.memory import JEMALLOC_SETTINGS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux allocators")
 

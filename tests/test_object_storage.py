@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath, is_url, location
 from audit.cli import app
-from audit.errors import InputError
 from audit.sources import InputDigest, file_blocks
-from audit.storage import ObjectPath, is_url, location
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree

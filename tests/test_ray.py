@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from audit.base.errors import ConfigError, InputError
+from audit.base.storage import ObjectPath
 from audit.check import check_session
-from audit.cluster import audit_shard_task, shard_size
 from audit.cli import app
-from audit.errors import ConfigError, InputError
+from audit.cluster import audit_shard_task, shard_size
 from audit.parallel import plan_shards
 from audit.profiles import load_profile
 from audit.session import CheckOptions, prepare, shared_tokenizer
-from audit.storage import ObjectPath
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from audit.base.errors import ConfigError
 from audit.cli import app
-from audit.errors import ConfigError
 from audit.templating import prompt_ids
 from audit.tokenizer import load_tokenizer
 from tests import tiktoken_remote_code

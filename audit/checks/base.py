@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import polars as pl
 
+from audit.base.config import expect
+from audit.base.errors import ConfigError
 from audit.batch import Batch
-from audit.config import expect
-from audit.errors import ConfigError
 
 DOC_SECTIONS = ("What it checks", "Why it matters", "Example", "Fix")
 

@@ -1,8 +1,8 @@
 """The `audit` command line: one module per command, all registered on one typer app."""
 
-from audit.memory import configure_allocators
+from audit.base.memory import configure_allocators
 
-# First, before polars is loaded: its allocator reads its settings then (see audit.memory).
+# First, before polars is loaded: its allocator reads its settings then (see audit.base.memory).
 configure_allocators()
 
 from audit.cli import (  # noqa: F401  (importing a command's module registers it)

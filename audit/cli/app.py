@@ -25,7 +25,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from audit import __version__, inert
+from audit import __version__
+from audit.base import inert
 
 EXIT_USAGE = 2
 DEBUG_ENV = "AUDIT_DEBUG"  # audit.isolation reads it; the CLI cannot import the core at start-up

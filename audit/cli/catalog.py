@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
+from audit.base.errors import AuditError
 from audit.cli.app import Thinking, ThinkingOption, TokenizerOption, TrustOption, app, console, fail
-from audit.errors import AuditError
 
 
 @app.command("rules")

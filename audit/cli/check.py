@@ -17,6 +17,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from audit.base.errors import AuditError, InputError
 from audit.cli.app import (
     EXIT_USAGE,
     DataRootOption,
@@ -46,7 +47,6 @@ from audit.cli.app import (
 )
 from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
-from audit.errors import AuditError, InputError
 from audit.formats import OutputFormat, format_chunks, step_summary, summary_rows
 from audit.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report import Report
@@ -218,10 +218,10 @@ def check(
     any of them exits 2 before anything is audited. Then each is audited in turn; the exit code
     is the worst of them.
     """
+    from audit.base.storage import location
     from audit.check import check_session
     from audit.parallel import start_workers
     from audit.session import prepare
-    from audit.storage import location
     from audit.targets import resolve_target
 
     targets = list(targets or [])

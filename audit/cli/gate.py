@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from audit.base.errors import AuditError
+from audit.base.inert import terminal
 from audit.cli.app import (
     EXIT_USAGE,
     DataRootOption,
@@ -34,9 +36,7 @@ from audit.cli.app import (
     writing,
 )
 from audit.cli.check import FormatOption, emit, explain_shipped_sample
-from audit.errors import AuditError
 from audit.formats import OutputFormat
-from audit.inert import terminal
 
 
 class QuarantineOn(StrEnum):
@@ -85,9 +85,9 @@ def gate(
     line with its findings) and manifest.json into --out, then prints the report. Exit codes
     as for check: 0 the gate passed, 1 it failed (the split is written either way), 2 error.
     """
+    from audit.base.storage import location
     from audit.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
     from audit.session import prepare
-    from audit.storage import location
     from audit.targets import resolve_target
 
     out_dir = location(out)

@@ -13,9 +13,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from audit.base.errors import AuditError
+from audit.base.inert import terminal
 from audit.cli.app import EXIT_USAGE, Thinking, TrustOption, app, errors, fail, internal_errors_line
-from audit.errors import AuditError
-from audit.inert import terminal
 
 EXIT_INTERRUPTED = 130
 # Without a terminal, a plain progress line this often (seconds).

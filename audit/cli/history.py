@@ -13,6 +13,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
+from audit.base.errors import AuditError
+from audit.base.inert import CELL_LIMIT, terminal
 from audit.cli.app import (
     FailOn,
     FailOnOption,
@@ -27,9 +29,7 @@ from audit.cli.app import (
 )
 from audit.cli.check import FormatOption, HtmlOption, emit
 from audit.cli.tables import plain
-from audit.errors import AuditError
 from audit.formats import OutputFormat
-from audit.inert import CELL_LIMIT, terminal
 
 ReportFile = Annotated[
     str, typer.Argument(help="A JSON report written by `audit check` (or --report): a path or a URL.")
@@ -54,8 +54,8 @@ def report_command(
     --tokenizer DIR names the tokenizer instead of the path the report records; it is required with
     --trust-remote-code, since a report is data and never chooses whose code runs.
     """
+    from audit.base.storage import location
     from audit.history import load_report
-    from audit.storage import location
 
     if trust_remote_code and tokenizer is None:
         raise fail(
@@ -109,8 +109,8 @@ def diff(
     verdict rose, or it failed both times at a higher rate). Exit 0 otherwise, 2 when a file
     cannot be read as a report.
     """
+    from audit.base.storage import location
     from audit.history import diff_reports, load_report
-    from audit.storage import location
 
     try:
         before, after = load_report(location(old)), load_report(location(new))

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from audit.base.errors import AuditError
 from audit.cli.app import (
     DataRootOption,
     ProfileOption,
@@ -25,7 +26,6 @@ from audit.cli.app import (
     fail,
 )
 from audit.cli.tables import plain
-from audit.errors import AuditError
 
 JSON_SCHEMA_VERSION = 1
 

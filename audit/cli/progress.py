@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from audit.inert import terminal
+from audit.base.inert import terminal
 
 # A run shorter than this never shows a bar.
 SHOW_AFTER_SECONDS = 2.0

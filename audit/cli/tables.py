@@ -9,7 +9,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from audit import inert
+from audit.base import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
 from audit.report import Report
@@ -25,7 +25,7 @@ def plain(value: object, style: str = "", limit: int | None = inert.CELL_LIMIT) 
 
     A `str` given to rich is parsed as markup (`[/]` crashes, `[link=...]` makes a link);
     a `Text` is not. Control bytes, bidi overrides and lone surrogates are shown escaped
-    (`audit.inert.terminal`), and a value longer than `limit` is cut.
+    (`audit.base.inert.terminal`), and a value longer than `limit` is cut.
     """
     return Text(inert.terminal(value, limit), style=style)
 
@@ -250,7 +250,7 @@ def profiles_table(
     From 100 columns (`width`) each prompt ending has a line to itself: folded, `<|im_middle|>`
     or a `\\n` would break across lines and read as something else.
     """
-    from audit.errors import AuditError
+    from audit.base.errors import AuditError
 
     table = Table(title="profiles", title_justify="left", header_style="bold", show_lines=True)
     mode = "thinking" if thinking else "no_thinking"

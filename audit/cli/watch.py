@@ -15,6 +15,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from audit.base.errors import AuditError
+from audit.base.inert import terminal
 from audit.cli.app import (
     EXIT_USAGE,
     DataRootOption,
@@ -30,8 +32,6 @@ from audit.cli.app import (
     internal_errors_line,
 )
 from audit.cli.tables import VERDICT_STYLE, plain
-from audit.errors import AuditError
-from audit.inert import terminal
 
 
 def snapshot_table(snapshot, *, live: bool = True) -> Table:

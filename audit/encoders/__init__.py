@@ -8,10 +8,10 @@ profile names one with `encoder = "deepseek-v3.2"`; `encoder(name)` returns its 
 
 from __future__ import annotations
 
+from audit.base.errors import ConfigError
 from audit.encoders import deepseek_v4, deepseek_v32
 from audit.encoders.base import Encoder, EncoderError
 from audit.encoders.sglang import sglang_request_messages
-from audit.errors import ConfigError
 
 ENCODERS: dict[str, Encoder] = {
     "deepseek-v3.2": deepseek_v32.render,

@@ -30,7 +30,7 @@ from typing import Any
 import httpx
 import orjson
 
-from audit.errors import AuditError
+from audit.base.errors import AuditError
 from audit.tokenizer import Tokenizer
 
 # Status codes that say "try again later" although they are 4xx.

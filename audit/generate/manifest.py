@@ -29,8 +29,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from audit.errors import ConfigError, InputError
-from audit.files import write_atomically
+from audit.base.errors import ConfigError, InputError
+from audit.base.files import write_atomically
 
 GENERATION_FILE = "generation.json"
 # Settings that must match between a run and the run it resumes: mixing two configurations in

@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import orjson
 
-from audit.errors import InputError
-from audit.files import fsync_directory
+from audit.base.errors import InputError
+from audit.base.files import fsync_directory
 
 ERRORS_FILE = "errors.jsonl"
 

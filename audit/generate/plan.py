@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 
 from audit import __version__
-from audit.errors import ConfigError
-from audit.files import OutputLock, lock_output
+from audit.base.errors import ConfigError
+from audit.base.files import OutputLock, lock_output
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import scan_prompts

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from audit.errors import InputError
+from audit.base.errors import InputError
 
 
 @dataclass(frozen=True)

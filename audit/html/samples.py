@@ -15,17 +15,17 @@ from pathlib import Path
 
 import polars as pl
 
+from audit.base.errors import ConfigError
+from audit.base.storage import ObjectPath, is_url
 from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation
-from audit.errors import ConfigError
 from audit.findings import FindingsLog, empty_findings_frame
 from audit.profiles import ResolvedProfile, load_profile
 from audit.record_lines import read_record
 from audit.report import Report
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.sources import InputDigest, file_blocks
-from audit.storage import ObjectPath, is_url
 from audit.tokenizer import Tokenizer
 
 SAMPLES_PER_RULE = 3

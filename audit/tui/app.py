@@ -17,7 +17,7 @@ from textual.strip import Strip
 from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
-from audit.inert import CELL_LIMIT, terminal
+from audit.base.inert import CELL_LIMIT, terminal
 from audit.token_view import Inspector, RecordEntry
 from audit.tui.detail import SEVERITY_STYLE, DetailLines
 

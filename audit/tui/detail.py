@@ -16,7 +16,7 @@ import polars as pl
 from rich.console import Console
 from rich.text import Text
 
-from audit.inert import CELL_LIMIT, terminal
+from audit.base.inert import CELL_LIMIT, terminal
 from audit.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,

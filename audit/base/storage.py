@@ -32,9 +32,9 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import IO, Any, Self
 
-from audit.errors import ConfigError, InputError
+from audit.base.errors import ConfigError, InputError
 
-LOCK_FILE = ".audit.lock"  # as a local output's (audit.files)
+LOCK_FILE = ".audit.lock"  # as a local output's (audit.base.files)
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://(.*)$", re.DOTALL)
 # Ranged reads of this size; one more is fetched in the background while the reader works.
 READ_BLOCK_BYTES = 8 << 20
@@ -240,10 +240,10 @@ class ObjectPath:
 
 
 def write_output(path: Path | ObjectPath, content: str | Iterable[bytes]) -> Path | ObjectPath:
-    """Write an output whole: on disk atomically (`audit.files.write_atomically`), in object
+    """Write an output whole: on disk atomically (`audit.base.files.write_atomically`), in object
     storage as one upload that readers see only once it is complete."""
     if not isinstance(path, ObjectPath):
-        from audit.files import write_atomically
+        from audit.base.files import write_atomically
 
         return write_atomically(path, content)
     with path.open("wb") as handle:
@@ -438,7 +438,7 @@ def lock_prefix(prefix: ObjectPath, command: str | None = None) -> PrefixLock:
     host that is gone is taken over; one from another host stays until someone deletes it (the
     error says which object), since nothing here can tell whether that run still lives.
     """
-    from audit.files import OutputInUse, holder_record
+    from audit.base.files import OutputInUse, holder_record
 
     path = prefix / LOCK_FILE
     token = os.urandom(16).hex()
@@ -458,7 +458,7 @@ def lock_prefix(prefix: ObjectPath, command: str | None = None) -> PrefixLock:
 
 
 def _in_use(prefix: ObjectPath, path: ObjectPath, holder: dict[str, Any]) -> str:
-    from audit.files import describe_holder
+    from audit.base.files import describe_holder
 
     return (
         f"{prefix} is in use by another audit run ({describe_holder(holder or None)}); wait for it "

@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from audit.errors import ConfigError
+from audit.base.errors import ConfigError
 
 # Built-in rule sets and profiles: `rules/` beside the package in a checkout, or the copy
 # packed into the wheel as `audit/_rules`.
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # audit/, this module's is audit/base/
 BUILTIN_RULES_DIR = next(
     (p for p in (_PACKAGE_DIR.parent / "rules", _PACKAGE_DIR / "_rules") if p.is_dir()),
     _PACKAGE_DIR.parent / "rules",

@@ -36,8 +36,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-from audit import inert
-from audit.errors import InputError
+from audit.base import inert
+from audit.base.errors import InputError
 
 LOCK_FILE = ".audit.lock"
 TEMPORARY_MARK = ".audit-"
