@@ -13,9 +13,9 @@ import pandera.polars as pa
 import polars as pl
 
 from audit.contract import all_in_vocabulary, contract_failures, record_contract
-from audit.flat_ids import FlatIds, MarkerIndex
-from audit.profiles import ResolvedProfile
-from audit.tokenizer import Tokenizer
+from audit.model.flat_ids import FlatIds, MarkerIndex
+from audit.model.profiles import ResolvedProfile
+from audit.model.tokenizer import Tokenizer
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")

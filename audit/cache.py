@@ -32,8 +32,8 @@ import polars as pl
 from audit import __version__
 from audit.base.files import write_directory_atomically
 from audit.engine import STATS_SCHEMA, FileAudit
-from audit.fastcodec import fast_paths_enabled
 from audit.findings import FindingsLog
+from audit.model.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:
     from audit.batch import AuditContext

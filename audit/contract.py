@@ -16,8 +16,8 @@ import pandera.polars as pa
 import polars as pl
 from pandera.errors import SchemaErrors
 
+from audit.model.tokenizer import Tokenizer
 from audit.records import CONTRACT
-from audit.tokenizer import Tokenizer
 
 # The kinds of problem the contract finds, beside the reader's (`audit.records`).
 OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have

@@ -11,7 +11,7 @@ entered with no `</think>` before it, as SGLang's reasoning parsers split it. Ev
 is the answer, up to the trailing stop token(s).
 
 `response_bounds(batch)` computes these bounds once per batch from the batch's marker index
-(`audit.flat_ids`: one look-up over the flat output ids, no per-token Python); the tool-call
+(`audit.model.flat_ids`: one look-up over the flat output ids, no per-token Python); the tool-call
 grammar, the segmentation and degenerate-output rules, the record statistics, `audit inspect`
 and the HTML samples all read them.
 """
@@ -23,8 +23,8 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.expressions import ends_with
-from audit.flat_ids import ABSENT, MarkerIndex, absent_as_null
-from audit.profiles import REASONING_STATES, ResolvedProfile
+from audit.model.flat_ids import ABSENT, MarkerIndex, absent_as_null
+from audit.model.profiles import REASONING_STATES, ResolvedProfile
 
 REASONING = pl.Enum(REASONING_STATES)
 

@@ -21,9 +21,9 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.channels import harmony_messages
-from audit.profiles import ResolvedProfile
+from audit.model.profiles import ResolvedProfile
+from audit.model.tokenizer import Tokenizer
 from audit.response import response_bounds
-from audit.tokenizer import Tokenizer
 from audit.toolcalls import tool_call_view
 
 SEGMENT_PROMPT = "prompt"

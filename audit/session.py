@@ -18,11 +18,11 @@ import orjson
 from audit.base.errors import ConfigError
 from audit.batch import AuditContext
 from audit.generate.prompts import load_prompts
-from audit.profiles import ResolvedProfile, load_profile
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.ruleset import RuleSet, load_rule_set
 from audit.sources import DEFAULT_BLOCK_BYTES
 from audit.targets import Target
-from audit.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)

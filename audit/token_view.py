@@ -29,10 +29,10 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
 from audit.contract import in_vocabulary
-from audit.profiles import ResolvedProfile
+from audit.model.profiles import ResolvedProfile
+from audit.model.tokenizer import Tokenizer
 from audit.record_lines import LineIndex, read_record
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
-from audit.tokenizer import Tokenizer
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
 DEFAULT_PROMPT_TAIL = 16

@@ -5,7 +5,7 @@ Tool-call markers the model writes inside its reasoning are text it thinks with,
 (`audit.response`): from the response token, or from the tool call that ended the reasoning in
 families whose profile allows it.
 
-Two levels, as the family's format (`audit.toolcall_formats`) says:
+Two levels, as the family's format (`audit.model.call_formats`) says:
 
 1. **Ids.** The single-id markers of every answer become role letters matched against the
    format's grammar: one vectorised regex over the batch, no decoding.
@@ -32,11 +32,9 @@ import orjson
 import polars as pl
 
 from audit.batch import Batch
-from audit.flat_ids import FlatIds
-from audit.response import answer_text, response_bounds
-from audit.toolcall_formats import ROLE_LETTERS
-from audit.toolcall_readers import ToolCall
-from audit.toolcall_values import (
+from audit.model.call_formats import ROLE_LETTERS
+from audit.model.call_readers import ToolCall
+from audit.model.call_values import (
     elements_error,
     elements_literal,
     parameter_literal,
@@ -47,6 +45,8 @@ from audit.toolcall_values import (
     tools_in_prompt,
     value_error,
 )
+from audit.model.flat_ids import FlatIds
+from audit.response import answer_text, response_bounds
 
 # One row per call (several per record), in output order.
 CALLS_SCHEMA: dict[str, pl.DataType] = {

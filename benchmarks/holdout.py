@@ -6,7 +6,7 @@ recall and false-positive rate on it.
 
 For each family test spec (`tests/families/NAME.toml`) and each thinking mode it tests, the
 script renders random conversations with the family's real tokenizer and template through
-`audit.templating` (with the profile's thinking switch): one or more user turns, system prompt
+`audit.model.templating` (with the profile's thinking switch): one or more user turns, system prompt
 or not, agentic histories (several tool calls per turn, their results, arguments as objects or
 as JSON strings), random tools whose parameters declare every JSON type, nested objects and
 arrays, nullable and untyped ones, with values that follow the declared types. The output is
@@ -47,13 +47,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from audit.check import check_session
-from audit.profiles import ResolvedProfile, load_profile
+from audit.model.call_values import parameter_types
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.templating import CHAT_TEMPLATE, render_prompts
+from audit.model.tokenizer import Tokenizer
 from audit.session import CheckOptions, prepare
 from audit.session import shared_tokenizer as load_cached_tokenizer
 from audit.targets import resolve_target
-from audit.templating import CHAT_TEMPLATE, render_prompts
-from audit.tokenizer import Tokenizer
-from audit.toolcall_values import parameter_types
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,

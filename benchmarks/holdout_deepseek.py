@@ -49,9 +49,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import audit
-from audit.encoders import deepseek_v4, deepseek_v32, sglang_request_messages
-from audit.profiles import THINKING_STATES, ResolvedProfile, load_profile
-from audit.tokenizer import Tokenizer, load_tokenizer
+from audit.model.encoders import deepseek_v4, deepseek_v32, sglang_request_messages
+from audit.model.profiles import THINKING_STATES, ResolvedProfile, load_profile
+from audit.model.tokenizer import Tokenizer, load_tokenizer
 from fixtures.family_partitions import FamilySpec, load_spec, real_encoder, spec_tokenizer_dir
 
 # Another revision of each family's template or encoder, for that corruption.

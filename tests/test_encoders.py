@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 
 from audit.base.errors import ConfigError
-from audit.encoders import (
+from audit.model.encoders import (
     ENCODERS,
     EncoderError,
     deepseek_v4,
@@ -26,7 +26,7 @@ from audit.encoders import (
     encoder,
     sglang_request_messages,
 )
-from audit.tokenizer import Tokenizer, load_tokenizer
+from audit.model.tokenizer import Tokenizer, load_tokenizer
 from fixtures.conversations import TOOLS, conversation
 from fixtures.family_partitions import real_encoder, real_tokenizer_dir
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from audit.check import check_session
-from audit.profiles import load_profile
+from audit.model.profiles import load_profile
+from audit.model.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
+from audit.model.tokenizer import Tokenizer
 from audit.session import CheckOptions, prepare
 from audit.session import shared_tokenizer as _tokenizer_cache
 from audit.targets import resolve_target
-from audit.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
-from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     CORRUPTIONS,
     FamilySpec,
@@ -57,7 +57,7 @@ def spec_tokenizer(spec: FamilySpec, workdir: Path) -> tuple[Path, Tokenizer]:
 def test_every_built_in_profile_with_real_files_has_a_spec() -> None:
     # Kimi has no real tokenizer or template on PyPI: K2.5's spec runs on the project's stand-in,
     # and K2-Thinking's prompt ending is checked by the rule cases on it.
-    from audit.profiles import builtin_profiles
+    from audit.model.profiles import builtin_profiles
 
     covered = {spec.profile for spec in SPECS.values()}
     assert set(builtin_profiles()) - covered <= {"kimi-k2-thinking"}

@@ -14,9 +14,9 @@ import pytest
 
 from audit.check import check_session
 from audit.generate import scan_prompts
+from audit.model.templating import prompt_ids
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
-from audit.templating import prompt_ids
 from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, ROOT
 from tests.generate_support import (
     KIMI_END_OF_TURN,
@@ -322,7 +322,7 @@ def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(
 )
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
-    from audit.tokenizer import load_tokenizer
+    from audit.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     messages = [{"role": "user", "content": "Convert 12 USD to EUR."}]

@@ -17,8 +17,8 @@ from audit.distributions import SCATTER_POINTS, summarize
 from audit.engine import STATS_SCHEMA
 from audit.html import FINDINGS_SHOWN, render_html
 from audit.html.samples import SAMPLES_PER_RULE, WINDOW
+from audit.model.tokenizer import load_tokenizer
 from audit.report import Report
-from audit.tokenizer import load_tokenizer
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
 SCRIPT_ID = "<script>alert(1)</script>"

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from audit.cli import app
 from audit.html import STYLE
-from audit.tokenizer import load_tokenizer
+from audit.model.tokenizer import load_tokenizer
 from tests.conftest import DEEPSEEK_TOKENIZER, PREPARED
 from tests.test_html import CHROMIUM, needs_chromium, open_in_chromium
 

@@ -10,9 +10,9 @@ import polars as pl
 import pytest
 
 from audit.check import check_session
+from audit.model.templating import prompt_ids
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
-from audit.templating import prompt_ids
 from audit.token_view import Inspector, LineIndex
 from audit.tui.detail import DetailLines
 from tests.conftest import KIMI_TOKENIZER, PREPARED
@@ -33,7 +33,7 @@ def glaive() -> Inspector:
 
 def write_long_partition(directory: Path) -> Path:
     """A partition of one clean record and one with a 30k-token reasoning and a second </think>."""
-    from audit.tokenizer import load_tokenizer
+    from audit.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(KIMI_TOKENIZER)
     clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
@@ -154,7 +154,7 @@ def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path:
 
 
 def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers(tmp_path: Path) -> None:
-    from audit.tokenizer import load_tokenizer
+    from audit.model.tokenizer import load_tokenizer
     from tests import tiktoken_remote_code
 
     directory = tiktoken_remote_code.build(tmp_path / "kimi-tiktoken")
@@ -181,7 +181,7 @@ def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers
 
 def _harmony_partition(directory: Path, harmony: Path, tokenizer) -> Path:
     """gpt-oss records: an answer after analysis, and a tool call (finish stop)."""
-    from audit.templating import prompt_ids as render
+    from audit.model.templating import prompt_ids as render
 
     [prompt] = render(tokenizer, [[{"role": "user", "content": "Weather in Paris?"}]], [None], thinking=True)
     outputs = [

@@ -18,8 +18,8 @@ from audit.base.storage import ObjectPath
 from audit.check import check_session
 from audit.cli import app
 from audit.cluster import audit_shard_task, shard_size
+from audit.model.profiles import load_profile
 from audit.parallel import plan_shards
-from audit.profiles import load_profile
 from audit.session import CheckOptions, prepare, shared_tokenizer
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED

@@ -63,12 +63,12 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import RecordRule
 from audit.engine import audit_file
-from audit.fastcodec import BACKEND_ENV
-from audit.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
+from audit.model.fastcodec import BACKEND_ENV
+from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
+from audit.model.templating import RenderFailure, encode_prompts, render_prompts
+from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records import empty_records
 from audit.ruleset import RuleSet, load_rule_set
-from audit.templating import RenderFailure, encode_prompts, render_prompts
-from audit.tokenizer import Tokenizer, load_tokenizer
 from tests.conftest import FIXTURES, real_tokenizer
 
 CASES_DIR = Path(__file__).parent / "rule_cases"

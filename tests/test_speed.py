@@ -23,13 +23,13 @@ from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine import audit_file
-from audit.fastcodec import BACKEND_ENV
-from audit.flat_ids import FlatIds
-from audit.profiles import load_profile
+from audit.model.fastcodec import BACKEND_ENV
+from audit.model.flat_ids import FlatIds
+from audit.model.profiles import load_profile
+from audit.model.tokenizer import load_tokenizer
 from audit.ruleset import load_rule_set
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
-from audit.tokenizer import load_tokenizer
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED
 

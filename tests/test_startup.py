@@ -15,14 +15,14 @@ import orjson
 import pytest
 from polars.testing import assert_frame_equal
 
-from audit import tokenizer_cache
 from audit.batch import AuditContext
-from audit.chat_template import ChatTemplate, UnsupportedInput
 from audit.engine import audit_file
-from audit.fastcodec import BACKEND_ENV
-from audit.profiles import load_profile
+from audit.model import tokenizer_cache
+from audit.model.chat_template import ChatTemplate, UnsupportedInput
+from audit.model.fastcodec import BACKEND_ENV
+from audit.model.profiles import load_profile
+from audit.model.tokenizer import load_tokenizer
 from audit.ruleset import load_rule_set
-from audit.tokenizer import load_tokenizer
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
 
@@ -143,7 +143,7 @@ def test_state_is_keyed_by_the_tokenizer_files(tmp_path: Path, monkeypatch) -> N
 
 def test_concurrent_first_loads_leave_one_whole_state(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
-    script = "from audit.tokenizer import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
+    script = "from audit.model.tokenizer import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
     env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path)}
     processes = [
         subprocess.Popen([sys.executable, "-c", script, str(DEEPSEEK_TOKENIZER)], env=env, cwd=ROOT,
@@ -202,7 +202,7 @@ def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monke
     rule_set = load_rule_set(rules)
 
     def run(threshold: int):
-        monkeypatch.setattr("audit.tokenizer.FAST_ENCODER_AFTER_CHARS", threshold)
+        monkeypatch.setattr("audit.model.tokenizer.FAST_ENCODER_AFTER_CHARS", threshold)
         fresh = load_tokenizer(directory)
         context = AuditContext(load_profile("deepseek-v3.1").resolve(fresh), fresh)
         plain_calls: list[int] = []  # batches the plain `tokenizers` encoder was given

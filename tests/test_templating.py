@@ -1,4 +1,4 @@
-"""Prompt rendering (audit.templating): one path for the prompt a run sends and the one TPL001 expects."""
+"""Prompt rendering (audit.model.templating): one path for the prompt a run sends and the one TPL001 expects."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import audit
-from audit.profiles import PROFILES_DIR
-from audit.templating import (
+from audit.model.profiles import PROFILES_DIR
+from audit.model.templating import (
     CHAT_TEMPLATE,
     RENDERERS,
     PromptRenderer,
@@ -225,9 +225,9 @@ AGENTIC = [
 
 
 def test_deepseek_prompts_are_rendered_by_the_built_in_encoders(real_tokenizer_dirs):
-    from audit.encoders import encoder
-    from audit.profiles import load_profile
-    from audit.templating import get_renderer
+    from audit.model.encoders import encoder
+    from audit.model.profiles import load_profile
+    from audit.model.templating import get_renderer
     from tests.conftest import real_tokenizer
 
     for name in ("deepseek-v3.2", "deepseek-v4"):
@@ -272,7 +272,7 @@ def test_the_generator_sends_and_tpl001_expects_the_encoders_prompt(tmp_path, re
     """DeepSeek-V3.2 end to end: `audit generate` renders with the built-in encoder (agentic
     continuations included), and the audit of what it wrote passes; a prompt with the tools
     preamble of DeepSeek's release file passes too, one mangled otherwise does not."""
-    from audit.encoders import deepseek_v32
+    from audit.model.encoders import deepseek_v32
     from tests.conftest import real_tokenizer
     from tests.sglang_standin import SGLangStandin
 
@@ -319,7 +319,7 @@ def test_a_v4_prompt_at_reasoning_effort_max_passes_unless_the_record_names_anot
 ):
     """The effort is a request option the messages do not carry: a prompt rendered at "max"
     is a real rendering of them, unless the record's own template arguments say otherwise."""
-    from audit.encoders import deepseek_v4
+    from audit.model.encoders import deepseek_v4
     from tests.conftest import real_tokenizer
 
     directory, tokenizer = real_tokenizer(real_tokenizer_dirs, "deepseek-v4")

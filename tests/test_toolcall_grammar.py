@@ -16,17 +16,17 @@ from hypothesis import strategies as st
 
 from audit.batch import AuditContext
 from audit.engine import audit_file
-from audit.profiles import load_profile
-from audit.ruleset import load_rule_set
-from audit.templating import prompt_ids as rendered_prompt_ids
-from audit.toolcall_formats import FORMATS
-from audit.toolcall_values import (
+from audit.model.call_formats import FORMATS
+from audit.model.call_values import (
     Element,
     declared_type,
     elements_error,
     parameter_types,
     value_error,
 )
+from audit.model.profiles import load_profile
+from audit.model.templating import prompt_ids as rendered_prompt_ids
+from audit.ruleset import load_rule_set
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
 TOOLS = [{
@@ -204,7 +204,7 @@ def test_value_error_never_raises(value: str, kind: str) -> None:
 
 
 def test_dsml_reader_reads_the_encoders_own_tool_call_text() -> None:
-    # The call text DeepSeek-V3.2's and V4's encoders write (see audit.encoders), read back.
+    # The call text DeepSeek-V3.2's and V4's encoders write (see audit.model.encoders), read back.
     v32 = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weather">\n'
            '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
            '<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
@@ -456,7 +456,7 @@ def test_kimi_call_ids_of_other_forms_are_a_warning_and_the_pattern_is_the_profi
 def test_without_tools_on_the_record_the_declared_types_come_from_the_prompt(glm47, tmp_path) -> None:
     # The template wrote the tool schemas into the prompt the model saw (`prompt_tools`): a
     # record saved without `tools` or `messages` is still judged by them.
-    from audit.templating import render_prompts
+    from audit.model.templating import render_prompts
 
     messages = [{"role": "user", "content": "Open an issue for the flaky test."}]
     [prompt] = render_prompts(glm47.tokenizer, [messages], [TOOLS], thinking=True)
@@ -468,7 +468,7 @@ def test_without_tools_on_the_record_the_declared_types_come_from_the_prompt(glm
 
 
 def test_tools_in_prompt_reads_the_schema_block_not_the_sentence_naming_the_tags() -> None:
-    from audit.toolcall_values import tools_in_prompt
+    from audit.model.call_values import tools_in_prompt
 
     prompt = ('signatures within <tools></tools> XML tags:\n<tools>\n{"name": "a"}\nnot json\n'
               '{"type": "function", "function": {"name": "b"}}\n</tools>\n\nQ')

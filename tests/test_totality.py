@@ -27,11 +27,11 @@ from audit.batch import AuditContext
 from audit.cli import app
 from audit.engine import audit_blocks
 from audit.isolation import INTERNAL_ERROR
-from audit.profiles import ResolvedProfile, load_profile
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.tokenizer import Tokenizer
 from audit.ruleset import load_rule_set
 from audit.session import shared_tokenizer
 from audit.sources import memory_blocks
-from audit.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     FamilySpec,
     family_specs,

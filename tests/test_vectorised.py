@@ -2,7 +2,7 @@
 
 Response bounds, the stop tokens that end an output, the stop or tool-result marker inside it
 (TRM005) and the tail loops (DEG001) are computed with numpy over one flat array of a batch's
-output ids (`audit.flat_ids`). Each is compared here, on random outputs drawn from the profile's
+output ids (`audit.model.flat_ids`). Each is compared here, on random outputs drawn from the profile's
 marker ids and a few ordinary ids (null and empty outputs included), with the polars list
 expressions they replace, written out below as the reference. The record contract's checks,
 evaluated in one query, are compared with pandera's own validation of the same schema.
@@ -23,12 +23,12 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
 from audit.contract import contract_failures, record_contract, validated_by_pandera
-from audit.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
-from audit.profiles import load_profile
+from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
+from audit.model.profiles import load_profile
+from audit.model.tokenizer import load_tokenizer
+from audit.model.tokenizer_cache import StoredVocabulary
 from audit.records import RECORD_COLUMNS
 from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
-from audit.tokenizer import load_tokenizer
-from audit.tokenizer_cache import StoredVocabulary
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER
 

@@ -7,7 +7,7 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.expressions import first_index_in, first_index_of, nth_index_of, truncated
-from audit.profiles import THINKING_STATES
+from audit.model.profiles import THINKING_STATES
 from audit.response import response_bounds, tool_entry_ids
 
 

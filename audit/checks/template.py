@@ -2,7 +2,7 @@
 
 Records that carry their source `messages` (and `tools`), or whose id a `--prompts FILE` maps
 to them, are rendered again with the profile's renderer (the tokenizer's own chat template,
-`add_generation_prompt`, the run's thinking mode) and encoded, through `audit.templating`, the
+`add_generation_prompt`, the run's thinking mode) and encoded, through `audit.model.templating`, the
 very functions the generator sends prompts with; the ids must equal `input_ids`. Rendering is
 Python (the template engine), so identical message lists are rendered once and the encoding
 is one batched call per block.
@@ -19,7 +19,7 @@ import polars as pl
 
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.templating import (
+from audit.model.templating import (
     RenderFailure,
     encode_prompts,
     get_renderer,

@@ -8,7 +8,7 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.expressions import id_set
-from audit.flat_ids import ABSENT, absent_as_null
+from audit.model.flat_ids import ABSENT, absent_as_null
 from audit.response import answer_text, response_bounds, stop_run
 from audit.toolcalls import tool_call_view
 

@@ -9,8 +9,8 @@ import polars as pl
 from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, findings_frame
 from audit.expressions import truncated
+from audit.model.call_formats import ROLE_LETTERS
 from audit.response import answer_text, response_bounds
-from audit.toolcall_formats import ROLE_LETTERS
 from audit.toolcalls import tool_call_view
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}

@@ -39,8 +39,8 @@ def profiles(
 ) -> None:
     """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
     from audit.cli.tables import profiles_table
-    from audit.profiles import builtin_profiles, load_profile
-    from audit.tokenizer import load_tokenizer
+    from audit.model.profiles import builtin_profiles, load_profile
+    from audit.model.tokenizer import load_tokenizer
 
     try:
         loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None

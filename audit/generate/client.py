@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from audit.base.errors import AuditError
-from audit.tokenizer import Tokenizer
+from audit.model.tokenizer import Tokenizer
 
 # Status codes that say "try again later" although they are 4xx.
 _TRANSIENT_4XX = frozenset({408, 425, 429})

@@ -21,10 +21,10 @@ from audit.base.files import OutputLock, lock_output
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import scan_prompts
-from audit.profiles import ResolvedProfile, load_profile
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.templating import get_renderer
+from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.ruleset import RuleSet, load_rule_set
-from audit.templating import get_renderer
-from audit.tokenizer import Tokenizer, load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The run: every pending prompt rendered, sent to a server, and its sample written once.
 
-Prompts are rendered in batches (`audit.templating`, the same rendering TPL001 audits
+Prompts are rendered in batches (`audit.model.templating`, the same rendering TPL001 audits
 against) and queued, short and long apart, to a fixed number of workers per queue; each
 worker sends one prompt at a time until it is answered, rejected or out of attempts. The
 canary's prompts go first and alone; the rest wait for its verdict. Stopping (Ctrl-C)
@@ -38,8 +38,8 @@ from audit.generate.manifest import write_manifest
 from audit.generate.output import ErrorLog, ResponseLog
 from audit.generate.plan import GenerationPlan
 from audit.generate.prompts import Prompt, iter_prompts
+from audit.model.templating import RenderFailure, prompt_ids
 from audit.report import Report
-from audit.templating import RenderFailure, prompt_ids
 
 # Prompts rendered per batched tokenizer call.
 _RENDER_CHUNK = 64

@@ -21,12 +21,12 @@ from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.findings import FindingsLog, empty_findings_frame
-from audit.profiles import ResolvedProfile, load_profile
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.tokenizer import Tokenizer
 from audit.record_lines import read_record
 from audit.report import Report
 from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.sources import InputDigest, file_blocks
-from audit.tokenizer import Tokenizer
 
 SAMPLES_PER_RULE = 3
 # Tokens shown on each side of the offending position.
@@ -253,7 +253,7 @@ def samples_for_saved_report(
     The tokenizer is `tokenizer` when given, else the directory the report records. A report is
     data: its recorded directory is never loaded with remote code, whatever `trust_remote_code`.
     """
-    from audit.tokenizer import load_tokenizer
+    from audit.model.tokenizer import load_tokenizer
 
     if _choose(report.log, 1).is_empty():
         return Samples()

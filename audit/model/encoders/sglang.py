@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from audit.encoders.base import EncoderError
+from audit.model.encoders.base import EncoderError
 
 # The fields SGLang's request models keep (others are dropped when the request is parsed):
 # a user message has role and content; every other role is the generic message.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from audit.encoders.base import to_json
+from audit.model.encoders.base import to_json
 
 DSML = "｜DSML｜"
 

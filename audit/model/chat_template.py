@@ -11,7 +11,7 @@ aliased, the special tokens passed as variables, and the same sandboxed jinja en
 escaping, `raise_exception`, `strftime_now`, a restricted `dict` and `namespace`).
 
 It is a second implementation, so it is used only where it was shown to agree:
-`audit.tokenizer` renders a set of probe conversations both ways when it first loads a
+`audit.model.tokenizer` renders a set of probe conversations both ways when it first loads a
 tokenizer through transformers, and uses this renderer for that tokenizer only if every probe
 gave the same text (or the same error). A tokenizer whose class overrides the template methods
 (remote code) always renders through transformers, and so does any conversation this renderer

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from audit.base.files import open_temporary
-from audit.fastcodec import ByteDecoder
+from audit.model.fastcodec import ByteDecoder
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 _MAGIC = b"audit-tokenizer-state\n"

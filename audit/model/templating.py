@@ -9,7 +9,7 @@ How a family renders is the profile's choice: `encoder = NAME` in its TOML names
 `RENDERERS`; without it, `chat_template`, the tokenizer's own jinja template
 (`apply_chat_template(..., add_generation_prompt=True, tokenize=False)`). Families that ship a
 Python encoder instead of a template (DeepSeek-V3.2's `encoding_dsv32.py`, V4's
-`encoding_dsv4.py`, reimplemented in `audit.encoders`) are the entries `deepseek-v3.2` and
+`encoding_dsv4.py`, reimplemented in `audit.model.encoders`) are the entries `deepseek-v3.2` and
 `deepseek-v4`: a function from (tokenizer, messages, tools, thinking, template variables) to the
 prompt text. Which template variables switch thinking is the profile's too (`[template]`, read
 by `Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_thinking` or
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.base.errors import ConfigError
-from audit.encoders import ENCODERS, deepseek_v32
-from audit.tokenizer import Tokenizer
+from audit.model.encoders import ENCODERS, deepseek_v32
+from audit.model.tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "chat_template"
 
@@ -165,7 +165,7 @@ def _encoder_options(name: str, thinking: bool, extra: dict[str, Any]) -> dict[s
 
 
 def _encoder_render(name: str, **fixed: Any) -> RenderFunction:
-    """A built-in encoder (`audit.encoders`) as a render function. It ignores the tokenizer:
+    """A built-in encoder (`audit.model.encoders`) as a render function. It ignores the tokenizer:
     the text is the prompt, special-token strings included, encoded by `encode_prompts`."""
 
     def render(

@@ -25,7 +25,7 @@ calls between them read as `"call"` reads them.
 Arguments are judged as the serving stack's parser converts them. Formats that write JSON
 arguments must give one JSON value. Formats that write each parameter as text (`parameters`),
 or arguments as nested elements (`elements`, MiniMax-M3), are judged by the types the tools
-declare (`audit.toolcall_values`).
+declare (`audit.model.call_values`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from re import _constants as sre_constants  # the parsed form of a pattern (stab
 from re import _parser as sre_parser
 from typing import Literal
 
-from audit.toolcall_readers import (
+from audit.model.call_readers import (
     MINIMAX_NAMESPACE,
     R1_STRIPPED_CALL,
     Reader,

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from audit.base.offline import configure_offline
-from audit.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
-from audit.fastcodec import (
+from audit.model.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
+from audit.model.fastcodec import (
     FAST_ENCODER_AFTER_CHARS,
     REPLACEMENT,
     ByteDecoder,
@@ -28,7 +28,7 @@ from audit.fastcodec import (
     fast_encoder_for_backend,
     fast_paths_enabled,
 )
-from audit.tokenizer_cache import (
+from audit.model.tokenizer_cache import (
     RememberedAnswers,
     StoredVocabulary,
     TokenizerState,
@@ -37,7 +37,7 @@ from audit.tokenizer_cache import (
     state_key,
     store_state,
 )
-from audit.tokenizer_files import (
+from audit.model.tokenizer_files import (
     Fingerprint,
     checked_directory,
     encode_special_tokens,
@@ -58,7 +58,7 @@ class Tokenizer:
     """A loaded tokenizer with batched decode/encode and token look-ups.
 
     Built either from a transformers tokenizer (`Tokenizer(hf, directory)`), or from the state a
-    previous run cached on disk (`audit.tokenizer_cache`), in which case transformers is loaded
+    previous run cached on disk (`audit.model.tokenizer_cache`), in which case transformers is loaded
     only if something asks for `hf` (rendering a chat template, remote code).
     """
 
@@ -458,7 +458,7 @@ class Tokenizer:
         return self._plain_encoded_chars > FAST_ENCODER_AFTER_CHARS
 
     def state(self) -> TokenizerState:
-        """What `audit.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
+        """What `audit.model.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
         decoder = self._byte_table
         template = self._verified_template
         backend_json = self._backend_json or (compact_backend_json(self._fast) if self._has_backend else None)
@@ -494,7 +494,7 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
     """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why.
 
     With the fast paths on, what a first load found is cached on disk per tokenizer
-    (`audit.tokenizer_cache`): later loads read it back, without transformers when the
+    (`audit.model.tokenizer_cache`): later loads read it back, without transformers when the
     tokenizer is a plain `tokenizer.json`. `AUDIT_TOKENIZER_BACKEND=tokenizers` always loads
     through transformers, the reference.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from audit.tokenizer import Tokenizer
+from audit.model.tokenizer import Tokenizer
 
 # What the prompt leaves the output to do about reasoning:
 #   prompt_opens  the prompt ends inside <think>: the output closes it exactly once

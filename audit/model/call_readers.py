@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from audit.toolcall_values import Element
+from audit.model.call_values import Element
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ profile names one with `encoder = "deepseek-v3.2"`; `encoder(name)` returns its 
 from __future__ import annotations
 
 from audit.base.errors import ConfigError
-from audit.encoders import deepseek_v4, deepseek_v32
-from audit.encoders.base import Encoder, EncoderError
-from audit.encoders.sglang import sglang_request_messages
+from audit.model.encoders import deepseek_v4, deepseek_v32
+from audit.model.encoders.base import Encoder, EncoderError
+from audit.model.encoders.sglang import sglang_request_messages
 
 ENCODERS: dict[str, Encoder] = {
     "deepseek-v3.2": deepseek_v32.render,

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from audit.encoders import dsml
-from audit.encoders.base import EncoderError, to_json
-from audit.encoders.sglang import sglang_request_messages
+from audit.model.encoders import dsml
+from audit.model.encoders.base import EncoderError, to_json
+from audit.model.encoders.sglang import sglang_request_messages
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
@@ -87,7 +87,7 @@ def render(
     reasoning_effort: ReasoningEffort = None,
 ) -> str:
     """The prompt DeepSeek-V4 is given for an OpenAI-style conversation, prepared as SGLang's
-    serving path prepares it (see `audit.encoders.sglang`).
+    serving path prepares it (see `audit.model.encoders.sglang`).
 
     `thinking` is the thinking mode; `reasoning_effort` is "high", "max" or None. Raises
     `EncoderError` for a conversation SGLang or the encoder refuses.

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.flat_ids import FlatIds
+from audit.model.flat_ids import FlatIds
 
 BACKEND_ENV = "AUDIT_TOKENIZER_BACKEND"
 

@@ -2,7 +2,7 @@
 
 A tokenizer directory is a local Hugging Face tokenizer (`tokenizer.json`, its config, a chat
 template; tiktoken files for Kimi's remote code). Nothing is fetched from a hub. What
-`audit.tokenizer.Tokenizer` wraps is loaded here, with a one-line `ConfigError` for every way a
+`audit.model.tokenizer.Tokenizer` wraps is loaded here, with a one-line `ConfigError` for every way a
 directory can be unusable.
 """
 

@@ -16,16 +16,16 @@ from typing import Any
 
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.base.errors import ConfigError
-from audit.prompt_endings import (
+from audit.model.call_formats import FORMATS, ToolCallFormat
+from audit.model.prompt_endings import (
     REASONING_STATES,
     THINKING_STATES,
     Reasoning,
     reasoning_left,
     suffix_ids,
 )
-from audit.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
-from audit.tokenizer import Tokenizer
-from audit.toolcall_formats import FORMATS, ToolCallFormat
+from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
+from audit.model.tokenizer import Tokenizer
 
 PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 
@@ -118,7 +118,7 @@ class Profile:
     tool_calls: ToolCallSpec | None = None
     think_open_window: int = 0
     channels: ChannelSpec | None = None
-    # The family's built-in prompt encoder (a name in audit.templating.RENDERERS), for models
+    # The family's built-in prompt encoder (a name in audit.model.templating.RENDERERS), for models
     # that ship Python instead of a chat template; None: the tokenizer's chat template.
     encoder: str | None = None
     # Markers that open or close a tool result: the prompt's, never in a model's output. Single
@@ -329,7 +329,7 @@ class ResolvedProfile:
 
     @property
     def prompt_renderer(self) -> str:
-        """How this family's prompts are rendered: a name in `audit.templating.RENDERERS`."""
+        """How this family's prompts are rendered: a name in `audit.model.templating.RENDERERS`."""
         return self.profile.encoder or CHAT_TEMPLATE
 
     @property

@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from audit.encoders import dsml
-from audit.encoders.base import EncoderError, to_json
-from audit.encoders.sglang import sglang_request_messages
+from audit.model.encoders import dsml
+from audit.model.encoders.base import EncoderError, to_json
+from audit.model.encoders.sglang import sglang_request_messages
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
