@@ -36,7 +36,7 @@ from audit.findings import FindingsLog
 from audit.model.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:
-    from audit.batch import AuditContext
+    from audit.records.batch import AuditContext
     from audit.ruleset import RuleSet
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"

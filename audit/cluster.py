@@ -30,8 +30,8 @@ from audit.base.storage import ObjectPath
 from audit.engine import FileAudit, ProgressCallback, ShardAudit, join_shards
 from audit.findings import FindingsLog, spill_part
 from audit.parallel import Shard, audit_range, iter_shards
+from audit.records.sources import InputDigest
 from audit.session import CheckOptions, Session, worker_session
-from audit.sources import InputDigest
 
 if TYPE_CHECKING:
     from audit.cache import AuditCache

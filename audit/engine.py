@@ -5,7 +5,7 @@ One entry point does the work of every command that audits (`check`, `gate`, `in
 
     audit_blocks(blocks, context, rule_set) -> ShardAudit
 
-`blocks` are `audit.sources.LineBlock`s, each numbered by the physical line its first line has
+`blocks` are `audit.records.sources.LineBlock`s, each numbered by the physical line its first line has
 in the input, from any source: a file or a byte range of it, the lines appended to a growing
 file, lines in memory, a stream of chunks from object storage. The engine never knows which.
 Rules only say which rows break them; the engine parses each block, numbers findings by line,
@@ -29,13 +29,13 @@ from pathlib import Path
 
 import polars as pl
 
-from audit.batch import AuditContext, Batch
 from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.isolation import INTERNAL_ERROR, InternalError, isolated
-from audit.records import RejectedLine, parse_block
+from audit.records.batch import AuditContext, Batch
+from audit.records.reader import RejectedLine, parse_block
+from audit.records.segments import record_summary
+from audit.records.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
 from audit.ruleset import ConfiguredRule, RuleSet
-from audit.segments import record_summary
-from audit.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
 
 # One row per readable record: the shape of the data, for summaries and plots.
 STATS_SCHEMA: dict[str, pl.DataType] = {

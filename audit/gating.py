@@ -17,7 +17,7 @@ writes three files into the output directory:
     manifest.json     what was gated, with what, and the sha256 of everything (written last)
 
 A record is a non-blank line, readable or not (the denominator of every rate in the report;
-`audit.sources.LineBlock.record_lines`, as the engine reads them). Blank lines are not records: they go to neither output and are counted in the manifest as
+`audit.records.sources.LineBlock.record_lines`, as the engine reads them). Blank lines are not records: they go to neither output and are counted in the manifest as
 `blank_lines`. So `clean + quarantined == records`, always.
 
 A record is quarantined when it has a finding of severity `error` (or any finding with
@@ -71,9 +71,9 @@ from audit.base.storage import ObjectPath, abort_unfinished_writes, location, lo
 from audit.check import check_session
 from audit.engine import ProgressCallback
 from audit.findings import FindingsLog
+from audit.records.sources import InputDigest, file_blocks
 from audit.report import Report
 from audit.session import Session
-from audit.sources import InputDigest, file_blocks
 
 MANIFEST_SCHEMA_VERSION = 1
 CLEAN_FILE = "clean.jsonl"

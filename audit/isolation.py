@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from audit.batch import Batch
 from audit.checks.internal import InternalError as InternalErrorRule
+from audit.records.batch import Batch
 
 # The code of an internal-error finding, which the engine reports itself.
 INTERNAL_ERROR = InternalErrorRule.code

@@ -37,8 +37,8 @@ from audit.engine import (
     join_shards,
 )
 from audit.findings import FindingsLog
+from audit.records.sources import InputDigest, file_blocks
 from audit.session import CheckOptions, Session, worker_session
-from audit.sources import InputDigest, file_blocks
 from audit.targets import Target
 from audit.workers import ignore_outcome, worker_pool
 

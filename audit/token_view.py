@@ -2,12 +2,12 @@
 
 `Inspector` takes the findings of an audit run and, on demand, re-reads single records from the
 data file by line number (byte offsets of every line are found once, with numpy, without
-holding the file), reads them with the audit's own reader (`audit.records`), then builds a
+holding the file), reads them with the audit's own reader (`audit.records.reader`), then builds a
 `RecordView`: the tail of the prompt and the whole output as a polars frame of tokens (index,
 id, decoded piece, special-token role, segment, the findings pointing at it), plus what each
 flagged rule wants shown beside it (`Rule.explain`: PRM001 expected vs actual generation
 suffix, RTR001/RTR002 decoded text beside the ids). Segments and roles come from the record
-view (`audit.segments`), the same one the engine's statistics and the HTML samples read.
+view (`audit.records.segments`), the same one the engine's statistics and the HTML samples read.
 
 No terminal code here: it is drawn by `audit.tui.detail` (rich text) and `audit.tui.app`
 (textual).
@@ -25,14 +25,14 @@ import orjson
 import polars as pl
 
 from audit.base import inert
-from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
-from audit.contract import in_vocabulary
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
-from audit.record_lines import LineIndex, read_record
-from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.records.batch import AuditContext, Batch
+from audit.records.contract import in_vocabulary
+from audit.records.record_lines import LineIndex, read_record
+from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
 DEFAULT_PROMPT_TAIL = 16

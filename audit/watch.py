@@ -1,6 +1,6 @@
 """A live audit of a growing `raw_responses.jsonl`: only new whole lines are read each time.
 
-`LiveAudit.poll()` takes the whole lines appended since the last poll (`audit.sources.
+`LiveAudit.poll()` takes the whole lines appended since the last poll (`audit.records.sources.
 GrowingFile`; a partial last line waits for the next poll), runs the engine over them with the
 same rules as `audit check`, and adds to running counts. File-level rules (duplicate ids) are
 re-judged over the (line, id) pairs seen so far, which stay small.
@@ -19,8 +19,8 @@ import polars as pl
 from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
 from audit.isolation import InternalError
+from audit.records.sources import GrowingFile, LineBlock
 from audit.session import Session
-from audit.sources import GrowingFile, LineBlock
 from audit.targets import DATA_FILE, Target, resolve_target
 from audit.verdict import Verdict
 

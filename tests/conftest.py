@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from audit.batch import AuditContext
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import Tokenizer, load_tokenizer
+from audit.records.batch import AuditContext
 from audit.ruleset import load_rule_set
 from audit.session import shared_tokenizer as loaded_tokenizer
 from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir

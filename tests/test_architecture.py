@@ -44,17 +44,18 @@ LAYERS = {
     "engine": ("audit.engine", "audit.findings", "audit.isolation"),
     "rules": ("audit.checks", "audit.ruleset", "audit.verdict"),
     "record view": (
-        "audit.sources",
         "audit.records",
-        "audit.id_lists",
-        "audit.record_lines",
-        "audit.contract",
-        "audit.batch",
-        "audit.response",
-        "audit.toolcalls",
-        "audit.channels",
-        "audit.segments",
-        "audit.expressions",
+        "audit.records.sources",
+        "audit.records.reader",
+        "audit.records.id_lists",
+        "audit.records.record_lines",
+        "audit.records.contract",
+        "audit.records.batch",
+        "audit.records.response",
+        "audit.records.call_view",
+        "audit.records.channels",
+        "audit.records.segments",
+        "audit.records.expressions",
     ),
     "model facts": (
         "audit.model",
@@ -242,7 +243,7 @@ def test_a_rule_module_imports_no_other_rule_module() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["audit.records", "audit.contract", "audit.sources", "audit.engine"]
+    "name", ["audit.records.reader", "audit.records.contract", "audit.records.sources", "audit.engine"]
 )
 def test_the_reader_and_the_contract_name_no_rule_code(name: str) -> None:
     """They name kinds of problem; each rule says which kind it reports (`Rule.problem`)."""

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, is_url, location
 from audit.cli import app
-from audit.sources import InputDigest, file_blocks
+from audit.records.sources import InputDigest, file_blocks
 from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.engine import audit_file
-from audit.id_lists import IdLists
-from audit.records import parse_block
-from audit.sources import LineBlock
+from audit.records.id_lists import IdLists
+from audit.records.reader import parse_block
+from audit.records.sources import LineBlock
 from tests.conftest import PREPARED, write_jsonl
 
 SAMPLE = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()
@@ -173,7 +173,7 @@ def _record_line(draw) -> bytes:
 def _read_whole(monkeypatch, block: LineBlock):
     """parse_block with every line read whole by orjson: the reference."""
     with monkeypatch.context() as patch:
-        patch.setattr("audit.records.IdLists.read", lambda self, text: None)
+        patch.setattr("audit.records.reader.IdLists.read", lambda self, text: None)
         return parse_block(block)
 
 
@@ -198,7 +198,7 @@ def test_the_native_reading_is_taken_for_plain_lines_and_keeps_their_ids(monkeyp
         natively.append(result is not None)
         return result
 
-    monkeypatch.setattr("audit.records.IdLists.read", spy)
+    monkeypatch.setattr("audit.records.reader.IdLists.read", spy)
     parsed = parse_block(block)
     assert natively == [True, True, True]
     assert parsed.records["output_ids"].to_list() == [json.loads(line)["output_ids"] for line in SAMPLE[:3]]

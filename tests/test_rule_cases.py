@@ -59,7 +59,6 @@ from typing import Any
 import polars as pl
 import pytest
 
-from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import RecordRule
 from audit.engine import audit_file
@@ -67,7 +66,8 @@ from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
 from audit.model.templating import RenderFailure, encode_prompts, render_prompts
 from audit.model.tokenizer import Tokenizer, load_tokenizer
-from audit.records import empty_records
+from audit.records.batch import AuditContext, Batch
+from audit.records.reader import empty_records
 from audit.ruleset import RuleSet, load_rule_set
 from tests.conftest import FIXTURES, real_tokenizer
 

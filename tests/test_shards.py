@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from audit import parallel, workers
 from audit.parallel import iter_shards, plan_shards
-from audit.sources import InputDigest
+from audit.records.sources import InputDigest
 from tests.conftest import PREPARED, ROOT
 
 

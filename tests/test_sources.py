@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.engine import audit_blocks, audit_file, audit_input, join_shards
-from audit.sources import (
+from audit.records.sources import (
     MAX_BLOCK_LINES,
     GrowingFile,
     InputDigest,

@@ -18,7 +18,6 @@ from rich.console import Console
 import audit.check
 import audit.parallel as parallel
 import audit.session
-from audit.batch import AuditContext
 from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
 from audit.cli.progress import AuditProgress, audit_progress
@@ -27,6 +26,7 @@ from audit.model.fastcodec import BACKEND_ENV
 from audit.model.flat_ids import FlatIds
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import load_tokenizer
+from audit.records.batch import AuditContext
 from audit.ruleset import load_rule_set
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target

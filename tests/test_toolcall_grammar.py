@@ -14,7 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.batch import AuditContext
 from audit.engine import audit_file
 from audit.model.call_formats import FORMATS
 from audit.model.call_values import (
@@ -26,6 +25,7 @@ from audit.model.call_values import (
 )
 from audit.model.profiles import load_profile
 from audit.model.templating import prompt_ids as rendered_prompt_ids
+from audit.records.batch import AuditContext
 from audit.ruleset import load_rule_set
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
@@ -252,10 +252,10 @@ def dsml(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
 
 
 def test_a_format_delimited_by_text_is_read_from_the_decoded_answer(dsml, tmp_path) -> None:
-    from audit.batch import Batch
-    from audit.records import parse_block
-    from audit.segments import record_summary, token_segments
-    from audit.sources import LineBlock
+    from audit.records.batch import Batch
+    from audit.records.reader import parse_block
+    from audit.records.segments import record_summary, token_segments
+    from audit.records.sources import LineBlock
 
     prompt = "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜Assistant｜><think>"
     clean = "I should call get_weather.</think>" + DSML_CALL.format(days="3")
@@ -277,7 +277,7 @@ def test_a_format_delimited_by_text_is_read_from_the_decoded_answer(dsml, tmp_pa
 def test_declared_types_come_from_the_prompts_file_when_the_record_has_no_tools(qwen36, tmp_path) -> None:
     # A record without its own messages: `--prompts FILE` maps its id to messages and tools, and
     # the declared types come from there.
-    from audit.batch import AuditContext as Context
+    from audit.records.batch import AuditContext as Context
 
     context = Context(qwen36.profile, qwen36.tokenizer, prompts={"r": {"messages": [], "tools": TOOLS}})
     output = f"R.\n</think>\n\n{qwen_call(title='t', count='three')}<|im_end|>"

@@ -19,16 +19,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
-from audit.contract import contract_failures, record_contract, validated_by_pandera
 from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import load_tokenizer
 from audit.model.tokenizer_cache import StoredVocabulary
-from audit.records import RECORD_COLUMNS
-from audit.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
+from audit.records.batch import AuditContext, Batch
+from audit.records.contract import contract_failures, record_contract, validated_by_pandera
+from audit.records.reader import RECORD_COLUMNS
+from audit.records.response import BOUNDS_SCHEMA, prompt_reasoning, response_bounds, tool_entry_ids
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER
 

@@ -28,7 +28,7 @@ import polars as pl
 
 from audit.base.config import expect
 from audit.base.errors import ConfigError
-from audit.batch import Batch
+from audit.records.batch import Batch
 
 DOC_SECTIONS = ("What it checks", "Why it matters", "Example", "Fix")
 
@@ -91,7 +91,7 @@ class Rule:
     # True for rules that read a record's raw line (`source`); the reader keeps it only then.
     reads_source: ClassVar[bool] = False
     # The kind of problem the reader or the record contract finds that this rule reports
-    # (`audit.records.UNREADABLE`, `audit.contract.PROBLEMS`): the one map from those to codes.
+    # (`audit.records.reader.UNREADABLE`, `audit.records.contract.PROBLEMS`): the one map from those to codes.
     problem: ClassVar[str | None] = None
     # True for rules that encode text with the tokenizer (a cost that grows with the data: the
     # engine tells the tokenizer how much is coming, see `Tokenizer.expect_encoding`).

@@ -7,11 +7,11 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from audit.batch import Batch
-from audit.channels import harmony_messages
 from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
-from audit.expressions import truncated
-from audit.response import response_bounds
+from audit.records.batch import Batch
+from audit.records.channels import harmony_messages
+from audit.records.expressions import truncated
+from audit.records.response import response_bounds
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
 # only shorter ones are checked for whitespace-only tokens (a small decode).

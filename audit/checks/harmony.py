@@ -1,6 +1,6 @@
 """Harmony channels (gpt-oss): messages well formed, reasoning before the answer, calls readable.
 
-The message grammar and the messages of an output are read once per batch by `audit.channels`
+The message grammar and the messages of an output are read once per batch by `audit.records.channels`
 (marker ids as letters against one vectorised regex); these rules judge what it found, and
 decode only tool-call bodies, in one batch.
 """
@@ -12,10 +12,10 @@ import re
 import orjson
 import polars as pl
 
-from audit.batch import Batch
-from audit.channels import LETTERS, channel_letters, grammar_ok, harmony_messages
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.expressions import first_index_in
+from audit.records.batch import Batch
+from audit.records.channels import LETTERS, channel_letters, grammar_ok, harmony_messages
+from audit.records.expressions import first_index_in
 
 
 class ChannelRule(RecordRule):

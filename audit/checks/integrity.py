@@ -6,10 +6,10 @@ from typing import ClassVar
 
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import RecordRule, Rule, empty_findings
-from audit.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
-from audit.records import CONTRACT, UNREADABLE
+from audit.records.batch import Batch
+from audit.records.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
+from audit.records.reader import CONTRACT, UNREADABLE
 
 
 class UnreadableLine(Rule):
@@ -42,7 +42,7 @@ class UnreadableLine(Rule):
     problem = UNREADABLE
 
     def check(self, batch: Batch) -> pl.DataFrame:
-        # The reader finds these lines before records exist (audit.records.parse_block); the
+        # The reader finds these lines before records exist (audit.records.reader.parse_block); the
         # engine reports them under the rule whose `problem` they are.
         return empty_findings()
 

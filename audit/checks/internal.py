@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import Rule, empty_findings
+from audit.records.batch import Batch
 
 
 class InternalError(Rule):

@@ -6,10 +6,10 @@ from typing import ClassVar
 
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
-from audit.expressions import ends_with, first_index_of
-from audit.response import prompt_reasoning
+from audit.records.batch import Batch
+from audit.records.expressions import ends_with, first_index_of
+from audit.records.response import prompt_reasoning
 
 
 class PromptSuffix(RecordRule):

@@ -7,9 +7,9 @@ import re
 import numpy as np
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
 from audit.model.flat_ids import differing_sequences
+from audit.records.batch import Batch
 
 
 def _first_difference(left: list[int] | str, right: list[int] | str) -> int:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
-from audit.expressions import first_index_in, first_index_of, nth_index_of, truncated
 from audit.model.profiles import THINKING_STATES
-from audit.response import response_bounds, tool_entry_ids
+from audit.records.batch import Batch
+from audit.records.expressions import first_index_in, first_index_of, nth_index_of, truncated
+from audit.records.response import response_bounds, tool_entry_ids
 
 
 def _thinking(batch: Batch) -> bool:
@@ -22,7 +22,7 @@ def _reasons() -> pl.Expr:
 
 
 def _with_bounds(batch: Batch) -> pl.DataFrame:
-    """The records with their reasoning/answer bounds (`audit.response`) beside them."""
+    """The records with their reasoning/answer bounds (`audit.records.response`) beside them."""
     return pl.concat([batch.records, response_bounds(batch)], how="horizontal")
 
 

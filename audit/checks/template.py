@@ -17,7 +17,6 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.model.templating import (
     RenderFailure,
@@ -26,6 +25,7 @@ from audit.model.templating import (
     render_prompts,
     render_variants,
 )
+from audit.records.batch import Batch
 
 # Tokens of context shown on each side of the first difference.
 _CONTEXT = 6

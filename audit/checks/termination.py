@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.expressions import id_set
 from audit.model.flat_ids import ABSENT, absent_as_null
-from audit.response import answer_text, response_bounds, stop_run
-from audit.toolcalls import tool_call_view
+from audit.records.batch import Batch
+from audit.records.call_view import tool_call_view
+from audit.records.expressions import id_set
+from audit.records.response import answer_text, response_bounds, stop_run
 
 
 class Truncated(RecordRule):

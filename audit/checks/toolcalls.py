@@ -6,12 +6,12 @@ import re
 
 import polars as pl
 
-from audit.batch import Batch
 from audit.checks.base import RecordRule, Severity, findings_frame
-from audit.expressions import truncated
 from audit.model.call_formats import ROLE_LETTERS
-from audit.response import answer_text, response_bounds
-from audit.toolcalls import tool_call_view
+from audit.records.batch import Batch
+from audit.records.call_view import tool_call_view
+from audit.records.expressions import truncated
+from audit.records.response import answer_text, response_bounds
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
 

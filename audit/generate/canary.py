@@ -11,12 +11,12 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from audit.batch import AuditContext
 from audit.engine import audit_input
 from audit.generate.client import describe
+from audit.records.batch import AuditContext
+from audit.records.sources import InputDigest, memory_blocks
 from audit.report import Report, build_report
 from audit.ruleset import RuleSet
-from audit.sources import InputDigest, memory_blocks
 
 
 class Canary:

@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import orjson
 
-from audit.batch import AuditContext
 from audit.generate.canary import Canary, audit_lines
 from audit.generate.client import (
     Rejected,
@@ -39,6 +38,7 @@ from audit.generate.output import ErrorLog, ResponseLog
 from audit.generate.plan import GenerationPlan
 from audit.generate.prompts import Prompt, iter_prompts
 from audit.model.templating import RenderFailure, prompt_ids
+from audit.records.batch import AuditContext
 from audit.report import Report
 
 # Prompts rendered per batched tokenizer call.

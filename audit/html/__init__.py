@@ -24,8 +24,13 @@ from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
 from audit.html import svg
 from audit.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
+from audit.records.segments import (
+    SEGMENT_ANSWER,
+    SEGMENT_PROMPT,
+    SEGMENT_REASONING,
+    SEGMENT_TOOL_CALLS,
+)
 from audit.report import Report, RuleResult
-from audit.segments import SEGMENT_ANSWER, SEGMENT_PROMPT, SEGMENT_REASONING, SEGMENT_TOOL_CALLS
 
 __all__ = ["Samples", "collect_samples", "html_path", "render_html", "samples_for_saved_report", "write_html"]
 

@@ -4,7 +4,7 @@ The report's findings say line, field and position; this module streams the data
 keeps only the lines it needs, reads them with the audit's own reader, and decodes the window
 ids in one batched tokenizer call. A 30,000-token output becomes ~40 tokens around the
 offending position, so the page stays small however long the records or however many findings
-there are. Each output token carries its segment from the record view (`audit.segments`), and
+there are. Each output token carries its segment from the record view (`audit.records.segments`), and
 each sample what its rule wants shown beside it (`Rule.explain`), as `audit inspect` shows them.
 """
 
@@ -17,16 +17,16 @@ import polars as pl
 
 from audit.base.errors import ConfigError
 from audit.base.storage import ObjectPath, is_url
-from audit.batch import AuditContext, Batch
 from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.findings import FindingsLog, empty_findings_frame
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
-from audit.record_lines import read_record
+from audit.records.batch import AuditContext, Batch
+from audit.records.record_lines import read_record
+from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.records.sources import InputDigest, file_blocks
 from audit.report import Report
-from audit.segments import SEGMENT_PROMPT, token_roles, token_segments
-from audit.sources import InputDigest, file_blocks
 
 SAMPLES_PER_RULE = 3
 # Tokens shown on each side of the offending position.

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from audit.base.inert import CELL_LIMIT, terminal
-from audit.segments import (
+from audit.records.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
     ROLE_RESPONSE,

@@ -12,10 +12,10 @@ import orjson
 import pandera.polars as pa
 import polars as pl
 
-from audit.contract import all_in_vocabulary, contract_failures, record_contract
 from audit.model.flat_ids import FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
+from audit.records.contract import all_in_vocabulary, contract_failures, record_contract
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
@@ -36,7 +36,7 @@ class AuditContext:
 
 
 class Batch:
-    """A frame of records (see `audit.records.RECORD_COLUMNS`) plus work shared between rules.
+    """A frame of records (see `audit.records.reader.RECORD_COLUMNS`) plus work shared between rules.
 
     Shared work is computed once, on first use, for all rules: here the contract failures and
     the decoded output text (one batched tokenizer call); a family's rules add their own

@@ -13,10 +13,10 @@ One JSON object per line (SGLang `/generate` output saved raw):
                   template-fidelity rule, and the tool-call rules for declared types)
     anything else: kept on disk, ignored here
 
-Lines come in blocks from any source (`audit.sources`); each line is read once by a strict
+Lines come in blocks from any source (`audit.records.sources`); each line is read once by a strict
 JSON parser, and the block's record frame (polars, the contract's column types) is built from
 the values it gave. The id lists, nearly all of a line's bytes, are read natively into int64
-buffers (`audit.id_lists`), never into Python ints. A line that is not a record becomes a
+buffers (`audit.records.id_lists`), never into Python ints. A line that is not a record becomes a
 `RejectedLine` with its physical line number and the kind of problem, and the rest of the block
 is still read.
 """
@@ -31,8 +31,8 @@ import orjson
 import polars as pl
 
 from audit.base.json_values import json_type
-from audit.id_lists import ID_LIST_FIELDS, IdLists, ids_column
-from audit.sources import LineBlock
+from audit.records.id_lists import ID_LIST_FIELDS, IdLists, ids_column
+from audit.records.sources import LineBlock
 
 # The columns every batch frame has, one row per readable record.
 RECORD_COLUMNS: dict[str, pl.DataType] = {

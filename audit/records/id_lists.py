@@ -3,7 +3,7 @@
 The id lists are nearly all of a record line's bytes. A JSON parser that hands them to Python
 makes one `int` object per id, which is most of the time reading takes; here they never become
 Python objects: simdjson reads each list into an int64 buffer (`IdLists`), and a block's lists
-reach polars as one Arrow list array (`ids_column`). `audit.records` does the rest of the
+reach polars as one Arrow list array (`ids_column`). `audit.records.reader` does the rest of the
 strict reading.
 """
 

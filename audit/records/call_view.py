@@ -2,7 +2,7 @@
 
 Tool-call markers the model writes inside its reasoning are text it thinks with, not calls
 (SGLang's reasoning parsers split at `</think>` first), so the grammar is matched in the answer
-(`audit.response`): from the response token, or from the tool call that ended the reasoning in
+(`audit.records.response`): from the response token, or from the tool call that ended the reasoning in
 families whose profile allows it.
 
 Two levels, as the family's format (`audit.model.call_formats`) says:
@@ -31,7 +31,6 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.batch import Batch
 from audit.model.call_formats import ROLE_LETTERS
 from audit.model.call_readers import ToolCall
 from audit.model.call_values import (
@@ -46,7 +45,8 @@ from audit.model.call_values import (
     value_error,
 )
 from audit.model.flat_ids import FlatIds
-from audit.response import answer_text, response_bounds
+from audit.records.batch import Batch
+from audit.records.response import answer_text, response_bounds
 
 # One row per call (several per record), in output order.
 CALLS_SCHEMA: dict[str, pl.DataType] = {

@@ -17,9 +17,9 @@ import polars as pl
 from pandera.errors import SchemaErrors
 
 from audit.model.tokenizer import Tokenizer
-from audit.records import CONTRACT
+from audit.records.reader import CONTRACT
 
-# The kinds of problem the contract finds, beside the reader's (`audit.records`).
+# The kinds of problem the contract finds, beside the reader's (`audit.records.reader`).
 OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have
 COUNT_MISMATCH = "count_mismatch"  # meta_info token counts that differ from the id lists
 PROBLEMS = (CONTRACT, OUT_OF_VOCABULARY, COUNT_MISMATCH)
@@ -131,7 +131,7 @@ def contract_failures(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.D
 
     The checks are the schema's `ExpressionCheck`s, evaluated in one polars query (a schema with
     other checks is validated by pandera itself). The column types are the reader's to fix
-    (`audit.records.RECORD_COLUMNS`): no rule reports them.
+    (`audit.records.reader.RECORD_COLUMNS`): no rule reports them.
     """
     if records.is_empty():
         return pl.DataFrame(schema=FAILURES_SCHEMA)

@@ -21,10 +21,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from audit.batch import Batch
-from audit.expressions import ends_with
 from audit.model.flat_ids import ABSENT, MarkerIndex, absent_as_null
 from audit.model.profiles import REASONING_STATES, ResolvedProfile
+from audit.records.batch import Batch
+from audit.records.expressions import ends_with
 
 REASONING = pl.Enum(REASONING_STATES)
 

@@ -8,7 +8,7 @@ message of the output has no `<|start|>` of its own.
 
 The marker ids of every record are mapped to letters and matched against the message grammar
 in one vectorised regex; only the short headers are decoded, in one batch. The CHN rules, the
-degenerate-output rule and the record view (`audit.segments`) all read `harmony_messages`.
+degenerate-output rule and the record view (`audit.records.segments`) all read `harmony_messages`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 
 import polars as pl
 
-from audit.batch import Batch
-from audit.expressions import truncated
+from audit.records.batch import Batch
+from audit.records.expressions import truncated
 
 LETTERS = {
     "start": "B",

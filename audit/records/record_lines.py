@@ -2,7 +2,7 @@
 
 `LineIndex` finds the byte offset of every line in one streamed pass (numpy over the bytes,
 the file never held) to re-read any line by number. `read_record` reads one line with the
-audit's own reader (`audit.records.parse_block`: the same normalisation, the `prompt_ids`
+audit's own reader (`audit.records.reader.parse_block`: the same normalisation, the `prompt_ids`
 alias, finish reasons, as the rules saw), and for a line the reader refuses, salvages what a
 viewer can still show and says why it is not a record.
 """
@@ -15,8 +15,8 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.records import RECORD_COLUMNS, empty_records, parse_block
-from audit.sources import LineBlock
+from audit.records.reader import RECORD_COLUMNS, empty_records, parse_block
+from audit.records.sources import LineBlock
 
 
 class LineIndex:

@@ -4,9 +4,9 @@ An output is reasoning, answer and tool calls (harmony families: messages on the
 final and commentary channels). The parts come from three core modules, each computed once per
 batch and shared through `Batch.shared`:
 
-* `audit.response`: where the reasoning ends and the answer begins (`response_bounds`);
-* `audit.toolcalls`: the tool calls read from the answer (`tool_call_view`);
-* `audit.channels`: harmony messages and their channels (`harmony_messages`).
+* `audit.records.response`: where the reasoning ends and the answer begins (`response_bounds`);
+* `audit.records.call_view`: the tool calls read from the answer (`tool_call_view`);
+* `audit.records.channels`: harmony messages and their channels (`harmony_messages`).
 
 This module joins them into spans (`segment_spans`) and labels every token of every output
 with numpy over the flat ids (`token_segments`), for `audit inspect` and the HTML samples, and
@@ -19,12 +19,12 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from audit.batch import Batch
-from audit.channels import harmony_messages
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
-from audit.response import response_bounds
-from audit.toolcalls import tool_call_view
+from audit.records.batch import Batch
+from audit.records.call_view import tool_call_view
+from audit.records.channels import harmony_messages
+from audit.records.response import response_bounds
 
 SEGMENT_PROMPT = "prompt"
 SEGMENT_REASONING = "reasoning"
