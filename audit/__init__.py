@@ -23,7 +23,7 @@ _EXPORTS = {
     "gate": "audit.api",
     "Report": "audit.report",
     "RuleResult": "audit.report",
-    "Verdict": "audit.verdict",
+    "Verdict": "audit.checks.verdict",
     "GateResult": "audit.gating",
     "iter_quarantine": "audit.gating",
     "AuditError": "audit.base.errors",

@@ -36,8 +36,8 @@ from audit.findings import FindingsLog
 from audit.model.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:
+    from audit.checks.ruleset import RuleSet
     from audit.records.batch import AuditContext
-    from audit.ruleset import RuleSet
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".audit-cache")

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import polars as pl
 
+from audit.checks.ruleset import ConfiguredRule, RuleSet
 from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.isolation import INTERNAL_ERROR, InternalError, isolated
 from audit.records.batch import AuditContext, Batch
 from audit.records.reader import RejectedLine, parse_block
 from audit.records.segments import record_summary
 from audit.records.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
-from audit.ruleset import ConfiguredRule, RuleSet
 
 # One row per readable record: the shape of the data, for summaries and plots.
 STATS_SCHEMA: dict[str, pl.DataType] = {

@@ -31,8 +31,8 @@ import polars as pl
 
 from audit import __version__
 from audit.base import inert
+from audit.checks.verdict import failing_verdicts
 from audit.report import SCHEMA_VERSION, Report, RuleResult
-from audit.verdict import failing_verdicts
 
 FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
 EXAMPLE_LOCATIONS = 5

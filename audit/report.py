@@ -21,12 +21,12 @@ import polars as pl
 from audit import __version__
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
+from audit.checks.ruleset import RuleSet
+from audit.checks.verdict import EXIT_ERROR, Verdict, threshold_text
 from audit.distributions import summarize
 from audit.engine import FileAudit
 from audit.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.isolation import InternalError
-from audit.ruleset import RuleSet
-from audit.verdict import EXIT_ERROR, Verdict, threshold_text
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5

@@ -16,12 +16,12 @@ from pathlib import Path
 import orjson
 
 from audit.base.errors import ConfigError
+from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.generate.prompts import load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import DEFAULT_BLOCK_BYTES
-from audit.ruleset import RuleSet, load_rule_set
 from audit.targets import Target
 
 

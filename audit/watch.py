@@ -16,13 +16,13 @@ from pathlib import Path
 
 import polars as pl
 
+from audit.checks.verdict import Verdict
 from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
 from audit.isolation import InternalError
 from audit.records.sources import GrowingFile, LineBlock
 from audit.session import Session
 from audit.targets import DATA_FILE, Target, resolve_target
-from audit.verdict import Verdict
 
 # Lines per minute are measured over this recent window, so the rate follows the run.
 RATE_WINDOW_SECONDS = 60.0

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from audit.checks.ruleset import load_rule_set
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records.batch import AuditContext
-from audit.ruleset import load_rule_set
 from audit.session import shared_tokenizer as loaded_tokenizer
 from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir
 

@@ -42,7 +42,7 @@ LAYERS = {
     ),
     "outputs": ("audit.report", "audit.formats", "audit.distributions", "audit.report_shape"),
     "engine": ("audit.engine", "audit.findings", "audit.isolation"),
-    "rules": ("audit.checks", "audit.ruleset", "audit.verdict"),
+    "rules": ("audit.checks", "audit.checks.ruleset", "audit.checks.verdict"),
     "record view": (
         "audit.records",
         "audit.records.sources",
@@ -87,6 +87,8 @@ LAYERS = {
     ),
 }
 UI_LIBRARIES = ("rich", "typer", "textual")
+# audit.checks beside the rules: the rule set that selects and configures them, and the verdict.
+RULE_SET_MODULES = ("audit.checks.ruleset", "audit.checks.verdict")
 MAX_MODULE_LINES = 600
 RULE_CODE = re.compile(r"^[A-Z]{3}\d{3}$")
 
@@ -223,15 +225,24 @@ def test_no_module_is_over_600_lines(name: str) -> None:
     assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines; split it by concern"
 
 
+# What the engine may take from audit.checks: the rule set it runs, its verdicts, and the code
+# it reports a raising rule under. Never a rule's own module.
+ENGINE_MAY_IMPORT = ("audit.checks.ruleset", "audit.checks.verdict", "audit.checks.internal")
+
+
 def test_the_engine_does_not_reach_into_rules() -> None:
     """The engine runs rules through the rule set; what a rule computes stays the rule's."""
-    assert sorted(i for i in imports("audit.engine") if _in(i, ("audit.checks",))) == []
+    engine = [name for name in modules() if _in(name, ("audit.engine",))]
+    reached = sorted(
+        i for name in engine for i in imports(name) if _in(i, ("audit.checks",)) and i not in ENGINE_MAY_IMPORT
+    )
+    assert engine and reached == []
 
 
 def test_a_rule_module_imports_no_other_rule_module() -> None:
     """Shared grammar and id-list helpers live in core modules, not in another rule's module."""
     rule_modules = [
-        n for n in modules() if n.startswith("audit.checks.") and n != "audit.checks.base"
+        n for n in modules() if n.startswith("audit.checks.") and n not in ("audit.checks.base", *RULE_SET_MODULES)
     ]
     offenders = {
         name: sorted(

@@ -23,12 +23,12 @@ from typer.testing import CliRunner
 
 import audit
 from audit.base.errors import ConfigError
+from audit.checks.ruleset import load_rule_set
 from audit.cli import app
 from audit.isolation import INTERNAL_ERROR, isolated
 from audit.records.batch import Batch
 from audit.records.reader import parse_block
 from audit.records.sources import memory_blocks
-from audit.ruleset import load_rule_set
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
 from tests.fault_injection.faults import inject_fault
 from tests.generate_support import generate_args, make_prompts, read_samples, run_cli

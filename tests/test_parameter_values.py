@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from audit.checks.ruleset import load_rule_set
 from audit.engine import audit_file
 from audit.model.call_values import allowed_types, value_error
 from audit.model.profiles import load_profile
 from audit.records.batch import AuditContext
-from audit.ruleset import load_rule_set
 from audit.session import shared_tokenizer
 from fixtures.family_partitions import family_specs, history_turn, spec_tokenizer_dir
 

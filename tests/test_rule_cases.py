@@ -61,6 +61,7 @@ import pytest
 
 from audit.checks import RULES
 from audit.checks.base import RecordRule
+from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.engine import audit_file
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
@@ -68,7 +69,6 @@ from audit.model.templating import RenderFailure, encode_prompts, render_prompts
 from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.reader import empty_records
-from audit.ruleset import RuleSet, load_rule_set
 from tests.conftest import FIXTURES, real_tokenizer
 
 CASES_DIR = Path(__file__).parent / "rule_cases"

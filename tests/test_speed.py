@@ -20,6 +20,7 @@ import audit.parallel as parallel
 import audit.session
 from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
+from audit.checks.ruleset import load_rule_set
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine import audit_file
 from audit.model.fastcodec import BACKEND_ENV
@@ -27,7 +28,6 @@ from audit.model.flat_ids import FlatIds
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import load_tokenizer
 from audit.records.batch import AuditContext
-from audit.ruleset import load_rule_set
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 

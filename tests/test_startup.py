@@ -15,6 +15,7 @@ import orjson
 import pytest
 from polars.testing import assert_frame_equal
 
+from audit.checks.ruleset import load_rule_set
 from audit.engine import audit_file
 from audit.model import tokenizer_cache
 from audit.model.chat_template import ChatTemplate, UnsupportedInput
@@ -22,7 +23,6 @@ from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import load_tokenizer
 from audit.records.batch import AuditContext
-from audit.ruleset import load_rule_set
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
 

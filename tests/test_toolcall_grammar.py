@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from audit.checks.ruleset import load_rule_set
 from audit.engine import audit_file
 from audit.model.call_formats import FORMATS
 from audit.model.call_values import (
@@ -26,7 +27,6 @@ from audit.model.call_values import (
 from audit.model.profiles import load_profile
 from audit.model.templating import prompt_ids as rendered_prompt_ids
 from audit.records.batch import AuditContext
-from audit.ruleset import load_rule_set
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
 TOOLS = [{

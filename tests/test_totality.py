@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from audit.checks.ruleset import load_rule_set
 from audit.cli import app
 from audit.engine import audit_blocks
 from audit.isolation import INTERNAL_ERROR
@@ -30,7 +31,6 @@ from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import memory_blocks
-from audit.ruleset import load_rule_set
 from audit.session import shared_tokenizer
 from fixtures.family_partitions import (
     FamilySpec,

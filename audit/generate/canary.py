@@ -11,12 +11,12 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+from audit.checks.ruleset import RuleSet
 from audit.engine import audit_input
 from audit.generate.client import describe
 from audit.records.batch import AuditContext
 from audit.records.sources import InputDigest, memory_blocks
 from audit.report import Report, build_report
-from audit.ruleset import RuleSet
 
 
 class Canary:

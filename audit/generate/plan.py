@@ -18,13 +18,13 @@ import httpx
 from audit import __version__
 from audit.base.errors import ConfigError
 from audit.base.files import OutputLock, lock_output
+from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import scan_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.templating import get_renderer
 from audit.model.tokenizer import Tokenizer, load_tokenizer
-from audit.ruleset import RuleSet, load_rule_set
 
 
 @dataclass(frozen=True)

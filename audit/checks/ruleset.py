@@ -26,7 +26,7 @@ from typing import Any
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
 from audit.base.errors import ConfigError
 from audit.checks import RULES, Rule, Severity
-from audit.verdict import Threshold, judge, threshold_text
+from audit.checks.verdict import Threshold, judge, threshold_text
 
 DEFAULT_RULE_SET = BUILTIN_RULES_DIR / "default.toml"
 
