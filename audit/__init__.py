@@ -6,7 +6,7 @@ The public Python API is what `__all__` names, importable from `audit` itself:
     report = audit.check_target("B1_glaive")          # a Report: verdict, findings, to_json()
     result = audit.gate("B1_glaive", "gated/B1_glaive")
 
-Every submodule (`audit.engine`, `audit.records.reader`, `audit.cli`, ...) is internal: importable,
+Every submodule (`audit.engine.runner`, `audit.records.reader`, `audit.cli`, ...) is internal: importable,
 documented, tested, but free to change between versions. ARCHITECTURE.md maps them. Names are
 loaded on first use, so `import audit` costs nothing until one is used.
 """

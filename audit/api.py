@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 
 from audit.check import check_session
-from audit.engine import ProgressCallback
+from audit.engine.runner import ProgressCallback
 from audit.gating import GateResult, gate_session
 from audit.report import Report
 from audit.session import CheckOptions, Session, prepare

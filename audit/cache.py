@@ -31,8 +31,8 @@ import polars as pl
 
 from audit import __version__
 from audit.base.files import write_directory_atomically
-from audit.engine import STATS_SCHEMA, FileAudit
-from audit.findings import FindingsLog
+from audit.engine.findings import FindingsLog
+from audit.engine.runner import STATS_SCHEMA, FileAudit
 from audit.model.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from audit.base.errors import AuditError, ConfigError, InputError
 from audit.base.storage import ObjectPath
-from audit.engine import FileAudit, ProgressCallback, ShardAudit, join_shards
-from audit.findings import FindingsLog, spill_part
+from audit.engine.findings import FindingsLog, spill_part
+from audit.engine.runner import FileAudit, ProgressCallback, ShardAudit, join_shards
 from audit.parallel import Shard, audit_range, iter_shards
 from audit.records.sources import InputDigest
 from audit.session import CheckOptions, Session, worker_session

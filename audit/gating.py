@@ -69,8 +69,8 @@ from audit.base.files import (
 )
 from audit.base.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
 from audit.check import check_session
-from audit.engine import ProgressCallback
-from audit.findings import FindingsLog
+from audit.engine.findings import FindingsLog
+from audit.engine.runner import ProgressCallback
 from audit.records.sources import InputDigest, file_blocks
 from audit.report import Report
 from audit.session import Session

@@ -27,7 +27,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from audit.engine import (
+from audit.engine.findings import FindingsLog
+from audit.engine.runner import (
     ENCODED_BYTES_PER_CHARACTER,
     FileAudit,
     ProgressCallback,
@@ -36,7 +37,6 @@ from audit.engine import (
     audit_file,
     join_shards,
 )
-from audit.findings import FindingsLog
 from audit.records.sources import InputDigest, file_blocks
 from audit.session import CheckOptions, Session, worker_session
 from audit.targets import Target

@@ -24,9 +24,9 @@ from audit.base.storage import ObjectPath, write_output
 from audit.checks.ruleset import RuleSet
 from audit.checks.verdict import EXIT_ERROR, Verdict, threshold_text
 from audit.distributions import summarize
-from audit.engine import FileAudit
-from audit.findings import FINDINGS_SCHEMA, FindingsLog
-from audit.isolation import InternalError
+from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog
+from audit.engine.isolation import InternalError
+from audit.engine.runner import FileAudit
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5
@@ -71,7 +71,7 @@ class RuleResult:
 class Report:
     """One audited input: what was read, with what, and what every rule concluded.
 
-    The findings stay in their log (`audit.findings`, mostly on disk); the counts a verdict
+    The findings stay in their log (`audit.engine.findings`, mostly on disk); the counts a verdict
     needs are computed once when the report is built.
     """
 
@@ -88,7 +88,7 @@ class Report:
     distributions: dict[str, Any] | None = None
     # Taken from the result cache (an identical earlier audit), not audited by this run.
     cached: bool = False
-    # Records a rule raised on (audit.isolation): each an ERR001 finding; the run exits 2.
+    # Records a rule raised on (audit.engine.isolation): each an ERR001 finding; the run exits 2.
     internal_errors: list[InternalError] = field(default_factory=list)
 
     @property
@@ -124,7 +124,7 @@ class Report:
 
     def exit_code(self, *, fail_on_warning: bool = False) -> int:
         """0 when the gate passed, 1 when it failed (warnings fail it under `fail_on_warning`),
-        2 when a rule raised on some record (the tool broke: audit.isolation)."""
+        2 when a rule raised on some record (the tool broke: audit.engine.isolation)."""
         if self.internal_errors:
             return EXIT_ERROR
         return self.judgement.exit_code(fail_on_warning=fail_on_warning)

@@ -17,9 +17,9 @@ from pathlib import Path
 import polars as pl
 
 from audit.checks.verdict import Verdict
-from audit.engine import IDENTITY_SCHEMA, audit_blocks, file_level_findings
+from audit.engine.isolation import InternalError
+from audit.engine.runner import IDENTITY_SCHEMA, audit_blocks, file_level_findings
 from audit.generate.manifest import read_manifest
-from audit.isolation import InternalError
 from audit.records.sources import GrowingFile, LineBlock
 from audit.session import Session
 from audit.targets import DATA_FILE, Target, resolve_target
@@ -51,7 +51,7 @@ class WatchSnapshot:
     pending_bytes: int  # a partial last line not yet complete
     seconds_since_growth: float
     rules: list[RuleStanding]
-    # Records a rule raised on so far (audit.isolation): each an ERR001; `--once` exits 2.
+    # Records a rule raised on so far (audit.engine.isolation): each an ERR001; `--once` exits 2.
     internal_errors: tuple[InternalError, ...] = ()
 
     @property

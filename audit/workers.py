@@ -131,7 +131,7 @@ def _prepare_worker() -> None:
     """A new worker: the allocator settings of the command, then the engine's imports (beside
     the parent's, which is still loading its own)."""
     configure_allocators()
-    import audit.engine
+    import audit.engine.runner
     import audit.session  # noqa: F401
 
 

@@ -33,7 +33,7 @@ from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_atomi
 from audit.check import check_session
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.formats import format_reports, step_summary
 from audit.gating import gate_session, iter_quarantine
 from audit.history import diff_reports, load_report
@@ -1179,9 +1179,9 @@ def test_rules_declare_their_parameters_and_the_constructor_checks_them():
 def test_findings_spilled_in_parts_read_back_in_line_order(tmp_path, monkeypatch, kimi_context, default_rules):
     # Tiny blocks and parts force the path a million findings take: parts on disk, duplicate ids
     # (found at the end) merged back by line; report, jsonl and gate all read the same order.
-    import audit.findings
+    import audit.engine.findings
 
-    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 1)
+    monkeypatch.setattr(audit.engine.findings, "SPILL_ROWS", 1)
     broken = consistent(record())
     broken["output_ids"] = broken["output_ids"][:-1]
     lines = [CLEAN[0], json.dumps(broken).encode(), CLEAN[0], CLEAN[2], json.dumps(broken).encode(), CLEAN[3]]
@@ -1189,13 +1189,13 @@ def test_findings_spilled_in_parts_read_back_in_line_order(tmp_path, monkeypatch
     path.write_bytes(b"\n".join(lines) + b"\n")
     spilled = audit_file(path, kimi_context, default_rules, block_bytes=64)
     assert any(isinstance(part.source, Path) for part in spilled.log.parts)
-    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 10**9)
+    monkeypatch.setattr(audit.engine.findings, "SPILL_ROWS", 10**9)
     kept = audit_file(path, kimi_context, default_rules)
     assert spilled.findings.equals(kept.findings)
     assert spilled.findings["line"].to_list() == sorted(spilled.findings["line"].to_list())
     assert {(f["line"], f["rule"]) for f in kept.findings.to_dicts()} >= {(3, "INT004"), (5, "INT004")}
 
-    monkeypatch.setattr(audit.findings, "SPILL_ROWS", 1)
+    monkeypatch.setattr(audit.engine.findings, "SPILL_ROWS", 1)
     target = resolve_target(str(path), PREPARED)
     session = prepare(target, CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False))
     result = gate_session(session, tmp_path / "out")

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from audit.cli import app
 from audit.distributions import SCATTER_POINTS, summarize
-from audit.engine import STATS_SCHEMA
+from audit.engine.runner import STATS_SCHEMA
 from audit.html import FINDINGS_SHOWN, render_html
 from audit.html.samples import SAMPLES_PER_RULE, WINDOW
 from audit.model.tokenizer import load_tokenizer

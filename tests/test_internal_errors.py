@@ -25,7 +25,7 @@ import audit
 from audit.base.errors import ConfigError
 from audit.checks.ruleset import load_rule_set
 from audit.cli import app
-from audit.isolation import INTERNAL_ERROR, isolated
+from audit.engine.isolation import INTERNAL_ERROR, isolated
 from audit.records.batch import Batch
 from audit.records.reader import parse_block
 from audit.records.sources import memory_blocks
@@ -210,7 +210,7 @@ def test_halving_finds_exactly_the_records_that_raise(kimi_context, size, data):
 
 
 def test_a_rule_that_raises_on_everything_costs_a_bounded_number_of_runs(kimi_context, monkeypatch):
-    from audit import isolation
+    from audit.engine import isolation
 
     monkeypatch.setattr(isolation, "ISOLATION_BUDGET", 20)
     lines = [json.dumps({"id": f"r{i}", "input_ids": [1], "output_ids": [2]}).encode() for i in range(500)]

@@ -41,7 +41,7 @@ def test_the_command_line_sets_polars_allocator_before_loading_it() -> None:
     # polars puts its own defaults first; the last setting of a key wins.
     setting, kept_mb = _run(freed.format(imports="import audit.cli")).split()
     assert setting.endswith("," + JEMALLOC_SETTINGS) and int(kept_mb) < 50  # of 320 MB
-    setting, kept_mb = _run(freed.format(imports="import audit.engine, audit.records.reader")).split()
+    setting, kept_mb = _run(freed.format(imports="import audit.engine.runner, audit.records.reader")).split()
     assert JEMALLOC_SETTINGS not in setting and int(kept_mb) > 200  # polars' default keeps them
     own = _run("import audit.cli, polars\nprint(os.environ['_RJEM_MALLOC_CONF'])", _RJEM_MALLOC_CONF="narenas:1")
     assert own.endswith(",narenas:1") and JEMALLOC_SETTINGS not in own

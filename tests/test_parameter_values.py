@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from audit.checks.ruleset import load_rule_set
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.model.call_values import allowed_types, value_error
 from audit.model.profiles import load_profile
 from audit.records.batch import AuditContext

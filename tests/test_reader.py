@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.records.id_lists import IdLists
 from audit.records.reader import parse_block
 from audit.records.sources import LineBlock

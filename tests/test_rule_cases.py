@@ -62,7 +62,7 @@ import pytest
 from audit.checks import RULES
 from audit.checks.base import RecordRule
 from audit.checks.ruleset import RuleSet, load_rule_set
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
 from audit.model.templating import RenderFailure, encode_prompts, render_prompts

@@ -10,7 +10,7 @@ import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.engine import audit_blocks, audit_file, audit_input, join_shards
+from audit.engine.runner import audit_blocks, audit_file, audit_input, join_shards
 from audit.records.sources import (
     MAX_BLOCK_LINES,
     GrowingFile,

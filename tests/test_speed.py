@@ -22,7 +22,7 @@ from audit.cache import AuditCache, _describe_context
 from audit.check import check_session
 from audit.checks.ruleset import load_rule_set
 from audit.cli.progress import AuditProgress, audit_progress
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.flat_ids import FlatIds
 from audit.model.profiles import load_profile

@@ -16,7 +16,7 @@ import pytest
 from polars.testing import assert_frame_equal
 
 from audit.checks.ruleset import load_rule_set
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.model import tokenizer_cache
 from audit.model.chat_template import ChatTemplate, UnsupportedInput
 from audit.model.fastcodec import BACKEND_ENV

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.checks.ruleset import load_rule_set
-from audit.engine import audit_file
+from audit.engine.runner import audit_file
 from audit.model.call_formats import FORMATS
 from audit.model.call_values import (
     Element,

@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from audit.checks.ruleset import load_rule_set
 from audit.cli import app
-from audit.engine import audit_blocks
-from audit.isolation import INTERNAL_ERROR
+from audit.engine.isolation import INTERNAL_ERROR
+from audit.engine.runner import audit_blocks
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext

@@ -39,5 +39,5 @@ class InternalError(Rule):
     always_on = True
 
     def check(self, batch: Batch) -> pl.DataFrame:
-        # The engine reports these records itself (audit.isolation); no record is judged here.
+        # The engine reports these records itself (audit.engine.isolation); no record is judged here.
         return empty_findings()

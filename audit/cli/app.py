@@ -29,7 +29,7 @@ from audit import __version__
 from audit.base import inert
 
 EXIT_USAGE = 2
-DEBUG_ENV = "AUDIT_DEBUG"  # audit.isolation reads it; the CLI cannot import the core at start-up
+DEBUG_ENV = "AUDIT_DEBUG"  # audit.engine.isolation reads it; the CLI cannot import the core at start-up
 
 app = typer.Typer(
     name="audit",
@@ -245,9 +245,9 @@ def data_root_for(data_root: str | None, targets: list[str], announce: bool):
 
 def internal_errors_line(found: Sequence[tuple[str, Sequence[Any]]]) -> None:
     """After a command's own output, for targets where some rule raised on a record (pairs of
-    a target and its `audit.isolation.InternalError`s): each traceback under `--debug`, then
+    a target and its `audit.engine.isolation.InternalError`s): each traceback under `--debug`, then
     the last line, which says how many records and how to see why. The command exits 2."""
-    from audit.isolation import debug_requested
+    from audit.engine.isolation import debug_requested
 
     broken = [(target, raised) for target, raised in found if raised]
     if not broken:
@@ -383,7 +383,7 @@ def main() -> None:
             _exit_without_teardown(exc.code or 0)
         raise
     except BaseException as exc:  # the last guard (polars panics derive from BaseException)
-        from audit.isolation import debug_requested
+        from audit.engine.isolation import debug_requested
 
         if debug_requested():
             print_traceback(traceback.format_exc())

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from audit.checks.ruleset import RuleSet
-from audit.engine import audit_input
+from audit.engine.runner import audit_input
 from audit.generate.client import describe
 from audit.records.batch import AuditContext
 from audit.records.sources import InputDigest, memory_blocks

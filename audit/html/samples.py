@@ -19,7 +19,7 @@ from audit.base.errors import ConfigError
 from audit.base.storage import ObjectPath, is_url
 from audit.checks import RULES
 from audit.checks.base import Explanation
-from audit.findings import FindingsLog, empty_findings_frame
+from audit.engine.findings import FindingsLog, empty_findings_frame
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch

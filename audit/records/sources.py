@@ -1,6 +1,6 @@
 """Where lines come from: blocks of whole lines, numbered, from any source of bytes.
 
-The engine (`audit.engine.audit_blocks`) reads `LineBlock`s and never knows their source. A
+The engine (`audit.engine.runner.audit_blocks`) reads `LineBlock`s and never knows their source. A
 source cuts bytes into whole lines and numbers them from the physical line number its first
 byte starts:
 

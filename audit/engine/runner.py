@@ -12,7 +12,7 @@ Rules only say which rows break them; the engine parses each block, numbers find
 attaches ids and severities, reports the lines the reader rejected under the rule for their
 kind of problem, and counts. Memory holds one block of records at a time, plus the (line, id)
 pairs the duplicate check needs and one small stats row per record; each block's findings go to
-disk as it is done (`audit.findings`) when a spill directory is given.
+disk as it is done (`audit.engine.findings`) when a spill directory is given.
 
 Inputs audited in pieces (shards of a file in worker processes, later tasks on a cluster) are
 joined in input order by `join_shards`, which runs the file-level rules (duplicate ids) over
@@ -30,8 +30,8 @@ from pathlib import Path
 import polars as pl
 
 from audit.checks.ruleset import ConfiguredRule, RuleSet
-from audit.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
-from audit.isolation import INTERNAL_ERROR, InternalError, isolated
+from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
+from audit.engine.isolation import INTERNAL_ERROR, InternalError, isolated
 from audit.records.batch import AuditContext, Batch
 from audit.records.reader import RejectedLine, parse_block
 from audit.records.segments import record_summary
@@ -99,7 +99,7 @@ class FileAudit:
     seconds: float
     stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
     cached: bool = False  # the stored result of an identical earlier audit (audit.cache)
-    internal_errors: list[InternalError] = field(default_factory=list)  # see audit.isolation
+    internal_errors: list[InternalError] = field(default_factory=list)  # see audit.engine.isolation
 
     @property
     def findings(self) -> pl.DataFrame:
@@ -143,7 +143,7 @@ def audit_blocks(
         batch = Batch(parsed.records, context)
         raised: list[InternalError] = []
         for configured in record_rules:
-            # A rule that raises costs the records it raises on, not the block (audit.isolation).
+            # A rule that raises costs the records it raises on, not the block (audit.engine.isolation).
             done, failed = isolated(configured.rule.check, batch)
             for start, found in done:
                 if found.height:
