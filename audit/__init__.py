@@ -21,8 +21,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "check_target": "audit.api",
     "gate": "audit.api",
-    "Report": "audit.report",
-    "RuleResult": "audit.report",
+    "Report": "audit.report.report",
+    "RuleResult": "audit.report.report",
     "Verdict": "audit.checks.verdict",
     "GateResult": "audit.gating",
     "iter_quarantine": "audit.gating",

@@ -19,7 +19,7 @@ from pathlib import Path
 from audit.check import check_session
 from audit.engine.runner import ProgressCallback
 from audit.gating import GateResult, gate_session
-from audit.report import Report
+from audit.report.report import Report
 from audit.session import CheckOptions, Session, prepare
 from audit.targets import data_root as resolve_data_root
 from audit.targets import resolve_target

@@ -16,7 +16,7 @@ from audit.base.errors import InputError
 from audit.cache import AuditCache
 from audit.engine.runner import FileAudit, ProgressCallback, audit_file
 from audit.parallel import audit_file_parallel
-from audit.report import Report, build_report
+from audit.report.report import Report, build_report
 from audit.session import Session
 
 

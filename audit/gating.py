@@ -72,7 +72,7 @@ from audit.check import check_session
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import ProgressCallback
 from audit.records.sources import InputDigest, file_blocks
-from audit.report import Report
+from audit.report.report import Report
 from audit.session import Session
 
 MANIFEST_SCHEMA_VERSION = 1

@@ -36,11 +36,9 @@ LAYERS = {
         "audit.watch",
         "audit.targets",
         "audit.generate",
-        "audit.history",
         "audit.token_view",
-        "audit.html",
     ),
-    "outputs": ("audit.report", "audit.formats", "audit.distributions", "audit.report_shape"),
+    "outputs": ("audit.report",),
     "engine": ("audit.engine",),
     "rules": ("audit.checks", "audit.checks.ruleset", "audit.checks.verdict"),
     "record view": (

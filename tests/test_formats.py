@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import audit
 from audit.cli import app
-from audit.formats import EXAMPLE_LOCATIONS, format_reports
-from audit.report import Report
+from audit.report.formats import EXAMPLE_LOCATIONS, format_reports
+from audit.report.report import Report
 from tests.conftest import PREPARED
 
 runner = CliRunner()

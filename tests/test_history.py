@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 import audit
 from audit.cli import app
-from audit.history import diff_reports, load_report
-from audit.report import Report
+from audit.report.history import diff_reports, load_report
+from audit.report.report import Report
 from tests.conftest import PREPARED
 
 runner = CliRunner()

@@ -34,10 +34,10 @@ from audit.check import check_session
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine.runner import audit_file
-from audit.formats import format_reports, step_summary
 from audit.gating import gate_session, iter_quarantine
-from audit.history import diff_reports, load_report
-from audit.html import render_html
+from audit.report.formats import format_reports, step_summary
+from audit.report.history import diff_reports, load_report
+from audit.report.html import render_html
 from audit.session import CheckOptions, prepare
 from audit.targets import resolve_target
 from tests import tiktoken_remote_code

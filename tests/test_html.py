@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from audit.cli import app
-from audit.distributions import SCATTER_POINTS, summarize
 from audit.engine.runner import STATS_SCHEMA
-from audit.html import FINDINGS_SHOWN, render_html
-from audit.html.samples import SAMPLES_PER_RULE, WINDOW
 from audit.model.tokenizer import load_tokenizer
-from audit.report import Report
+from audit.report.distributions import SCATTER_POINTS, summarize
+from audit.report.html import FINDINGS_SHOWN, render_html
+from audit.report.html.samples import SAMPLES_PER_RULE, WINDOW
+from audit.report.report import Report
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
 SCRIPT_ID = "<script>alert(1)</script>"

@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from audit.cli import app
-from audit.html import STYLE
 from audit.model.tokenizer import load_tokenizer
+from audit.report.html import STYLE
 from tests.conftest import DEEPSEEK_TOKENIZER, PREPARED
 from tests.test_html import CHROMIUM, needs_chromium, open_in_chromium
 

@@ -4,7 +4,7 @@ Everything read from data files, saved reports, lock files and servers is untrus
 messages, targets, rule names, paths. Each output has its own way for such text to turn into
 something else (a terminal escape sequence, rich markup, an XML document that no longer
 parses, a second GitHub workflow command, a markdown link), so each has one function here,
-and every writer passes data through it. HTML pages escape with `html.escape` (audit.html).
+and every writer passes data through it. HTML pages escape with `html.escape` (audit.report.html).
 
     terminal(text)         control, bidi and lone-surrogate characters shown as \\xNN / \\uNNNN
     xml(text)              the same for characters XML 1.0 forbids; the rest is ElementTree's job

@@ -1,7 +1,7 @@
 """`audit check`: run the rule set over targets, print the verdict, write JSON reports.
 
 Also home of what `check`, `gate` and `report` share: the `--format` option and `emit()`,
-which prints reports in the chosen format (the writers themselves live in `audit.formats`).
+which prints reports in the chosen format (the writers themselves live in `audit.report.formats`).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from audit.cli.app import (
 )
 from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
-from audit.formats import OutputFormat, format_chunks, step_summary, summary_rows
-from audit.history import KEEP_REPORTS, dated_report_path, prune_reports
-from audit.report import Report
+from audit.report.formats import OutputFormat, format_chunks, step_summary, summary_rows
+from audit.report.history import KEEP_REPORTS, dated_report_path, prune_reports
+from audit.report.report import Report
 
 DEFAULT_REPORTS_DIR = Path("reports")
 
@@ -262,7 +262,7 @@ def check(
                 print_rich_report(result, path, fail_on_warning=fail_on_warning)
                 explain_shipped_sample(session.target)
             if html is not None:
-                from audit.html import collect_samples, html_path, write_html
+                from audit.report.html import collect_samples, html_path, write_html
 
                 samples = collect_samples(
                     result, session.tokenizer, profile=session.profile, data_file=session.target.data_file

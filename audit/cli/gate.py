@@ -36,7 +36,7 @@ from audit.cli.app import (
     writing,
 )
 from audit.cli.check import FormatOption, emit, explain_shipped_sample
-from audit.formats import OutputFormat
+from audit.report.formats import OutputFormat
 
 
 class QuarantineOn(StrEnum):

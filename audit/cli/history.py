@@ -29,7 +29,7 @@ from audit.cli.app import (
 )
 from audit.cli.check import FormatOption, HtmlOption, emit
 from audit.cli.tables import plain
-from audit.formats import OutputFormat
+from audit.report.formats import OutputFormat
 
 ReportFile = Annotated[
     str, typer.Argument(help="A JSON report written by `audit check` (or --report): a path or a URL.")
@@ -55,7 +55,7 @@ def report_command(
     --trust-remote-code, since a report is data and never chooses whose code runs.
     """
     from audit.base.storage import location
-    from audit.history import load_report
+    from audit.report.history import load_report
 
     if trust_remote_code and tokenizer is None:
         raise fail(
@@ -66,7 +66,7 @@ def report_command(
     try:
         reports = [load_report(location(path)) for path in files]
         if html is not None:
-            from audit.html import html_path, samples_for_saved_report, write_html
+            from audit.report.html import html_path, samples_for_saved_report, write_html
 
             for saved in reports:
                 samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
@@ -110,7 +110,7 @@ def diff(
     cannot be read as a report.
     """
     from audit.base.storage import location
-    from audit.history import diff_reports, load_report
+    from audit.report.history import diff_reports, load_report
 
     try:
         before, after = load_report(location(old)), load_report(location(new))

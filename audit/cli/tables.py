@@ -12,7 +12,7 @@ from rich.text import Text
 from audit.base import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
-from audit.report import Report
+from audit.report.report import Report
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow"}

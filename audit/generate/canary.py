@@ -16,7 +16,7 @@ from audit.engine.runner import audit_input
 from audit.generate.client import describe
 from audit.records.batch import AuditContext
 from audit.records.sources import InputDigest, memory_blocks
-from audit.report import Report, build_report
+from audit.report.report import Report, build_report
 
 
 class Canary:

@@ -39,7 +39,7 @@ from audit.generate.plan import GenerationPlan
 from audit.generate.prompts import Prompt, iter_prompts
 from audit.model.templating import RenderFailure, prompt_ids
 from audit.records.batch import AuditContext
-from audit.report import Report
+from audit.report.report import Report
 
 # Prompts rendered per batched tokenizer call.
 _RENDER_CHUNK = 64

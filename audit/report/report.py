@@ -2,7 +2,7 @@
 
 `Report.to_json()` is the machine contract (`schema_version`, changed only by addition);
 `findings` is every finding as a polars frame of the same columns. Machine formats are
-`audit.formats`; what people see is drawn by the CLI (`audit.cli.tables`) and the HTML page,
+`audit.report.formats`; what people see is drawn by the CLI (`audit.cli.tables`) and the HTML page,
 so this module knows nothing of terminals.
 """
 
@@ -23,10 +23,10 @@ from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.ruleset import RuleSet
 from audit.checks.verdict import EXIT_ERROR, Verdict, threshold_text
-from audit.distributions import summarize
 from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.engine.isolation import InternalError
 from audit.engine.runner import FileAudit
+from audit.report.distributions import summarize
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5
@@ -84,7 +84,7 @@ class Report:
     log: FindingsLog
     created_at: str = field(default_factory=lambda: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     seconds: float = 0.0
-    # The partition's shape (audit.distributions.summarize), for plots; None in older reports.
+    # The partition's shape (audit.report.distributions.summarize), for plots; None in older reports.
     distributions: dict[str, Any] | None = None
     # Taken from the result cache (an identical earlier audit), not audited by this run.
     cached: bool = False

@@ -22,8 +22,8 @@ import polars as pl
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath
 from audit.checks.verdict import VERDICT_RANK, failing_verdicts
-from audit.report import SCHEMA_VERSION, Report, RuleResult
-from audit.report_shape import check_report_shape
+from audit.report.report import SCHEMA_VERSION, Report, RuleResult
+from audit.report.shape import check_report_shape
 
 # Reports `audit check` names itself in a reports directory: <partition>-<UTC time>.json.
 KEEP_REPORTS = 20

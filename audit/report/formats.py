@@ -32,7 +32,7 @@ import polars as pl
 from audit import __version__
 from audit.base import inert
 from audit.checks.verdict import failing_verdicts
-from audit.report import SCHEMA_VERSION, Report, RuleResult
+from audit.report.report import SCHEMA_VERSION, Report, RuleResult
 
 FORMAT_SCHEMA_VERSION = SCHEMA_VERSION
 EXAMPLE_LOCATIONS = 5

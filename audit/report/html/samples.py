@@ -26,7 +26,7 @@ from audit.records.batch import AuditContext, Batch
 from audit.records.record_lines import read_record
 from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.records.sources import InputDigest, file_blocks
-from audit.report import Report
+from audit.report.report import Report
 
 SAMPLES_PER_RULE = 3
 # Tokens shown on each side of the offending position.

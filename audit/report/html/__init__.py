@@ -1,7 +1,7 @@
 """The report as one self-contained HTML page: verdict, inputs, rule table, plots, samples.
 
 `render_html(report, samples)` returns the page; `write_html` writes it atomically. The page
-loads nothing: styles are inline, plots are inline SVG drawn by `audit.html.svg`, there is no
+loads nothing: styles are inline, plots are inline SVG drawn by `audit.report.html.svg`, there is no
 script, and a Content-Security-Policy forbids any remote asset or script should one ever slip
 in. Every piece of record text (ids, messages, decoded tokens, raw lines) goes through
 `html.escape`, since a sample may contain anything, `<script>` included.
@@ -22,15 +22,15 @@ from audit import __version__
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
-from audit.html import svg
-from audit.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
 from audit.records.segments import (
     SEGMENT_ANSWER,
     SEGMENT_PROMPT,
     SEGMENT_REASONING,
     SEGMENT_TOOL_CALLS,
 )
-from audit.report import Report, RuleResult
+from audit.report.html import svg
+from audit.report.html.samples import Sample, Samples, collect_samples, samples_for_saved_report
+from audit.report.report import Report, RuleResult
 
 __all__ = ["Samples", "collect_samples", "html_path", "render_html", "samples_for_saved_report", "write_html"]
 
