@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from audit.check import check_session
 from audit.engine.runner import ProgressCallback
-from audit.gating import GateResult, gate_session
+from audit.flows.checking import check_session
+from audit.flows.gating import GateResult, gate_session
+from audit.flows.session import CheckOptions, Session, prepare
+from audit.flows.targets import data_root as resolve_data_root
+from audit.flows.targets import resolve_target
 from audit.report.report import Report
-from audit.session import CheckOptions, Session, prepare
-from audit.targets import data_root as resolve_data_root
-from audit.targets import resolve_target
 
 PathLike = str | os.PathLike[str]
 

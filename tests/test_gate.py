@@ -12,12 +12,12 @@ import pytest
 from typer.testing import CliRunner
 
 import audit
-from audit import gating
 from audit.checks import RULES, Severity
 from audit.cli import app
-from audit.gating import gate_session
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
+from audit.flows import gating
+from audit.flows.gating import gate_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
 runner = CliRunner()

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from audit.check import check_session
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
 from audit.generate import scan_prompts
 from audit.model.templating import prompt_ids
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
 from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, ROOT
 from tests.generate_support import (
     KIMI_END_OF_TURN,

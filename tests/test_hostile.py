@@ -30,16 +30,16 @@ import audit.base.files
 from audit.base import inert
 from audit.base.errors import ConfigError, InputError
 from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_atomically
-from audit.check import check_session
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine.runner import audit_file
-from audit.gating import gate_session, iter_quarantine
+from audit.flows.checking import check_session
+from audit.flows.gating import gate_session, iter_quarantine
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
 from audit.report.formats import format_reports, step_summary
 from audit.report.history import diff_reports, load_report
 from audit.report.html import render_html
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
 from tests import tiktoken_remote_code
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
 
@@ -1045,9 +1045,9 @@ def test_the_generator_canary_reads_bad_ids_alike(kimi_context, default_rules):
 
 
 def test_jobs_read_bad_ids_alike(tmp_path, monkeypatch):
-    import audit.parallel
+    import audit.flows.parallel
 
-    monkeypatch.setattr(audit.parallel, "MIN_SHARD_BYTES", 1)  # shard even a small file
+    monkeypatch.setattr(audit.flows.parallel, "MIN_SHARD_BYTES", 1)  # shard even a small file
     broken = consistent(record())
     broken["output_ids"][5] = None
     lines = [CLEAN[0], json.dumps(broken).encode(), *CLEAN[2:8]]

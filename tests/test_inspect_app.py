@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from audit.token_view import Inspector
+from audit.flows.token_view import Inspector
 from audit.tui.app import DetailView, InspectApp
 from tests.test_inspect_model import inspector_for, write_long_partition
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from audit.check import check_session
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
+from audit.flows.token_view import Inspector, LineIndex
 from audit.model.templating import prompt_ids
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
-from audit.token_view import Inspector, LineIndex
 from audit.tui.detail import DetailLines
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, is_url, location
 from audit.cli import app
+from audit.flows.targets import resolve_target
 from audit.records.sources import InputDigest, file_blocks
-from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree
 
@@ -311,7 +311,7 @@ def test_a_lock_left_by_a_dead_process_of_this_host_is_taken_over(prepared):
 
 
 def test_a_failure_midway_leaves_the_previous_gate_in_the_store_whole(prepared, monkeypatch):
-    import audit.gating as gating
+    import audit.flows.gating as gating
 
     assert gate("B1_glaive", "--data-root", ROOT, "--out", GATED).exit_code == 1
     before = stored(prepared)
@@ -329,7 +329,7 @@ def test_a_failure_midway_leaves_the_previous_gate_in_the_store_whole(prepared, 
 
 
 def test_an_input_in_the_store_that_changes_during_the_gate_writes_nothing(prepared, monkeypatch):
-    import audit.gating as gating
+    import audit.flows.gating as gating
 
     audited = gating.check_session
 

@@ -15,13 +15,13 @@ from typer.testing import CliRunner
 
 from audit.base.errors import ConfigError, InputError
 from audit.base.storage import ObjectPath
-from audit.check import check_session
 from audit.cli import app
-from audit.cluster import audit_shard_task, shard_size
+from audit.flows.checking import check_session
+from audit.flows.cluster import audit_shard_task, shard_size
+from audit.flows.parallel import plan_shards
+from audit.flows.session import CheckOptions, prepare, shared_tokenizer
+from audit.flows.targets import resolve_target
 from audit.model.profiles import load_profile
-from audit.parallel import plan_shards
-from audit.session import CheckOptions, prepare, shared_tokenizer
-from audit.targets import resolve_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree
 
@@ -191,7 +191,7 @@ def _failing_shard(message: str):
 
 
 def test_a_task_s_error_is_the_driver_s_one_line(ray_cluster):
-    from audit.cluster import _result
+    from audit.flows.cluster import _result
 
     ref = ray_cluster.remote(_failing_shard).remote("s3://bucket/x.jsonl: no such object")
     with pytest.raises(InputError, match=r"^on a Ray worker: s3://bucket/x.jsonl: no such object$"):
@@ -217,7 +217,7 @@ def test_engine_options_misused_are_one_error_line(args, says):
 def test_without_ray_the_engine_says_how_to_install_it(monkeypatch):
     """A checkout installed without the extra: one error line (exit 2) with the install line
     that works from this checkout, not a traceback."""
-    from audit.cluster import ray_module
+    from audit.flows.cluster import ray_module
 
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # `import ray` then fails
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[ray\]'"):

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from audit import parallel, workers
-from audit.parallel import iter_shards, plan_shards
+from audit.flows import parallel, workers
+from audit.flows.parallel import iter_shards, plan_shards
 from audit.records.sources import InputDigest
 from tests.conftest import PREPARED, ROOT
 
@@ -118,7 +118,7 @@ def test_with_workers_this_process_takes_its_share_of_the_cores(monkeypatch) -> 
 
 _EARLY_THEN_COMMAND = """
 import atexit, json, sys
-import audit.workers as workers
+import audit.flows.workers as workers
 from audit.__main__ import main
 pools = []
 real = workers.worker_pool

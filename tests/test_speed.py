@@ -15,21 +15,21 @@ import pytest
 from polars.testing import assert_frame_equal
 from rich.console import Console
 
-import audit.check
-import audit.parallel as parallel
-import audit.session
-from audit.cache import AuditCache, _describe_context
-from audit.check import check_session
+import audit.flows.checking
+import audit.flows.parallel as parallel
+import audit.flows.session
 from audit.checks.ruleset import load_rule_set
 from audit.cli.progress import AuditProgress, audit_progress
 from audit.engine.runner import audit_file
+from audit.flows.cache import AuditCache, _describe_context
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.flat_ids import FlatIds
 from audit.model.profiles import load_profile
 from audit.model.tokenizer import load_tokenizer
 from audit.records.batch import AuditContext
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED
 
@@ -180,7 +180,7 @@ def test_jobs_give_the_single_process_result(tmp_path: Path, monkeypatch) -> Non
 
 def _worker_state() -> tuple[int, int]:
     """Run in a worker: its process id and how many sessions it keeps."""
-    return os.getpid(), len(audit.session._SESSIONS)
+    return os.getpid(), len(audit.flows.session._SESSIONS)
 
 
 def test_workers_start_once_and_keep_their_session(tmp_path: Path, monkeypatch) -> None:
@@ -206,8 +206,8 @@ def test_unchanged_partition_comes_from_the_cache(tmp_path: Path, monkeypatch) -
     first = check_session(prepare(target, options))
 
     calls = []
-    original = audit.check.audit_file
-    monkeypatch.setattr(audit.check, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = audit.flows.checking.audit_file
+    monkeypatch.setattr(audit.flows.checking, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
     again = check_session(prepare(target, options))
     assert calls == []  # served from the cache
     assert_frame_equal(first.findings, again.findings)

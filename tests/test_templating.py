@@ -196,7 +196,7 @@ def test_reading_a_partition_does_not_load_the_http_client():
     import subprocess
     import sys
 
-    code = "import sys, audit.targets, audit.check; print('httpx' in sys.modules)"
+    code = "import sys, audit.flows.targets, audit.flows.checking; print('httpx' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -50,7 +50,7 @@ def glm47(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
 
 
 def _context(spec_name: str, tmp_path_factory: pytest.TempPathFactory, thinking: bool = True) -> AuditContext:
-    from audit.session import shared_tokenizer
+    from audit.flows.session import shared_tokenizer
 
     spec = load_spec(spec_name)
     directory = spec_tokenizer_dir(spec.tokenizer, tmp_path_factory.mktemp("tokenizers"))
@@ -239,7 +239,7 @@ DSML_CALL = ('\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_weathe
 
 @pytest.fixture(scope="module")
 def dsml(tmp_path_factory: pytest.TempPathFactory) -> AuditContext:
-    from audit.session import shared_tokenizer
+    from audit.flows.session import shared_tokenizer
     from fixtures.family_partitions import real_tokenizer_dir
 
     work = tmp_path_factory.mktemp("dsml")

@@ -27,11 +27,11 @@ from audit.checks.ruleset import load_rule_set
 from audit.cli import app
 from audit.engine.isolation import INTERNAL_ERROR
 from audit.engine.runner import audit_blocks
+from audit.flows.session import shared_tokenizer
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import memory_blocks
-from audit.session import shared_tokenizer
 from fixtures.family_partitions import (
     FamilySpec,
     family_specs,

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from audit.check import check_session
 from audit.cli import app
-from audit.session import CheckOptions, prepare
-from audit.targets import resolve_target
-from audit.watch import LiveAudit, watch_target
+from audit.flows.checking import check_session
+from audit.flows.session import CheckOptions, prepare
+from audit.flows.targets import resolve_target
+from audit.flows.watching import LiveAudit, watch_target
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
 
 B1 = PREPARED / "B1_glaive" / "raw_responses.jsonl"

@@ -212,7 +212,7 @@ def check_options(
     shard_size: str | None = None,
 ):
     """The core's CheckOptions from the shared CLI options."""
-    from audit.session import CheckOptions
+    from audit.flows.session import CheckOptions
 
     if engine is Engine.ray and jobs > 1:
         raise fail("--jobs sets local worker processes; with --engine ray the cluster's CPUs run the shards")
@@ -234,8 +234,8 @@ def check_options(
 
 def data_root_for(data_root: str | None, targets: list[str], announce: bool):
     """The data root for these targets; say so when the shipped sample stands in for it."""
-    from audit.targets import data_root as resolve_root
-    from audit.targets import names_a_path
+    from audit.flows.targets import data_root as resolve_root
+    from audit.flows.targets import names_a_path
 
     root, note = resolve_root(data_root)
     if note and announce and not all(names_a_path(spec) for spec in targets or [""]):

@@ -129,7 +129,7 @@ def explain_shipped_sample(target) -> None:
     import re
     import textwrap
 
-    from audit.targets import shipped_sample_note
+    from audit.flows.targets import shipped_sample_note
 
     if note := shipped_sample_note(target):
         whole = re.sub(r"`[^`]*`", lambda quoted: quoted.group().replace(" ", "\0"), note)
@@ -156,7 +156,7 @@ def summary_table(reports: Sequence[Report], *, fail_on_warning: bool) -> Table:
 def all_partitions(root) -> list[str]:
     """The names of every partition under `root` (a directory or URL prefix holding
     raw_responses.jsonl)."""
-    from audit.targets import DATA_FILE, partition_names
+    from audit.flows.targets import DATA_FILE, partition_names
 
     if not root.is_dir():
         raise InputError(f"data root {root}/ does not exist: pass --data-root DIR or set AUDIT_DATA_ROOT")
@@ -219,10 +219,10 @@ def check(
     is the worst of them.
     """
     from audit.base.storage import location
-    from audit.check import check_session
-    from audit.parallel import start_workers
-    from audit.session import prepare
-    from audit.targets import resolve_target
+    from audit.flows.checking import check_session
+    from audit.flows.parallel import start_workers
+    from audit.flows.session import prepare
+    from audit.flows.targets import resolve_target
 
     targets = list(targets or [])
     if all_ and targets:

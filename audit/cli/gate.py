@@ -86,9 +86,9 @@ def gate(
     as for check: 0 the gate passed, 1 it failed (the split is written either way), 2 error.
     """
     from audit.base.storage import location
-    from audit.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
-    from audit.session import prepare
-    from audit.targets import resolve_target
+    from audit.flows.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
+    from audit.flows.session import prepare
+    from audit.flows.targets import resolve_target
 
     out_dir = location(out)
     report_path = location(report) if report is not None else None

@@ -71,11 +71,11 @@ def inspect_command(
     rules: RulesOption = None,
 ) -> None:
     """Look at the records with findings token by token: special tokens by role, findings marked."""
-    from audit.check import check_session
     from audit.checks import RULES
-    from audit.session import prepare
-    from audit.targets import resolve_target
-    from audit.token_view import Inspector
+    from audit.flows.checking import check_session
+    from audit.flows.session import prepare
+    from audit.flows.targets import resolve_target
+    from audit.flows.token_view import Inspector
 
     if record_id is not None and line is not None:
         raise fail("--id and --line both pick a record: give one of them")

@@ -147,9 +147,9 @@ def watch(
     ] = False,
 ) -> None:
     """Watch a growing raw_responses.jsonl: lines, lines per minute and each rule's pass rate so far."""
-    from audit.session import prepare
-    from audit.targets import data_root as resolve_root
-    from audit.watch import LiveAudit, watch_target
+    from audit.flows.session import prepare
+    from audit.flows.targets import data_root as resolve_root
+    from audit.flows.watching import LiveAudit, watch_target
 
     root, _ = resolve_root(data_root)
     try:

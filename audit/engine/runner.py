@@ -98,7 +98,7 @@ class FileAudit:
     log: FindingsLog  # every finding, in line order then rule, mostly on disk
     seconds: float
     stats: pl.DataFrame  # STATS_SCHEMA, one row per readable record
-    cached: bool = False  # the stored result of an identical earlier audit (audit.cache)
+    cached: bool = False  # the stored result of an identical earlier audit (audit.flows.cache)
     internal_errors: list[InternalError] = field(default_factory=list)  # see audit.engine.isolation
 
     @property

@@ -1,7 +1,7 @@
 """`generation.json`: how a partition's data was made, written and read here only.
 
 `audit generate` writes it beside the output; `audit check`, `gate`, `inspect` and `watch`
-read it (through `audit.targets`), so a bare `audit check NAME` knows how to audit the data.
+read it (through `audit.flows.targets`), so a bare `audit check NAME` knows how to audit the data.
 Its fields (JSON object; a reader needs none of them):
 
 | key | type | |

@@ -139,7 +139,7 @@ def file_blocks(
 ) -> Iterator[LineBlock]:
     """`path` (or its bytes [start, end), a range beginning at a line start) as line blocks.
 
-    `first_line` is the physical line number at `start` (see `audit.parallel.plan_shards`).
+    `first_line` is the physical line number at `start` (see `audit.flows.parallel.plan_shards`).
     """
     chunks = file_chunks(path, start=start, end=end, chunk_bytes=block_bytes)
     return chunk_blocks(chunks, first_line=first_line, digest=digest)

@@ -18,7 +18,7 @@ from textual.widgets import Footer, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from audit.base.inert import CELL_LIMIT, terminal
-from audit.token_view import Inspector, RecordEntry
+from audit.flows.token_view import Inspector, RecordEntry
 from audit.tui.detail import SEVERITY_STYLE, DetailLines
 
 HELP = """\

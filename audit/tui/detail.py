@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from audit.base.inert import CELL_LIMIT, terminal
+from audit.flows.token_view import ROLE_UNKNOWN, RecordView, TokenRun
 from audit.records.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
@@ -29,7 +30,6 @@ from audit.records.segments import (
     SEGMENT_REASONING,
     SEGMENT_TOOL_CALLS,
 )
-from audit.token_view import ROLE_UNKNOWN, RecordView, TokenRun
 
 ROLE_STYLE = {
     ROLE_THINK: "bold magenta",

@@ -19,10 +19,10 @@ import polars as pl
 from audit.checks.verdict import Verdict
 from audit.engine.isolation import InternalError
 from audit.engine.runner import IDENTITY_SCHEMA, audit_blocks, file_level_findings
+from audit.flows.session import Session
+from audit.flows.targets import DATA_FILE, Target, resolve_target
 from audit.generate.manifest import read_manifest
 from audit.records.sources import GrowingFile, LineBlock
-from audit.session import Session
-from audit.targets import DATA_FILE, Target, resolve_target
 
 # Lines per minute are measured over this recent window, so the rate follows the run.
 RATE_WINDOW_SECONDS = 60.0

@@ -4,7 +4,7 @@ Each file is cut into byte ranges that start at line boundaries, knowing the phy
 number at each cut (`iter_shards`: each range is handed out as soon as the one read that hashes
 the file has passed its end); each range is audited by the engine (`audit_range`) wherever it
 runs. The workers are
-started once per process (`audit.workers.worker_pool`; the `audit` program starts them before
+started once per process (`audit.flows.workers.worker_pool`; the `audit` program starts them before
 its own modules load), given the target as early as the command knows it (`start_workers`,
 before this process prepares its own session), and kept: each prepares a
 session once, loading its tokenizer and building the fast encoder once, and audits any number
@@ -37,10 +37,10 @@ from audit.engine.runner import (
     audit_file,
     join_shards,
 )
+from audit.flows.session import CheckOptions, Session, worker_session
+from audit.flows.targets import Target
+from audit.flows.workers import ignore_outcome, worker_pool
 from audit.records.sources import InputDigest, file_blocks
-from audit.session import CheckOptions, Session, worker_session
-from audit.targets import Target
-from audit.workers import ignore_outcome, worker_pool
 
 # Below this many bytes per shard, a shard's own costs (a worker's tokenizer, a block cut short)
 # are more than sharing the file saves: such a file is audited in this process.

@@ -3,7 +3,7 @@
 This module imports nothing heavy, so that the `audit` program can start the workers a command
 line asks for before its own modules load (`start_for_command_line`): a worker's imports
 (~0.4 s: polars, numpy, the engine) then run beside this process's instead of after them. What
-the workers do is `audit.parallel`'s; here is only how they are started and stopped.
+the workers do is `audit.flows.parallel`'s; here is only how they are started and stopped.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _prepare_worker() -> None:
     the parent's, which is still loading its own)."""
     configure_allocators()
     import audit.engine.runner
-    import audit.session  # noqa: F401
+    import audit.flows.session  # noqa: F401
 
 
 def _started() -> None:

@@ -68,12 +68,12 @@ from audit.base.files import (
     remove_leftover_temporaries,
 )
 from audit.base.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
-from audit.check import check_session
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import ProgressCallback
+from audit.flows.checking import check_session
+from audit.flows.session import Session
 from audit.records.sources import InputDigest, file_blocks
 from audit.report.report import Report
-from audit.session import Session
 
 MANIFEST_SCHEMA_VERSION = 1
 CLEAN_FILE = "clean.jsonl"

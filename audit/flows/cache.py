@@ -55,7 +55,7 @@ def default_cache_dir() -> Path:
 def code_fingerprint() -> str:
     """The tool's version and a hash of its own Python source (rules, engine, reader...)."""
     digest = hashlib.sha256(f"audit {__version__} layout {_LAYOUT}".encode())
-    package = Path(__file__).resolve().parent  # MOVEFIX
+    package = Path(__file__).resolve().parent.parent  # audit/, this module is audit/flows/cache.py
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode())
         digest.update(path.read_bytes())

@@ -2,9 +2,9 @@
 
     report = check_session(prepare(target, CheckOptions(profile="kimi-k2.5")))
 
-The audit comes from the result cache when nothing that decides it changed (`audit.cache`),
+The audit comes from the result cache when nothing that decides it changed (`audit.flows.cache`),
 else from the engine: in this process, over shards in `--jobs` worker processes
-(`audit.parallel`), or over shards as tasks on a Ray cluster (`--engine ray`, `audit.cluster`).
+(`audit.flows.parallel`), or over shards as tasks on a Ray cluster (`--engine ray`, `audit.flows.cluster`).
 The Python API (`audit.check_target`) is this, from a target's name.
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import time
 
 from audit.base.errors import InputError
-from audit.cache import AuditCache
 from audit.engine.runner import FileAudit, ProgressCallback, audit_file
-from audit.parallel import audit_file_parallel
+from audit.flows.cache import AuditCache
+from audit.flows.parallel import audit_file_parallel
+from audit.flows.session import Session
 from audit.report.report import Report, build_report
-from audit.session import Session
 
 
 def run_audit(session: Session, progress: ProgressCallback | None = None) -> FileAudit:
@@ -27,7 +27,7 @@ def run_audit(session: Session, progress: ProgressCallback | None = None) -> Fil
     path = session.target.data_file
     cache = AuditCache.for_options(options)
     if options.engine == "ray":
-        from audit.cluster import audit_on_ray
+        from audit.flows.cluster import audit_on_ray
 
         return audit_on_ray(session, progress, cache)
     if cache is not None:

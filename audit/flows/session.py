@@ -3,8 +3,8 @@ raised before anything is audited.
 
     session = prepare(resolve_target("B1_glaive", root), CheckOptions(profile="kimi-k2.5"))
 
-A `Session` is what every command that audits starts from (`audit.check.check_session`,
-`audit.gating.gate_session`, `audit.watch.LiveAudit`); the worker processes of `--jobs` each
+A `Session` is what every command that audits starts from (`audit.flows.checking.check_session`,
+`audit.flows.gating.gate_session`, `audit.flows.watching.LiveAudit`); the worker processes of `--jobs` each
 prepare their own from the same target and options.
 """
 
@@ -17,12 +17,12 @@ import orjson
 
 from audit.base.errors import ConfigError
 from audit.checks.ruleset import RuleSet, load_rule_set
+from audit.flows.targets import Target
 from audit.generate.prompts import load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer, load_tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import DEFAULT_BLOCK_BYTES
-from audit.targets import Target
 
 
 @dataclass(frozen=True)
@@ -35,10 +35,10 @@ class CheckOptions:
     thinking: bool | None = None
     rules: Path | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
-    jobs: int = 1  # worker processes over shards of each file (audit.parallel)
-    engine: str = "local"  # "local" (this process, or --jobs processes) or "ray" (audit.cluster)
+    jobs: int = 1  # worker processes over shards of each file (audit.flows.parallel)
+    engine: str = "local"  # "local" (this process, or --jobs processes) or "ray" (audit.flows.cluster)
     shard_bytes: int | None = None  # Ray: the size of a task's byte range (None: sized to the cluster)
-    cache: bool = True  # reuse the result of an identical earlier audit (audit.cache)
+    cache: bool = True  # reuse the result of an identical earlier audit (audit.flows.cache)
     cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
     prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
 

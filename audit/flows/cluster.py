@@ -2,11 +2,11 @@
 
 The driver (this process) cuts the file into byte ranges at line boundaries, knowing the
 physical line number at each cut, in one sequential read that also hashes the input
-(`audit.parallel.iter_shards`, as `--jobs` does), and submits each range as soon as the read
+(`audit.flows.parallel.iter_shards`, as `--jobs` does), and submits each range as soon as the read
 has passed its end: the tasks run while the read goes on. Each range is a Ray task that runs the engine
 where it lands (`audit_blocks(file_blocks(path, start=, end=, first_line=))`), reading only its
 bytes, from a shared disk or straight from object storage. A task's process prepares the
-session once (`audit.session.worker_session`: the tokenizer is loaded by its first shard and
+session once (`audit.flows.session.worker_session`: the tokenizer is loaded by its first shard and
 kept for the next ones) and returns its `ShardAudit` with the findings in memory (a worker's
 disk is not the driver's). The driver keeps each shard's findings on its own disk as they
 arrive, and `join_shards` puts them in file order and runs the file-level rules (duplicate ids)
@@ -29,13 +29,13 @@ from audit.base.errors import AuditError, ConfigError, InputError
 from audit.base.storage import ObjectPath
 from audit.engine.findings import FindingsLog, spill_part
 from audit.engine.runner import FileAudit, ProgressCallback, ShardAudit, join_shards
-from audit.parallel import Shard, audit_range, iter_shards
+from audit.flows.parallel import Shard, audit_range, iter_shards
+from audit.flows.session import CheckOptions, Session, worker_session
 from audit.records.sources import InputDigest
-from audit.session import CheckOptions, Session, worker_session
 
 if TYPE_CHECKING:
-    from audit.cache import AuditCache
-    from audit.targets import Target
+    from audit.flows.cache import AuditCache
+    from audit.flows.targets import Target
 
 # A task's byte range: large enough that a task's overhead (scheduling, its result's transfer)
 # is a small part of it, small enough that every CPU of the cluster gets a few shards.
@@ -140,7 +140,7 @@ def audit_on_ray(
         expected[0] = len(plan)
         key = None
         if cache is not None:
-            from audit.cache import AuditCache
+            from audit.flows.cache import AuditCache
 
             key = AuditCache.key_for(digest.sha256, session.context, session.rule_set)
             hit = cache.load(key, path)
