@@ -50,8 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 import audit
 from audit.model.encoders import deepseek_v4, deepseek_v32, sglang_request_messages
-from audit.model.profiles import THINKING_STATES, ResolvedProfile, load_profile
-from audit.model.tokenizer import Tokenizer, load_tokenizer
+from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.prompt_endings import THINKING_STATES
+from audit.model.token_text import token_strings
+from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 from fixtures.family_partitions import FamilySpec, load_spec, real_encoder, spec_tokenizer_dir
 
 # Another revision of each family's template or encoder, for that corruption.
@@ -531,7 +534,7 @@ def corruptions(family: Family, record: Record) -> dict[str, Any]:
         kinds["text-from-parser"] = parser_text
 
     def split(r: Record) -> None:
-        pieces = tokenizer.token_strings(r.output)
+        pieces = token_strings(tokenizer, r.output)
         for at, piece in enumerate(pieces):
             if len(piece.strip()) >= 4 and piece.strip().isalpha() and r.output[at] not in stops:
                 r.output[at : at + 1] = tokenizer.encode_text(piece[:2]) + tokenizer.encode_text(

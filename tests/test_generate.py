@@ -322,7 +322,7 @@ def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(
 )
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
-    from audit.model.tokenizer import load_tokenizer
+    from audit.model.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     messages = [{"role": "user", "content": "Convert 12 USD to EUR."}]

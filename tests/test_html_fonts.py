@@ -9,7 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from audit.cli import app
-from audit.model.tokenizer import load_tokenizer
+from audit.model.token_text import token_strings
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.report.html import STYLE
 from tests.conftest import DEEPSEEK_TOKENIZER, PREPARED
 from tests.test_html import CHROMIUM, needs_chromium, open_in_chromium
@@ -73,7 +74,7 @@ def test_the_deepseek_page_keeps_codes_ids_and_positions_whole(tmp_path: Path) -
 def test_pieces_of_a_character_show_as_their_bytes() -> None:
     tokenizer = load_tokenizer(DEEPSEEK_TOKENIZER)
     ids = tokenizer.encode_text("天 ok")  # not in the mini vocabulary: one token per byte
-    pieces = tokenizer.token_strings(ids)
+    pieces = token_strings(tokenizer, ids)
     assert pieces[:3] == ["<0xE5>", "<0xA4>", "<0xA9>"]
     assert "\ufffd" not in "".join(pieces)
     assert "".join(pieces[3:]) == " ok"

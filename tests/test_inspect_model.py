@@ -33,7 +33,7 @@ def glaive() -> Inspector:
 
 def write_long_partition(directory: Path) -> Path:
     """A partition of one clean record and one with a 30k-token reasoning and a second </think>."""
-    from audit.model.tokenizer import load_tokenizer
+    from audit.model.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(KIMI_TOKENIZER)
     clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
@@ -154,7 +154,7 @@ def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path:
 
 
 def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers(tmp_path: Path) -> None:
-    from audit.model.tokenizer import load_tokenizer
+    from audit.model.tokenizer_loading import load_tokenizer
     from tests import tiktoken_remote_code
 
     directory = tiktoken_remote_code.build(tmp_path / "kimi-tiktoken")

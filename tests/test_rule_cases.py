@@ -66,7 +66,8 @@ from audit.engine.runner import audit_file
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
 from audit.model.templating import RenderFailure, encode_prompts, render_prompts
-from audit.model.tokenizer import Tokenizer, load_tokenizer
+from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.reader import empty_records
 from tests.conftest import FIXTURES, real_tokenizer

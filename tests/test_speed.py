@@ -28,7 +28,7 @@ from audit.flows.targets import resolve_target
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.flat_ids import FlatIds
 from audit.model.profiles import load_profile
-from audit.model.tokenizer import load_tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED

@@ -21,7 +21,8 @@ from audit.model import tokenizer_cache
 from audit.model.chat_template import ChatTemplate, UnsupportedInput
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import load_profile
-from audit.model.tokenizer import load_tokenizer
+from audit.model.token_text import token_strings
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
@@ -143,7 +144,7 @@ def test_state_is_keyed_by_the_tokenizer_files(tmp_path: Path, monkeypatch) -> N
 
 def test_concurrent_first_loads_leave_one_whole_state(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
-    script = "from audit.model.tokenizer import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
+    script = "from audit.model.tokenizer_loading import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
     env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path)}
     processes = [
         subprocess.Popen([sys.executable, "-c", script, str(DEEPSEEK_TOKENIZER)], env=env, cwd=ROOT,
@@ -454,7 +455,7 @@ def test_without_its_backend_a_warm_tokenizer_answers_as_the_backend(family: str
     sequences = [[i for i in s if warm.can_decode([i])] for s in sequences]
     assert warm.decode_batch(sequences) == backend.decode_batch(sequences, skip_special_tokens=False)
     assert warm.decode_batch_skipping_special(sequences) == backend.decode_batch(sequences, skip_special_tokens=True)
-    for token_id, shown in zip(sequences[0], warm.token_strings(sequences[0]), strict=True):
+    for token_id, shown in zip(sequences[0], token_strings(warm, sequences[0]), strict=True):
         piece = backend.decode([token_id], skip_special_tokens=False)
         assert shown == piece if "\ufffd" not in piece else re.fullmatch(r"(<0x[0-9A-F]{2}>|[^\ufffd])+", shown)
 

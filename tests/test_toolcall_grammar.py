@@ -16,14 +16,9 @@ from hypothesis import strategies as st
 
 from audit.checks.ruleset import load_rule_set
 from audit.engine.runner import audit_file
+from audit.model.call_elements import Element, elements_error
 from audit.model.call_formats import FORMATS
-from audit.model.call_values import (
-    Element,
-    declared_type,
-    elements_error,
-    parameter_types,
-    value_error,
-)
+from audit.model.call_values import declared_type, parameter_types, value_error
 from audit.model.profiles import load_profile
 from audit.model.templating import prompt_ids as rendered_prompt_ids
 from audit.records.batch import AuditContext

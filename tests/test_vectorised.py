@@ -23,8 +23,9 @@ from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
 from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
 from audit.model.profiles import load_profile
-from audit.model.tokenizer import load_tokenizer
+from audit.model.token_text import _token_at, tokens_at
 from audit.model.tokenizer_cache import StoredVocabulary
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.contract import contract_failures, record_contract, validated_by_pandera
 from audit.records.reader import RECORD_COLUMNS
@@ -298,7 +299,7 @@ def test_tokens_at_from_the_byte_table_equal_prefix_decoding(data) -> None:
     ids = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=30))
     text = tokenizer.decode_batch([ids])[0]
     chars = data.draw(st.lists(st.integers(0, max(0, len(text) - 1)), min_size=1, max_size=5))
-    assert tokenizer.tokens_at(ids, chars) == [tokenizer._token_at(ids, char) for char in chars]
+    assert tokens_at(tokenizer, ids, chars) == [_token_at(tokenizer, ids, char) for char in chars]
 
 
 @lru_cache(maxsize=1)

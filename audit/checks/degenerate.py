@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
+from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.channels import harmony_messages
 from audit.records.expressions import truncated
@@ -221,7 +222,7 @@ def _content_counts(batch: Batch, segments: pl.Series) -> list[int]:
     sequences = segments.to_list()  # only short segments come here (see _WHITESPACE_SLACK)
     known = batch.tokenizer.known_ids
     ids = sorted({i for segment in sequences for i in segment if i in known})
-    pieces = batch.tokenizer.token_strings(ids)
+    pieces = token_strings(batch.tokenizer, ids)
     blank = {i for i, piece in zip(ids, pieces, strict=True) if not piece.strip()}
     return [sum(1 for i in segment if i not in blank) for segment in sequences]
 

@@ -9,7 +9,7 @@ import polars as pl
 from audit.checks.base import RecordRule, Rule, empty_findings
 from audit.records.batch import Batch
 from audit.records.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
-from audit.records.reader import CONTRACT, UNREADABLE
+from audit.records.line_reading import CONTRACT, UNREADABLE
 
 
 class UnreadableLine(Rule):

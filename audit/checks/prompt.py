@@ -7,6 +7,7 @@ from typing import ClassVar
 import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
+from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with, first_index_of
 from audit.records.response import prompt_reasoning
@@ -72,7 +73,7 @@ class PromptSuffix(RecordRule):
         tails = flagged.select(pl.col("input_ids").list.tail(len(expected) + 1)).to_series().to_list()
         lengths = flagged.select(pl.col("input_ids").list.len()).to_series().to_list()
         shown_ids = sorted({t for tail in tails for t in tail})
-        text_of = dict(zip(shown_ids, batch.tokenizer.token_strings(shown_ids), strict=True))
+        text_of = dict(zip(shown_ids, token_strings(batch.tokenizer, shown_ids), strict=True))
         expected_text = batch.profile.prompt_suffix_texts[0]
         positions, messages = [], []
         for tail, length in zip(tails, lengths, strict=True):

@@ -9,6 +9,7 @@ import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
 from audit.model.flat_ids import differing_sequences
+from audit.model.token_text import token_pieces
 from audit.records.batch import Batch
 
 
@@ -75,8 +76,8 @@ class RoundTrip(RecordRule):
         saved, fresh = ids[window], again[window]
         rows = (
             ("decoded", repr(tokenizer.decode_batch([saved])[0])),
-            ("saved ids", _ids_with_pieces(saved, tokenizer.pieces(saved))),
-            ("re-encoded", _ids_with_pieces(fresh, tokenizer.pieces(fresh))),
+            ("saved ids", _ids_with_pieces(saved, token_pieces(tokenizer, saved))),
+            ("re-encoded", _ids_with_pieces(fresh, token_pieces(tokenizer, fresh))),
         )
         return Explanation(self.code, f"decode then encode, output_ids[{window.start}:{window.stop}]", rows)
 

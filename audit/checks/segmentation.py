@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
-from audit.model.profiles import THINKING_STATES
+from audit.model.prompt_endings import THINKING_STATES
 from audit.records.batch import Batch
 from audit.records.expressions import first_index_in, first_index_of, nth_index_of, truncated
 from audit.records.response import response_bounds, tool_entry_ids

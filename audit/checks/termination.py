@@ -7,6 +7,7 @@ import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.model.flat_ids import ABSENT, absent_as_null
+from audit.model.token_text import tokens_at
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.expressions import id_set
@@ -323,7 +324,7 @@ class TurnJoined(RecordRule):
             ids = batch.records["output_ids"][row].to_list()
             start = answer_from or 0
             text = batch.tokenizer.decode_batch([ids[start:]])[0]
-            [at] = batch.tokenizer.tokens_at(ids[start:], [text.index(marker)])
+            [at] = tokens_at(batch.tokenizer, ids[start:], [text.index(marker)])
             results[row] = (marker, start + at)
         return results
 

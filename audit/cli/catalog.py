@@ -40,7 +40,7 @@ def profiles(
     """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
     from audit.cli.tables import profiles_table
     from audit.model.profiles import builtin_profiles, load_profile
-    from audit.model.tokenizer import load_tokenizer
+    from audit.model.tokenizer_loading import load_tokenizer
 
     try:
         loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None

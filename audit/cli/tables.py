@@ -12,6 +12,7 @@ from rich.text import Text
 from audit.base import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
+from audit.model.token_text import token_pieces
 from audit.report.report import Report
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
@@ -231,7 +232,7 @@ def resolved_table(resolved, tokenizer) -> Table:
     rows += [(f"channel {role}", i) for role, i in resolved.channel_markers.items()]
     rows += [("tool result", i) for i in resolved.tool_result]
     shown = [(role, i) for role, i in rows if i is not None]
-    pieces = tokenizer.pieces([i for _, i in shown])
+    pieces = token_pieces(tokenizer, [i for _, i in shown])
     for (role, token_id), piece in zip(shown, pieces, strict=True):
         table.add_row(role, escaped(piece), str(token_id))
     for text, ids in zip(resolved.prompt_suffix_texts, resolved.prompt_suffixes, strict=False):

@@ -33,7 +33,8 @@ from audit.checks.ruleset import ConfiguredRule, RuleSet
 from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.engine.isolation import INTERNAL_ERROR, InternalError, isolated
 from audit.records.batch import AuditContext, Batch
-from audit.records.reader import RejectedLine, parse_block
+from audit.records.line_reading import RejectedLine
+from audit.records.reader import parse_block
 from audit.records.segments import record_summary
 from audit.records.sources import DEFAULT_BLOCK_BYTES, InputDigest, LineBlock, file_blocks
 

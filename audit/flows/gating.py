@@ -41,7 +41,7 @@ split, the old manifest is deleted, the two outputs are completed, and the manif
 last. A run that dies before that leaves the old gate as it was (its unfinished uploads are
 aborted by the next run); one that dies in between leaves outputs without a manifest, which is
 not a finished gate and which the next run writes again. The lock is `<out>/.audit.lock`
-created by a conditional write (see `audit.base.storage.lock_prefix` for what it can and cannot do).
+created by a conditional write (see `audit.base.object_locks.lock_prefix` for what it can and cannot do).
 """
 
 from __future__ import annotations
@@ -60,26 +60,24 @@ import polars as pl
 
 from audit import __version__
 from audit.base.errors import InputError
-from audit.base.files import (
-    Temporary,
-    fsync_directory,
-    lock_output,
-    open_temporary,
-    remove_leftover_temporaries,
-)
-from audit.base.storage import ObjectPath, abort_unfinished_writes, location, lock_prefix
+from audit.base.storage import ObjectPath, location
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import ProgressCallback
 from audit.flows.checking import check_session
+from audit.flows.gate_outputs import (
+    CLEAN_FILE,
+    MANIFEST_FILE,
+    OUTPUT_FILES,
+    QUARANTINE_FILE,
+    DirectoryOutputs,
+    PrefixOutputs,
+    Staged,
+)
 from audit.flows.session import Session
 from audit.records.sources import InputDigest, file_blocks
 from audit.report.report import Report
 
 MANIFEST_SCHEMA_VERSION = 1
-CLEAN_FILE = "clean.jsonl"
-QUARANTINE_FILE = "quarantine.jsonl"
-MANIFEST_FILE = "manifest.json"
-OUTPUT_FILES = (CLEAN_FILE, QUARANTINE_FILE, MANIFEST_FILE)
 
 QUARANTINE_SEVERITIES = {"error": ("error",), "warning": ("error", "warning")}
 
@@ -129,7 +127,7 @@ def gate_session(
     for name in OUTPUT_FILES:
         if (out_dir / name).resolve() == input_path:
             raise InputError(f"--out {out_dir}: {name} would overwrite the input itself; choose another directory")
-    outputs = _PrefixOutputs(out_dir) if isinstance(out_dir, ObjectPath) else _DirectoryOutputs(out_dir)
+    outputs = PrefixOutputs(out_dir) if isinstance(out_dir, ObjectPath) else DirectoryOutputs(out_dir)
     # One gate at a time per output: two runs into one --out would leave a manifest of one
     # input beside the clean.jsonl of the other.
     with outputs.lock():
@@ -145,7 +143,7 @@ def gate_session(
 def _write_split(
     session: Session,
     report: Report,
-    outputs: _DirectoryOutputs | _PrefixOutputs,
+    outputs: DirectoryOutputs | PrefixOutputs,
     input_path: Path | ObjectPath,
     quarantine_on: str,
     previous: dict[str, Any] | None,
@@ -154,7 +152,7 @@ def _write_split(
     data_file = session.target.data_file
     severities = QUARANTINE_SEVERITIES[quarantine_on]
 
-    staged: list[_Staged] = []
+    staged: list[Staged] = []
     try:
         clean = outputs.stage(CLEAN_FILE, staged)
         quarantine = outputs.stage(QUARANTINE_FILE, staged)
@@ -185,105 +183,6 @@ def _write_split(
         for leftover in staged:
             leftover.discard()
     return manifest, unchanged
-
-
-class _Staged:
-    """An output being written, not yet in place: its bytes counted and hashed on the way."""
-
-    def __init__(self, name: str, file: Any):
-        self.name = name
-        self.file = file  # a Temporary (a directory) or an unfinished upload (object storage)
-        self._writer: IO[bytes] = file.file if isinstance(file, Temporary) else file
-        self._hash = hashlib.sha256()
-        self.bytes = 0
-
-    def write(self, data: bytes) -> int:
-        self._hash.update(data)
-        self.bytes += len(data)
-        return self._writer.write(data)
-
-    def summary(self, records: int) -> dict[str, Any]:
-        return {"sha256": self._hash.hexdigest(), "bytes": self.bytes, "records": records}
-
-    def discard(self) -> None:
-        self.file.discard()
-
-
-class _DirectoryOutputs:
-    """Outputs in a local directory: temporary files renamed in, the directory fsync'd."""
-
-    redo_unfinished = False  # clean.jsonl without a manifest may be someone's: --force
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-
-    def lock(self) -> Any:
-        return lock_output(self.directory)
-
-    def remove_leftovers(self) -> None:
-        remove_leftover_temporaries(self.directory)
-
-    def stage(self, name: str, staged: list[_Staged]) -> _Staged:
-        output = _Staged(name, open_temporary(self.directory, name))
-        staged.append(output)
-        return output
-
-    def publish(self, staged: list[_Staged], manifest: bytes) -> None:
-        directory = self.directory
-        for output in staged:
-            output.file.sync()
-        written = open_temporary(directory, MANIFEST_FILE)
-        try:
-            written.file.write(manifest)
-            # The old manifest goes first and the new one comes last: a crash in between leaves a
-            # directory without a manifest, which no consumer may take for a finished gate. Each
-            # step is synced before the next, so a power cut cannot reorder them either.
-            (directory / MANIFEST_FILE).unlink(missing_ok=True)
-            fsync_directory(directory)
-            for index, output in enumerate(staged):
-                output.file.commit(directory / output.name, sync_directory=index == len(staged) - 1)
-            written.commit(directory / MANIFEST_FILE)
-        except BaseException:
-            written.discard()
-            raise
-
-
-class _PrefixOutputs:
-    """Outputs under a prefix in object storage: uploads completed in order, the manifest last."""
-
-    redo_unfinished = True  # outputs without a manifest: a gate that died between its steps
-
-    def __init__(self, prefix: ObjectPath):
-        self.prefix = prefix
-
-    def lock(self) -> Any:
-        return lock_prefix(self.prefix)
-
-    def remove_leftovers(self) -> None:
-        abort_unfinished_writes(self.prefix, OUTPUT_FILES)
-
-    def stage(self, name: str, staged: list[_Staged]) -> _Staged:
-        # The upload runs while the split streams; nothing is visible until it is completed.
-        output = _Staged(name, (self.prefix / name).open("wb"))
-        staged.append(output)
-        return output
-
-    def publish(self, staged: list[_Staged], manifest: bytes) -> None:
-        (self.prefix / MANIFEST_FILE).unlink(missing_ok=True)
-        for index, output in enumerate(staged):
-            output.file.close()  # completes the upload: the object is replaced whole
-            staged[index] = _Completed(output.name)
-        (self.prefix / MANIFEST_FILE).write_bytes(manifest)
-
-
-class _Completed(_Staged):
-    """An upload already completed: nothing is left to discard."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def discard(self) -> None:
-        pass
 
 
 def read_manifest(out_dir: Path | ObjectPath) -> dict[str, Any] | None:
@@ -362,8 +261,8 @@ def _quarantined(log: FindingsLog, severities: tuple[str, ...]) -> Iterator[tupl
 def _split(
     data_file: Path | ObjectPath,
     quarantined: Iterator[tuple[int, bytes]],
-    clean_out: _Staged | IO[bytes],
-    quarantine_out: _Staged | IO[bytes],
+    clean_out: Staged | IO[bytes],
+    quarantine_out: Staged | IO[bytes],
     block_bytes: int,
 ) -> tuple[dict[str, int], InputDigest]:
     """Stream the file once more and send each record to clean or quarantine, bytes untouched.

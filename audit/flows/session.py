@@ -20,7 +20,8 @@ from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.flows.targets import Target
 from audit.generate.prompts import load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.tokenizer import Tokenizer, load_tokenizer
+from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import DEFAULT_BLOCK_BYTES
 

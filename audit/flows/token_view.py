@@ -28,6 +28,7 @@ from audit.base import inert
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
 from audit.model.profiles import ResolvedProfile
+from audit.model.token_text import token_pieces
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.contract import in_vocabulary
@@ -271,7 +272,7 @@ class Inspector:
         if prompt_positions:
             prompt_start = max(0, min(prompt_start, min(prompt_positions) - 4))
         shown_prompt = prompt_ids.slice(prompt_start)
-        pieces = pl.Series("piece", self.tokenizer.pieces(pl.concat([shown_prompt, output_ids]).to_list()))
+        pieces = pl.Series("piece", token_pieces(self.tokenizer, pl.concat([shown_prompt, output_ids]).to_list()))
         segments = token_segments(batch)[0] if len(output_ids) else np.array([], dtype=object)
         view = RecordView(
             line=line,

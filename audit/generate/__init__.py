@@ -11,10 +11,13 @@ server returned them, one JSON object per line, beside the source `messages`/`to
 | `prompts` | the prompts file: one loader, also behind `audit check --prompts` |
 | `manifest` | `generation.json`: written by a run, read by every command that audits one |
 | `plan` | the options, and everything checked before the first request |
-| `client` | the servers: probes, the pool and its circuit breaker, one `/generate` call |
+| `client` | the servers: the pool and its circuit breaker, one `/generate` call |
+| `probes` | what a server says of itself: `/health`, model and server info |
+| `server_errors` | how an answer is taken: a result, transient, unreachable, rejected |
 | `output` | the append-only samples file (resume, crash recovery) and errors.jsonl |
 | `canary` | the first samples, audited before the rest are sent |
 | `runner` | the run itself: render, queue, send, retry, write |
+| `events` | what a run reports as it goes: counters, events, the result |
 
     from audit.generate import GenerateOptions, Generator, plan_generation
     plan = plan_generation(GenerateOptions(...))
@@ -31,11 +34,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from audit.generate.canary import audit_lines
-    from audit.generate.client import ServerError, ServerProbe
+    from audit.generate.events import GenerationEvents, GenerationResult, RunStats
     from audit.generate.output import ERRORS_FILE
     from audit.generate.plan import GenerateOptions, GenerationPlan, plan_generation
+    from audit.generate.probes import ServerProbe
     from audit.generate.prompts import Prompt, iter_prompts, load_prompts, scan_prompts
-    from audit.generate.runner import GenerationEvents, GenerationResult, Generator, RunStats
+    from audit.generate.runner import Generator
+    from audit.generate.server_errors import ServerError
 
 # Public name -> the module that defines it.
 _EXPORTS = {
@@ -43,11 +48,11 @@ _EXPORTS = {
     "GenerationPlan": "plan",
     "plan_generation": "plan",
     "Generator": "runner",
-    "GenerationEvents": "runner",
-    "GenerationResult": "runner",
-    "RunStats": "runner",
-    "ServerError": "client",
-    "ServerProbe": "client",
+    "GenerationEvents": "events",
+    "GenerationResult": "events",
+    "RunStats": "events",
+    "ServerError": "server_errors",
+    "ServerProbe": "probes",
     "Prompt": "prompts",
     "iter_prompts": "prompts",
     "load_prompts": "prompts",

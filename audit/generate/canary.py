@@ -13,7 +13,7 @@ from pathlib import Path
 
 from audit.checks.ruleset import RuleSet
 from audit.engine.runner import audit_input
-from audit.generate.client import describe
+from audit.generate.server_errors import describe
 from audit.records.batch import AuditContext
 from audit.records.sources import InputDigest, memory_blocks
 from audit.report.report import Report, build_report

@@ -1,4 +1,4 @@
-"""Talking to SGLang servers: probes, the pool that spreads requests, one `/generate` call.
+"""Talking to SGLang servers: the pool that spreads requests, and one `/generate` call.
 
 Only SGLang's native endpoints are used: `GET /health`, `/model_info` (older servers:
 `/get_model_info`) and `POST /generate` with `input_ids`. What an answer means for the run is
@@ -24,157 +24,19 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
-from audit.base.errors import AuditError
+from audit.generate.probes import FIRST_PROBE_ATTEMPTS, ServerProbe, probe_server
+from audit.generate.server_errors import Rejected, ServerError, Transient, Unreachable, describe
 from audit.model.tokenizer import Tokenizer
 
 # Status codes that say "try again later" although they are 4xx.
 _TRANSIENT_4XX = frozenset({408, 425, 429})
-# The first probe of a server gets a few quick tries: one under load (or still loading) may
-# answer 503 once; a refused connection is not tried again at once. Re-probes of a server out
-# of the rotation are one try each, spaced by backoff.
-_FIRST_PROBE_ATTEMPTS = 4
-# Deadline of one probe request, whole (a trickling /health must not hang the start).
-_PROBE_TIMEOUT = 30.0
 # Re-probes of a server out of the rotation are never closer than this, whatever --retry-backoff.
 _MIN_REPROBE_DELAY = 0.1
-
-
-class ServerError(AuditError):
-    """No server can be used (none answers /health)."""
-
-
-class Transient(Exception):
-    """A failed attempt worth retrying, with the status and the delay the server asked for."""
-
-    def __init__(self, reason: str, status: int | None = None, retry_after: float | None = None):
-        super().__init__(reason)
-        self.status = status
-        self.retry_after = retry_after
-
-
-class Unreachable(Transient):
-    """The server refused the connection (or could not be reached): it leaves the rotation."""
-
-
-class Rejected(Exception):
-    """The server refused this prompt (a 4xx that retrying will not change)."""
-
-    def __init__(self, reason: str, status: int):
-        super().__init__(reason)
-        self.status = status
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as one line: its type and message."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-# -- probes -------------------------------------------------------------------------------------
-
-
-@dataclass
-class ServerProbe:
-    """What a server said about itself when probed."""
-
-    url: str
-    healthy: bool
-    problem: str | None = None
-    model_path: str | None = None
-    tokenizer_path: str | None = None
-    warnings: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "url": self.url,
-            "model_path": self.model_path,
-            "tokenizer_path": self.tokenizer_path,
-        }
-
-
-def _path_name(path: str) -> str:
-    return Path(path.rstrip("/")).name.lower()
-
-
-async def _probe_get(
-    client: httpx.AsyncClient, url: str, backoff: float, attempts: int
-) -> httpx.Response | str:
-    """GET with quick retries on 5xx and dropped connections; the response, or why none came."""
-    problem = ""
-    for attempt in range(attempts):
-        if attempt:
-            await asyncio.sleep(backoff * 2 ** (attempt - 1))
-        try:
-            async with asyncio.timeout(_PROBE_TIMEOUT):
-                response = await client.get(url, timeout=_PROBE_TIMEOUT)
-        except TimeoutError:
-            problem = f"{url}: Timeout: no whole answer within {_PROBE_TIMEOUT:g} s"
-            continue
-        except httpx.ConnectError as exc:  # nobody listens: no quick retry will change that
-            return f"{url}: {describe(exc)}"
-        except httpx.HTTPError as exc:
-            problem = f"{url}: {describe(exc)}"
-            continue
-        if response.status_code < 500:
-            return response
-        problem = f"{url} answered HTTP {response.status_code}"
-    return problem
-
-
-async def probe_server(
-    client: httpx.AsyncClient,
-    url: str,
-    tokenizer: Tokenizer,
-    *,
-    backoff: float = 0.5,
-    attempts: int = _FIRST_PROBE_ATTEMPTS,
-) -> ServerProbe:
-    """`GET /health`, then `/model_info` (older servers: `/get_model_info`); compare tokenizers."""
-    probe = ServerProbe(url=url, healthy=False)
-    health = await _probe_get(client, f"{url}/health", backoff, attempts)
-    if isinstance(health, str) or health.status_code != 200:
-        probe.problem = (
-            health
-            if isinstance(health, str)
-            else f"{url}/health answered HTTP {health.status_code}"
-        )
-        return probe
-    probe.healthy = True
-    info: Any = None
-    for endpoint in ("/model_info", "/get_model_info"):
-        answer = await _probe_get(client, f"{url}{endpoint}", backoff, attempts)
-        if isinstance(answer, httpx.Response) and answer.status_code == 200:
-            try:
-                info = answer.json()
-            except ValueError:
-                info = None
-            break
-    if isinstance(info, dict):
-        probe.model_path = (
-            info.get("model_path") if isinstance(info.get("model_path"), str) else None
-        )
-        probe.tokenizer_path = (
-            info.get("tokenizer_path") if isinstance(info.get("tokenizer_path"), str) else None
-        )
-    served = probe.tokenizer_path or probe.model_path
-    local = tokenizer.directory.resolve().name.lower()
-    if served and _path_name(served) != local:
-        probe.warnings.append(
-            f"{url} serves tokenizer {served!r}, but prompts are rendered with "
-            f"{str(tokenizer.directory)!r}: if these differ, every sample's ids are wrong; "
-            "pass --tokenizer with the server's tokenizer"
-        )
-    elif not served:
-        probe.warnings.append(
-            f"{url} does not report its tokenizer: make sure it matches {tokenizer.directory}"
-        )
-    return probe
 
 
 # -- the pool -----------------------------------------------------------------------------------
@@ -306,7 +168,7 @@ class ServerPool:
             self._changed_now()
 
     async def _watch_probes(self, server: Server) -> None:
-        probe = await self._probe(server, _FIRST_PROBE_ATTEMPTS)
+        probe = await self._probe(server, FIRST_PROBE_ATTEMPTS)
         delay = max(self._backoff, _MIN_REPROBE_DELAY)
         while True:
             if probe.healthy:

@@ -24,7 +24,8 @@ from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import scan_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.templating import get_renderer
-from audit.model.tokenizer import Tokenizer, load_tokenizer
+from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 
 
 @dataclass(frozen=True)

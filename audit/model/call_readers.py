@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from audit.model.call_values import Element
+from audit.model.call_elements import Element
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,23 @@ any record is read.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.base.errors import ConfigError
-from audit.model.call_formats import FORMATS, ToolCallFormat
+from audit.model.profile_tables import (
+    ChannelSpec,
+    Continuation,
+    ToolCallSpec,
+    check_continuation,
+    parse_channels,
+    parse_continuations,
+    parse_template,
+    parse_tool_calls,
+)
 from audit.model.prompt_endings import (
-    REASONING_STATES,
     THINKING_STATES,
     Reasoning,
     reasoning_left,
@@ -28,8 +35,6 @@ from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.model.tokenizer import Tokenizer
 
 PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
-
-_MODES = ("thinking", "no_thinking")
 
 _TOP_KEYS = {
     "name",
@@ -44,62 +49,6 @@ _TOP_KEYS = {
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
-_CONTINUATION_KEYS = {"suffix", "modes", "reasoning"}
-# Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
-CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
-_CHANNEL_NAMES = ("reasoning", "answer", "tools")
-
-
-@dataclass(frozen=True)
-class ToolCallSpec:
-    """The tool-call markers of a family, by string, and the format that orders them."""
-
-    format: ToolCallFormat
-    markers: dict[str, str]  # role -> token string
-    call_id_pattern: str | None = None
-    # Kimi may enter a tool-call section straight from its reasoning, with no </think> (Kimi-K2
-    # issue 89): real model behaviour, so such outputs are counted (SEG004), not rejected as a
-    # stripped response token. Families that always close reasoning first leave this false.
-    may_end_reasoning: bool = False
-    # End-of-turn tokens that hand the turn to the tools (GLM's <|observation|>): a turn with
-    # tool calls ends with one of them, a turn without calls never does. Empty: any end of turn
-    # may follow either.
-    end_of_turn: tuple[str, ...] = ()
-    # The text around the tool schemas the template writes into the prompt, one JSON object a
-    # line (Qwen's and GLM's "<tools>" ... "</tools>"): a record without `tools` still has its
-    # parameters' declared types, read from the prompt the model saw. None: not read.
-    prompt_tools: tuple[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class ChannelSpec:
-    """Harmony's message markers (by string) and channel names, for families without think tokens.
-
-    An output is a sequence of messages: `<|start|>ROLE` (omitted for the first, which the
-    prompt opened), `<|channel|>NAME [to=RECIPIENT] [<|constrain|>FORMAT]`, `<|message|>`,
-    content, then `<|end|>`, or `<|call|>` for a tool call, or `<|return|>` for the final answer.
-    """
-
-    markers: dict[str, str]  # "start", "channel", ... -> token string
-    reasoning: str = "analysis"
-    answer: str = "final"
-    tools: str = "commentary"
-    recipient_pattern: str = r"^functions\.[A-Za-z0-9_.\-]+$"
-
-
-@dataclass(frozen=True)
-class Continuation:
-    """A prompt ending other than the generation prompt: an agentic continuation.
-
-    Some templates add no assistant prefix after a tool result (DeepSeek-V3.1, R1): the prompt
-    ends with the result and the model goes on; others re-open the reasoning there in their own
-    way (DeepSeek-V3.2's `</function_results>\\n\\n<think>`). Each such ending is accepted in
-    the listed thinking modes, and leaves the output in its own reasoning state.
-    """
-
-    suffix: str
-    modes: tuple[str, ...]
-    reasoning: Reasoning
 
 
 @dataclass(frozen=True)
@@ -197,7 +146,7 @@ class Profile:
                 continue
             key = "generation_prompt.continuation.suffix"
             ids = ids_of(continuation.suffix, key)
-            _check_continuation(
+            check_continuation(
                 continuation, ids, think_start, think_end, thinking, f"{where}: {key}"
             )
             suffix_texts = (*suffix_texts, continuation.suffix)
@@ -236,30 +185,6 @@ class Profile:
             tool_result=tuple(tokenizer.token_id(t) for t in self.tool_result if t not in spelled),
             tool_result_text=spelled,
             call_stops=call_stops,
-        )
-
-
-def _check_continuation(
-    continuation: Continuation,
-    ids: tuple[int, ...],
-    think_start: int | None,
-    think_end: int | None,
-    thinking: bool,
-    where: str,
-) -> None:
-    """A continuation's declared state must agree with the think tokens its suffix holds."""
-    state = continuation.reasoning
-    if think_start is None or think_end is None:
-        if state != "none":
-            raise ConfigError(f"{where}: the family has no think tokens: its reasoning is 'none'")
-        return
-    derived = reasoning_left(ids, think_start, think_end, thinking)
-    holds_think = think_start in ids or think_end in ids
-    off_but_open = not thinking and state != "closed"
-    if state == "none" or (holds_think and derived != state) or off_but_open:
-        raise ConfigError(
-            f"{where}: {continuation.suffix!r} cannot leave reasoning {state!r} "
-            f"({'thinking' if thinking else 'no_thinking'}; its think tokens say {derived!r})"
         )
 
 
@@ -394,7 +319,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     reject_unknown(tokens, _TOKEN_KEYS, f"{where}: [tokens]")
     prompt = dict(expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]"))
     reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
-    continuations = _parse_continuations(prompt.pop("continuation", []), prompt, where)
+    continuations = parse_continuations(prompt.pop("continuation", []), prompt, where)
     if "thinking" not in prompt and "no_thinking" not in prompt:
         raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
     pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
@@ -415,7 +340,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
             f"{where}: encoder: no prompt encoder {encoder!r} (known: {', '.join(RENDERERS)})"
         )
     eos = string_list(tokens.get("eos", []), f"{where}: tokens.eos")
-    tool_calls = _parse_tool_calls(data.get("tool_calls"), where)
+    tool_calls = parse_tool_calls(data.get("tool_calls"), where)
     if tool_calls is not None and tool_calls.end_of_turn:
         stops = set(end_of_turn) | set(eos)
         unknown = [t for t in tool_calls.end_of_turn if t not in stops]
@@ -448,118 +373,8 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         pinned_ids=dict(pinned),
         tool_calls=tool_calls,
         think_open_window=window,
-        channels=_parse_channels(data.get("channels"), where),
+        channels=parse_channels(data.get("channels"), where),
         encoder=encoder,
-        thinking_switch=_parse_template(data.get("template"), prompt, where),
+        thinking_switch=parse_template(data.get("template"), prompt, where),
         continuations=continuations,
     )
-
-
-def _parse_template(table: Any, modes: dict[str, Any], where: str) -> dict[str, dict[str, Any]]:
-    """`[template]`: per thinking mode, the template variables that switch it (a table each)."""
-    if table is None:
-        return {}
-    where = f"{where}: [template]"
-    expect(table, dict, where)
-    reject_unknown(table, _MODES, where)
-    for mode, variables in table.items():
-        expect(variables, dict, f"{where}.{mode}")
-        if mode not in modes:
-            raise ConfigError(
-                f"{where}.{mode}: [generation_prompt] has no {mode}; give the suffix this mode renders"
-            )
-    return {mode: dict(variables) for mode, variables in table.items()}
-
-
-def _parse_continuations(value: Any, modes: dict[str, Any], where: str) -> tuple[Continuation, ...]:
-    where = f"{where}: [[generation_prompt.continuation]]"
-    tables = expect(value, list, where)
-    parsed = []
-    for number, table in enumerate(tables, start=1):
-        here = f"{where} #{number}"
-        expect(table, dict, here)
-        reject_unknown(table, _CONTINUATION_KEYS, here)
-        for key in ("suffix", "reasoning"):
-            if key not in table:
-                raise ConfigError(f"{here}: needs `{key}`")
-        suffix = expect(table["suffix"], str, f"{here}.suffix")
-        if not suffix:
-            raise ConfigError(f"{here}.suffix is empty; give the text the prompt ends with")
-        state = expect(table["reasoning"], str, f"{here}.reasoning")
-        if state not in REASONING_STATES:
-            known = ", ".join(REASONING_STATES)
-            raise ConfigError(f"{here}.reasoning: {state!r} is not one of {known}")
-        listed = string_list(table.get("modes", [m for m in _MODES if m in modes]), f"{here}.modes")
-        unknown = [m for m in listed if m not in modes]
-        if unknown or not listed:
-            raise ConfigError(
-                f"{here}.modes: {unknown[0] if unknown else '[]'!r} is not a mode of the profile "
-                f"(it has: {', '.join(m for m in _MODES if m in modes)})"
-            )
-        parsed.append(Continuation(suffix, listed, state))  # type: ignore[arg-type]
-    return tuple(parsed)
-
-
-def _parse_channels(table: Any, where: str) -> ChannelSpec | None:
-    if table is None:
-        return None
-    where = f"{where}: [channels]"
-    expect(table, dict, where)
-    reject_unknown(table, {*CHANNEL_MARKERS, *_CHANNEL_NAMES, "recipient_pattern"}, where)
-    missing = [role for role in CHANNEL_MARKERS if role not in table]
-    if missing:
-        raise ConfigError(f"{where}: needs {', '.join(missing)}")
-    names = {key: expect(table[key], str, f"{where}.{key}") for key in _CHANNEL_NAMES if key in table}
-    pattern = table.get("recipient_pattern")
-    if pattern is not None:
-        _compile(expect(pattern, str, f"{where}.recipient_pattern"), f"{where}.recipient_pattern")
-        names["recipient_pattern"] = pattern
-    return ChannelSpec(
-        markers={role: expect(table[role], str, f"{where}.{role}") for role in CHANNEL_MARKERS}, **names
-    )
-
-
-def _compile(pattern: str, where: str) -> None:
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise ConfigError(f"{where}: not a regular expression: {exc}") from None
-
-
-def _parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
-    if table is None:
-        return None
-    where = f"{where}: [tool_calls]"
-    expect(table, dict, where)
-    format_name = expect(table.get("format"), str, f"{where}.format")
-    if format_name not in FORMATS:
-        raise ConfigError(f"{where}.format: unknown {format_name!r} (known: {', '.join(FORMATS)})")
-    fmt = FORMATS[format_name]
-    known = {"format", "call_id_pattern", "may_end_reasoning", "end_of_turn", "prompt_tools"}
-    known |= set(fmt.roles)
-    reject_unknown(table, known, where)
-    missing = [role for role in fmt.roles if role not in table]
-    if missing:
-        raise ConfigError(f"{where}: format {format_name} needs {', '.join(missing)}")
-    pattern = table.get("call_id_pattern")
-    if pattern is not None:
-        _compile(expect(pattern, str, f"{where}.call_id_pattern"), f"{where}.call_id_pattern")
-    return ToolCallSpec(
-        format=fmt,
-        markers={role: expect(table[role], str, f"{where}.{role}") for role in fmt.roles},
-        call_id_pattern=pattern,
-        may_end_reasoning=expect(table.get("may_end_reasoning", False), bool, f"{where}.may_end_reasoning"),
-        end_of_turn=string_list(table.get("end_of_turn", []), f"{where}.end_of_turn"),
-        prompt_tools=_prompt_tools(table.get("prompt_tools"), f"{where}.prompt_tools"),
-    )
-
-
-def _prompt_tools(value: Any, where: str) -> tuple[str, str] | None:
-    if value is None:
-        return None
-    texts = string_list(value, where)
-    if len(texts) != 2 or not all(texts):
-        raise ConfigError(
-            f'{where}: expected the two texts around the tool schemas, e.g. ["<tools>", "</tools>"]'
-        )
-    return texts[0], texts[1]

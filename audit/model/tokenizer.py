@@ -7,7 +7,6 @@ call takes a whole batch, so no rule ever loops over tokens in Python.
 
 from __future__ import annotations
 
-import codecs
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -32,24 +31,13 @@ from audit.model.tokenizer_cache import (
     RememberedAnswers,
     StoredVocabulary,
     TokenizerState,
-    compact_backend_json,
-    load_state,
-    state_key,
-    store_state,
 )
 from audit.model.tokenizer_files import (
     Fingerprint,
-    checked_directory,
     encode_special_tokens,
     fingerprint_directory,
     load_with_transformers,
     tiktoken_encoding,
-)
-
-# A byte that is not a whole UTF-8 character, named as byte-fallback vocabularies name it: <0xE4>.
-BYTE_NAMES = "audit-byte-names"
-codecs.register_error(
-    BYTE_NAMES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
 )
 
 configure_offline()
@@ -236,67 +224,9 @@ class Tokenizer:
         """Is every id one this tokenizer has (the vocabulary check, for a handful of ids)?"""
         return all(i in self.known_ids for i in ids)
 
-    def pieces(self, ids: Sequence[int]) -> list[str]:
-        """The decoded piece of each id, "" for ids the tokenizer lacks (for display)."""
-        known = [i for i in ids if i in self.known_ids]
-        decoded = dict(zip(known, self.token_strings(known), strict=True)) if known else {}
-        return [decoded.get(i, "") for i in ids]
-
-    def tokens_at(self, ids: Sequence[int], chars: Sequence[int]) -> list[int]:
-        """For each character offset of `decode(ids)`, the index of the token whose decoded
-        text holds it (`len(ids)` past the end). With the byte table: the tokens' byte
-        lengths summed once; else a few prefix decodes per offset, by halving."""
-        decoder = self.byte_decoder
-        values = np.asarray(ids, dtype=np.int64)
-        known = decoder is not None and bool(
-            ((values >= 0) & (values < len(decoder.lengths))).all() and decoder.known[values].all()
-        )
-        if known:
-            ends = np.cumsum(decoder.lengths[values])
-            flat = FlatIds(values, np.array([0, len(values)], dtype=np.int64))
-            data, _ = decoder.decode_bytes(flat)
-            try:
-                text = data.tobytes().decode("utf-8")
-            except UnicodeDecodeError:
-                text = None  # the tokenizer's own replacement decides: count by prefixes
-            if text is not None:
-                offsets = [len(text[:char].encode("utf-8")) for char in chars]
-                return np.searchsorted(ends, offsets, side="right").tolist()
-        return [self._token_at(ids, char) for char in chars]
-
-    def _token_at(self, ids: Sequence[int], char: int) -> int:
-        low, high = 0, len(ids)
-        while low < high:
-            middle = (low + high) // 2
-            if len(self.decode_batch([ids[: middle + 1]])[0]) > char:
-                high = middle
-            else:
-                low = middle + 1
-        return low
-
     def encode_text(self, text: str) -> list[int]:
         """Ids of `text`, special-token strings recognised, nothing added around it."""
         return self.encode_batch([text])[0]
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """The decoded piece of each id, one by one (for display).
-
-        A byte-level piece that is part of a character (one byte of a CJK character, say)
-        decodes to U+FFFD alone; it is shown by its bytes instead, `<0xE4>`, as the
-        tokenizers of byte-fallback vocabularies name such tokens.
-        """
-        decoder = self.byte_decoder
-        if decoder is not None:
-            # The table's pieces are the decoder's (verified id by id when it was built).
-            raw = [decoder.piece_bytes(int(token_id)) for token_id in ids]
-            if all(piece is not None for piece in raw):
-                return [piece.decode("utf-8", errors=BYTE_NAMES) for piece in raw]  # type: ignore[union-attr]
-        pieces = self.decode_batch([[i] for i in ids])
-        if any("\ufffd" in piece for piece in pieces) and (table := self._byte_table) is not None:
-            for k, (token_id, piece) in enumerate(zip(ids, pieces, strict=True)):
-                if "\ufffd" in piece and (raw := table.piece_bytes(int(token_id))) is not None:
-                    pieces[k] = raw.decode("utf-8", errors=BYTE_NAMES)
-        return pieces
 
     # -- batched work ---------------------------------------------------------------------
     def decode_batch(self, sequences: Sequence[Sequence[int]]) -> list[str]:
@@ -391,10 +321,10 @@ class Tokenizer:
     def byte_decoder(self) -> ByteDecoder | None:
         """The id -> bytes table, when the tokenizer is byte-level and fast paths are on (chosen
         on first use)."""
-        return self._byte_table if fast_paths_enabled() else None
+        return self.byte_table if fast_paths_enabled() else None
 
     @cached_property
-    def _byte_table(self) -> ByteDecoder | None:
+    def byte_table(self) -> ByteDecoder | None:
         if self._state is not None:
             return self._state.byte_decoder()
         if self._has_backend:
@@ -456,58 +386,3 @@ class Tokenizer:
             return False
         self._plain_encoded_chars += sum(map(len, texts))
         return self._plain_encoded_chars > FAST_ENCODER_AFTER_CHARS
-
-    def state(self) -> TokenizerState:
-        """What `audit.model.tokenizer_cache` keeps of this tokenizer (building the byte table)."""
-        decoder = self._byte_table
-        template = self._verified_template
-        backend_json = self._backend_json or (compact_backend_json(self._fast) if self._has_backend else None)
-        skipped = None if backend_json is None else StoredVocabulary.skipped_in(backend_json)
-        return TokenizerState(
-            kind="backend" if self._has_backend else "remote",
-            vocab_size=self.vocab_size,
-            special_token_strings=self.special_token_strings,
-            has_chat_template=self.has_chat_template,
-            known=self._known,
-            backend_json=backend_json,
-            table=None if decoder is None else decoder.table,
-            lengths=None if decoder is None else decoder.lengths,
-            decoder_known=None if decoder is None else decoder.known,
-            extra={
-                "special_ids": sorted(self.special_ids),
-                **({} if skipped is None else {"skipped_ids": skipped}),
-                **({} if template is None else {"chat_template": template.to_dict()}),
-            },
-        )
-
-
-def _restore(path: Path, sha256: str, trust_remote_code: bool, state: TokenizerState, key: str) -> Tokenizer | None:
-    """The tokenizer from its cached state; None when this `tokenizers` cannot read it back."""
-    try:
-        hf = load_with_transformers(path, trust_remote_code) if state.kind != "backend" else None
-        return Tokenizer(hf, path, sha256=sha256, trust_remote_code=trust_remote_code, state=state, cache_key=key)
-    except Exception:  # any failure to restore means: load afresh, and store anew
-        return None
-
-
-def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) -> Tokenizer:
-    """Load a Hugging Face tokenizer from a local directory, or raise a ConfigError saying why.
-
-    With the fast paths on, what a first load found is cached on disk per tokenizer
-    (`audit.model.tokenizer_cache`): later loads read it back, without transformers when the
-    tokenizer is a plain `tokenizer.json`. `AUDIT_TOKENIZER_BACKEND=tokenizers` always loads
-    through transformers, the reference.
-    """
-    path = checked_directory(directory)
-    sha256 = fingerprint_directory(path)
-    if not fast_paths_enabled():
-        return Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
-                         trust_remote_code=trust_remote_code)
-    key = state_key(path, sha256, trust_remote_code=trust_remote_code)
-    state = load_state(key)
-    if state is not None and (restored := _restore(path, sha256, trust_remote_code, state, key)) is not None:
-        return restored
-    tokenizer = Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
-                          trust_remote_code=trust_remote_code, cache_key=key)
-    store_state(key, tokenizer.state())
-    return tokenizer

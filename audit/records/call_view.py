@@ -25,45 +25,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
 
 import numpy as np
-import orjson
 import polars as pl
 
 from audit.model.call_formats import ROLE_LETTERS
 from audit.model.call_readers import ToolCall
-from audit.model.call_values import (
-    elements_error,
-    elements_literal,
-    parameter_literal,
-    parameter_types,
-    python_literal,
-    string_error,
-    tool_parameters,
-    tools_in_prompt,
-    value_error,
-)
 from audit.model.flat_ids import FlatIds
+from audit.model.token_text import tokens_at
 from audit.records.batch import Batch
+from audit.records.call_arguments import CALLS_SCHEMA, ReadCall, judge_calls
 from audit.records.response import answer_text, response_bounds
-
-# One row per call (several per record), in output order.
-CALLS_SCHEMA: dict[str, pl.DataType] = {
-    "row": pl.UInt32(),
-    "start": pl.Int64(),  # token index where the call starts (its first marker)
-    "end": pl.Int64(),  # exclusive: just after its last marker
-    "head_at": pl.Int64(),  # where the call's name / id starts
-    "body_at": pl.Int64(),  # where its arguments start
-    "name": pl.String(),
-    "call_id": pl.String(),
-    "arguments": pl.String(),
-    "malformed": pl.String(),  # how the call's text breaks the format's grammar, or null
-    "problem_at": pl.Int64(),  # token index where it breaks it (null: at the call's start)
-    "arguments_error": pl.String(),  # why the arguments do not read, or null
-    "literal": pl.String(),  # an argument written as a Python literal, not JSON (TCL005), or null
-}
-
 
 # Text found between two markers of a call block where the family's template writes nothing but
 # whitespace (between calls, after a section begin, before a section end).
@@ -165,7 +137,7 @@ def _view(batch: Batch) -> ToolCallView:
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
     calls = read(batch, with_calls)
-    return replace(view, calls=_judge(batch, calls), stray=_stray_text(batch, with_calls))
+    return replace(view, calls=judge_calls(batch, calls), stray=_stray_text(batch, with_calls))
 
 
 def _stray_text(batch: Batch, frame: pl.DataFrame) -> pl.DataFrame:
@@ -207,18 +179,6 @@ def _stray_text(batch: Batch, frame: pl.DataFrame) -> pl.DataFrame:
     return found.filter(pl.col("text").str.strip_chars() != "").group_by("row", maintain_order=True).first()
 
 
-class ReadCall(NamedTuple):
-    """A call and where it sits in its record's output_ids."""
-
-    row: int
-    start: int
-    end: int
-    head_at: int
-    body_at: int
-    call: ToolCall
-    problem_token: int | None = None  # where `call.problem_at` falls, as a token index
-
-
 def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndarray, int]]) -> int | None:
     """The token index of `call.problem_at`, a character offset into the reader's text, which
     `pieces` make up in order: each piece's text, its ids, and the token index they start at."""
@@ -228,7 +188,7 @@ def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndar
     for index, (text, ids, first) in enumerate(pieces):
         if char < len(text) or index == len(pieces) - 1:
             # Past the end of the text: the token after it (the marker that closes the piece).
-            return first + batch.tokenizer.tokens_at(ids.tolist(), [min(char, len(text))])[0]
+            return first + tokens_at(batch.tokenizer, ids.tolist(), [min(char, len(text))])[0]
         char -= len(text)
     return None
 
@@ -335,7 +295,7 @@ def _text_view(batch: Batch) -> ToolCallView:
         # The decoded answer is the text of ids[start:]: each marker's characters are tokens there.
         offset = len(text) - len(batch.tokenizer.decode_batch([ids[start:]])[0])
         edges = sorted({edge for m in matches for edge in (m.start(), m.end(), m.end() - 1)})
-        at = batch.tokenizer.tokens_at(ids[start:], [max(edge - offset, 0) for edge in edges])
+        at = tokens_at(batch.tokenizer, ids[start:], [max(edge - offset, 0) for edge in edges])
         token_of = {edge: start + index for edge, index in zip(edges, at, strict=True)}
 
         def token(char: int, token_of: dict[int, int] = token_of) -> int:
@@ -374,100 +334,5 @@ def _text_view(batch: Batch) -> ToolCallView:
         prefix_ok=letter_series.str.contains(f"^(?:{fmt.cut_grammar})$").alias("prefix_ok"),
         empty_head=pl.Series("empty_head", [False] * batch.height, dtype=pl.Boolean),
         first_marker=pl.Series("first_marker", first_marker, dtype=pl.Int64),
-        calls=_judge(batch, read) if read else pl.DataFrame(schema=CALLS_SCHEMA),
+        calls=judge_calls(batch, read) if read else pl.DataFrame(schema=CALLS_SCHEMA),
     )
-
-
-def _judge(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
-    """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
-    columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
-    fmt = batch.profile.tool_calls.format
-    named_by_id = fmt.has_call_ids
-    typed = {
-        item.row for item in read
-        if item.call.parameters is not None or item.call.elements is not None or item.call.strings
-    }
-    declared = _declared_tools(batch, typed)
-    for row, start, end, head_at, body_at, call, problem_token in read:
-        if not (named_by_id or call.name or call.malformed):
-            # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
-            call = replace(call, malformed="a call with no function name")
-        literal = None
-        if call.arguments_error is not None:
-            error = call.arguments_error
-        elif call.elements is not None:
-            schema = tool_parameters(declared.get(row), call.name)
-            error = elements_error(call.elements, schema) if schema is not None else None
-            literal = elements_literal(call.elements, schema) if schema is not None and error is None else None
-        elif call.parameters is None:
-            error = _json_error(call.arguments)
-            if error is not None and (kind := python_literal(call.arguments)) is not None:
-                error, literal = None, f"are written as {kind}, not JSON: {call.arguments.strip()[:80]!r}"
-            if error is None and call.strings:
-                error = _strings_error(call, parameter_types(declared.get(row), call.name))
-        else:
-            types = parameter_types(declared.get(row), call.name)
-            error = _parameters_error(call, types)
-            literal = None if error is not None else _parameters_literal(call, types, fmt.python_scalars)
-        for name, value in (
-            ("row", row), ("start", start), ("end", end), ("head_at", head_at), ("body_at", body_at),
-            ("name", call.name), ("call_id", call.call_id), ("arguments", call.arguments),
-            ("malformed", call.malformed), ("problem_at", problem_token), ("arguments_error", error),
-            ("literal", literal),
-        ):
-            columns[name].append(value)
-    return pl.DataFrame(columns, schema=CALLS_SCHEMA)
-
-
-def _declared_tools(batch: Batch, rows: set[int]) -> dict[int, Any]:
-    """The tools each record declares: its own `tools` (or `--prompts`), else, where the profile
-    says how the template writes them (`prompt_tools`), the schemas in its prompt, decoded in
-    one batch for the records that need it."""
-    declared = {row: (batch.source_prompt(row) or {}).get("tools") for row in rows}
-    marks = batch.profile.tool_calls.prompt_tools
-    missing = sorted(row for row, tools in declared.items() if tools is None)
-    if marks is None or not missing:
-        return declared
-    prompts = batch.records["input_ids"].gather(missing).to_list()
-    texts = batch.tokenizer.decode_batch([ids or [] for ids in prompts])
-    for row, text in zip(missing, texts, strict=True):
-        declared[row] = tools_in_prompt(text, *marks)
-    return declared
-
-
-def _parameters_error(
-    call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None
-) -> str | None:
-    if not types:
-        return None  # the tool is not declared: what its values should be is unknown
-    for key, value in call.parameters or ():
-        problem = value_error(value, types.get(key))
-        if problem:
-            return f"have parameter {key!r} {problem}: {value[:60]!r}"
-    return None
-
-
-def _strings_error(call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None) -> str | None:
-    for key, value in call.strings:
-        problem = string_error((types or {}).get(key))
-        if problem:
-            return f"have parameter {key!r} {problem}: {value[:60]!r}"
-    return None
-
-
-def _parameters_literal(
-    call: ToolCall, types: dict[str, str | tuple[str, ...] | None] | None, python_scalars: bool
-) -> str | None:
-    for key, value in call.parameters or ():
-        kind = parameter_literal(value, (types or {}).get(key), python_scalars=python_scalars)
-        if kind is not None:
-            return f"have parameter {key!r} written as {kind}, not JSON: {value.strip()[:60]!r}"
-    return None
-
-
-def _json_error(text: str) -> str | None:
-    try:
-        orjson.loads(text.strip())
-    except orjson.JSONDecodeError as exc:
-        return f"are not valid JSON ({exc}): {text[:80]!r}"
-    return None

@@ -17,7 +17,7 @@ import polars as pl
 from pandera.errors import SchemaErrors
 
 from audit.model.tokenizer import Tokenizer
-from audit.records.reader import CONTRACT
+from audit.records.line_reading import CONTRACT
 
 # The kinds of problem the contract finds, beside the reader's (`audit.records.reader`).
 OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have

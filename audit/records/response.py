@@ -22,7 +22,8 @@ import numpy as np
 import polars as pl
 
 from audit.model.flat_ids import ABSENT, MarkerIndex, absent_as_null
-from audit.model.profiles import REASONING_STATES, ResolvedProfile
+from audit.model.profiles import ResolvedProfile
+from audit.model.prompt_endings import REASONING_STATES
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with
 

@@ -21,6 +21,7 @@ from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.engine.findings import FindingsLog, empty_findings_frame
 from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.token_text import token_strings
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.record_lines import read_record
@@ -231,7 +232,7 @@ def _decode(samples: list[Sample], tokenizer: Tokenizer, specials: frozenset[int
     """Decode every window id in one batch call; ids the tokenizer lacks are marked, not decoded."""
     known = tokenizer.known_ids
     ids = sorted({t.id for s in samples for t in s.tokens if t.id in known})
-    pieces = dict(zip(ids, tokenizer.token_strings(ids), strict=True)) if ids else {}
+    pieces = dict(zip(ids, token_strings(tokenizer, ids), strict=True)) if ids else {}
     for sample in samples:
         sample.tokens = [
             Token(
@@ -253,7 +254,7 @@ def samples_for_saved_report(
     The tokenizer is `tokenizer` when given, else the directory the report records. A report is
     data: its recorded directory is never loaded with remote code, whatever `trust_remote_code`.
     """
-    from audit.model.tokenizer import load_tokenizer
+    from audit.model.tokenizer_loading import load_tokenizer
 
     if _choose(report.log, 1).is_empty():
         return Samples()

@@ -1,0 +1,217 @@
+"""One line read strictly: JSON a strict parser takes whole (no NaN, no key given twice, UTF-8),
+of the record contract's field types; else a `RejectedLine` naming the line and the problem."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from audit.base.json_values import json_type
+from audit.records.id_lists import ID_LIST_FIELDS, IdLists
+
+# A token id is an integer below this, in every id list (SGLang's ids are unsigned 32-bit).
+TOKEN_ID_LIMIT = 1 << 32
+NOT_A_TOKEN_ID = "is not a token id (integers only, from 0 to 2**32 - 1)"
+
+# The kinds of problem that keep a line from being a record (`RejectedLine.problem`); the rule
+# that reports each kind says so itself (`Rule.problem`).
+UNREADABLE = "unreadable"  # not JSON for a strict parser, not UTF-8, cut short, a key given twice
+CONTRACT = "contract"  # JSON, but not of the record contract's shape and types
+
+
+@dataclass(frozen=True)
+class RejectedLine:
+    """A line that is not a record: bad JSON, not UTF-8, wrong types, or cut short."""
+
+    line: int
+    reason: str
+    problem: str  # UNREADABLE or CONTRACT
+    field: str | None = None  # the id list a bad token id is in, and its index there
+    position: int | None = None
+
+
+# -- the strict reading of one line ------------------------------------------------------------
+
+# A JSON escape that decodes to ":" (see `_may_repeat_keys`).
+_ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
+
+
+def read_strictly(
+    line: int, text: bytes, *, last_unterminated: bool, id_lists: IdLists | None = None
+) -> tuple[Any, RejectedLine | None]:
+    """The line's JSON value, or why it is not a record (polars is never asked about it then).
+
+    With `id_lists`, the id lists of a line that allows it are read natively (`IdLists`): the
+    value then holds them as int64 arrays, and everything else as the full reading gives it.
+    """
+    read = id_lists.read(text) if id_lists is not None else None
+    if read is not None:
+        value, text, arrays = read
+    else:
+        arrays = None
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as err:
+            return None, _not_json(line, text, err, last_unterminated=last_unterminated)
+    if not isinstance(value, dict):
+        return None, RejectedLine(line, f"a JSON {json_type(value)}, expected an object", CONTRACT)
+    if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
+        return None, RejectedLine(line, repeated, UNREADABLE)
+    problem = _field_problem(value)
+    if problem is not None:
+        return None, RejectedLine(line, problem, CONTRACT)
+    if arrays:
+        value.update(arrays)
+    return value, None
+
+
+def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> RejectedLine:
+    try:
+        text.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return RejectedLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", UNREADABLE)
+    if last_unterminated:
+        return RejectedLine(
+            line, "last line is cut short with no newline: is the file still being written?", UNREADABLE
+        )
+    return RejectedLine(line, f"not valid JSON: {err}", UNREADABLE)
+
+
+def _may_repeat_keys(text: bytes, value: dict[str, Any]) -> bool:
+    """A cheap test that is True for every line holding an object with a repeated key.
+
+    Each key is followed by one ":" outside strings. Written again without repeats
+    (`orjson.dumps` of the parsed value, which kept one value per key), the line has exactly as
+    many ":" as before, plus one per `\u003a` escape that decoded to ":". A repeated key takes
+    its ":" with it, so fewer means a repeat. The id lists, nearly all of a line, are left out
+    of the writing: a list of integers holds no ":", so the line's own count can only be higher
+    when one holds something else, and such a line gets the careful parse too. Only the rare
+    lines this flags (a repeat, a `\\u003a` that was not an escape, an id list of objects or
+    strings) get the careful parse.
+    """
+    escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS) if b"\\u003" in text else 0
+    rest = {key: item for key, item in value.items() if key not in ID_LIST_FIELDS}
+    keys_of_id_lists = len(value) - len(rest)
+    return orjson.dumps(rest).count(b":") + keys_of_id_lists != text.count(b":") + escaped
+
+
+def _repeated_key(text: bytes) -> str | None:
+    """Parse `text` again noting every object's keys; the finding when one repeats, else None."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in items]
+        if len(set(keys)) != len(keys):
+            repeated.append(next(key for i, key in enumerate(keys) if key in keys[:i]))
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except RecursionError:
+        return "nested too deeply to check that no key repeats"
+    if not repeated:
+        return None
+    return (
+        f"key {json.dumps(repeated[0])} appears twice in one object: JSON readers disagree on "
+        "which value counts (polars keeps the first, json and orjson the last)"
+    )
+
+
+def _is_int(value: Any) -> bool:
+    """A JSON integer that fits the 64 bits polars reads counts into."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
+
+
+def _shown(value: Any) -> str:
+    """A value for a message: its JSON type and a short excerpt."""
+    if value is None:
+        return "null"
+    text = orjson.dumps(value).decode() if not isinstance(value, float) else repr(value)
+    return f"{json_type(value)} {text[:40]}{'…' if len(text) > 40 else ''}"
+
+
+def _field_problem(value: dict[str, Any]) -> str | None:
+    """What is wrong with the JSON types of the fields the audit reads, or None.
+
+    Polars would coerce some of them silently (an id `true`, `1.5` or `[1]` all become strings),
+    so their types are checked on the strictly parsed value. A few dict look-ups per record.
+    """
+    sample_id = value.get("id", "")
+    if not isinstance(sample_id, str) and not (isinstance(sample_id, int) and not isinstance(sample_id, bool)):
+        # orjson reads integers beyond 64 bits as floats: such an id is not kept exactly either.
+        return f"id must be a string or an integer, got {_shown(sample_id)}"
+    for name in ID_LIST_FIELDS:
+        ids = value.get(name)
+        if ids is not None and not isinstance(ids, list):
+            return f"{name} must be a list of token ids, got {json_type(ids)}"
+    text = value.get("text")
+    if text is not None and not isinstance(text, str):
+        return f"text must be a string (the server's decoded output), got {_shown(text)}"
+    for name in ("messages", "tools"):
+        prompt = value.get(name)
+        if prompt is not None and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
+            return f"{name} must be a list of objects, got {_shown(prompt)}"
+    meta = value.get("meta_info")
+    if meta is None:
+        return None
+    if not isinstance(meta, dict):
+        return f"meta_info must be an object, got {_shown(meta)}"
+    for name in ("prompt_tokens", "completion_tokens"):
+        count = meta.get(name)
+        if count is not None and not _is_int(count):
+            return f"meta_info.{name} must be an integer, got {_shown(count)}"
+    finish = meta.get("finish_reason")
+    if finish is None:
+        return None
+    if not isinstance(finish, dict):
+        return (
+            f"meta_info.finish_reason must be an object like SGLang's "
+            f"{{\"type\": \"stop\", ...}}, got {_shown(finish)}"
+        )
+    kind = finish.get("type")
+    if kind is None:
+        return "meta_info.finish_reason has no type (SGLang writes stop, length or abort)"
+    if not isinstance(kind, str):
+        shown = orjson.dumps(kind).decode()[:40]
+        return (
+            f"meta_info.finish_reason.type is '{shown}' (a JSON {json_type(kind)}), not one SGLang "
+            "writes (stop, length, abort)"
+        )
+    matched = finish.get("matched")
+    if matched is not None and not (_is_int(matched) or isinstance(matched, str)):
+        return f"meta_info.finish_reason.matched must be a token id or a string, got {_shown(matched)}"
+    length = finish.get("length")
+    if length is not None and not _is_int(length):
+        return f"meta_info.finish_reason.length must be an integer, got {_shown(length)}"
+    message = finish.get("message")
+    if message is not None and not isinstance(message, str):
+        return f"meta_info.finish_reason.message must be a string, got {_shown(message)}"
+    return None
+
+
+def id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:
+    """(field, index, reason) of the first element of an id list that is not a 64-bit integer
+    (or null, the policy's), or None.
+
+    Per-element Python: only for lines whose text holds a boolean literal, or the lines of a
+    block whose id columns could not be built (see `_records_frame`).
+    """
+    for name in ID_LIST_FIELDS:
+        ids = value.get(name)
+        if not isinstance(ids, list):
+            continue
+        for index, token in enumerate(ids):
+            if token is not None and not _is_int(token):
+                return name, index, f"{name}[{index}] = {_shown(token)} {NOT_A_TOKEN_ID}"
+    return None
+
+
+def source_prompt(value: dict[str, Any]) -> str | None:
+    """The record's source prompt as JSON (`messages`, `tools`, `chat_template_kwargs`), if any."""
+    if value.get("messages") is None and value.get("tools") is None:
+        return None
+    prompt = {key: value[key] for key in ("messages", "tools", "chat_template_kwargs") if key in value}
+    return orjson.dumps(prompt).decode()
