@@ -68,11 +68,7 @@ from fixtures.family_partitions import (
     spec_tokenizer_dir,
 )
 
-WORDS = (
-    "the a weather city report check value result answer because first then next so we need plan "
-    "step data file list number total sum tool call search open read write update query user asks "
-    "maybe likely sure consider compare option detail note fix issue test build run deploy"
-).split()
+WORDS = ["the", "a", "weather", "city", "report", "check", "value", "result", "answer", "because", "first", "then", "next", "so", "we", "need", "plan", "step", "data", "file", "list", "number", "total", "sum", "tool", "call", "search", "open", "read", "write", "update", "query", "user", "asks", "maybe", "likely", "sure", "consider", "compare", "option", "detail", "note", "fix", "issue", "test", "build", "run", "deploy"]
 ODD_TEXT = [
     "[WIP] fix the build", "{draft} not JSON", "50% off", "C:\\temp\\x", "line one\nline two", "naïve café 東京",
     "<b>bold</b>", "a & b", "", "  padded  ", "true", "null", "42", "tab\tseparated", 'say "hi"', "emoji 🙂",

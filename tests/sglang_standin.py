@@ -25,6 +25,7 @@ goes down and comes back on the same port (`refuse_connections()`, `accept_conne
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
@@ -71,10 +72,7 @@ REQUEST_KEYS = frozenset(
     }
 )
 DEFAULT_MAX_NEW_TOKENS = 128
-WORDS = (
-    "alpha beta gamma delta careful answer user wants number convert check the value of "
-    "this that result first then finally compute sum list tool call reason about it"
-).split()
+WORDS = ["alpha", "beta", "gamma", "delta", "careful", "answer", "user", "wants", "number", "convert", "check", "the", "value", "of", "this", "that", "result", "first", "then", "finally", "compute", "sum", "list", "tool", "call", "reason", "about", "it"]
 
 
 # Answers of HTTP 200 that are not a usable /generate result, by `bad_body` name.
@@ -174,10 +172,8 @@ class SGLangStandin:
         with self.lock:
             connections, self.connections = list(self.connections), set()
         for connection in connections:
-            try:
+            with contextlib.suppress(OSError):
                 connection.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def __enter__(self) -> SGLangStandin:
         return self.start()

@@ -9,6 +9,7 @@ set-up commands at the top are what `.ci/run` runs; that they say the same is ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -146,10 +147,8 @@ def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
     finally:
         standin = copy / "tryout" / "standin.pid"
         if standin.is_file():  # a failure between starting the stand-in and stopping it
-            try:
+            with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(standin.read_text()), 15)
-            except (ProcessLookupError, ValueError):
-                pass
 
 
 @pytest.mark.parametrize(

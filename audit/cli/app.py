@@ -12,6 +12,7 @@ Each command lives in its own module of this package and registers itself on `ap
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 import traceback
@@ -321,10 +322,8 @@ def _exit_without_teardown(code: int) -> NoReturn:
     """
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe (`audit check | head`) or stream
             stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`audit check | head`) or stream
-            pass
     os._exit(code)
 
 

@@ -18,6 +18,7 @@ Parquet and the counts as JSON. Deleting it is always safe.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -173,8 +174,6 @@ class AuditCache:
             }
             (entry / "meta.json").write_text(json.dumps(meta))
 
-        try:
-            # The same key is the same result, and another run may be reading it: kept as it is.
+        # The same key is the same result, and another run may be reading it: kept as it is.
+        with contextlib.suppress(OSError):
             write_directory_atomically(self.root / "results" / key, fill, complete="meta.json")
-        except OSError:
-            pass

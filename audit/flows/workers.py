@@ -39,7 +39,7 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     global _POOL, _POOL_KEY
     configure_offline()  # as loading the tokenizer module will: the same environment either way
     key = (workers, _environment_key())
-    if _POOL is not None and _POOL_KEY == key and not getattr(_POOL, "_broken", False):
+    if _POOL is not None and key == _POOL_KEY and not getattr(_POOL, "_broken", False):
         return _POOL
     stop_workers()
     threads = _share_of_cores(workers + 1)

@@ -22,6 +22,7 @@ A value of the wrong type is a configuration error naming the file and key, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -118,10 +119,8 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The generation.json of a run writing into `directory` (times are added when written)."""
     tokenizer_path = str(tokenizer_directory.resolve())
-    try:
+    with contextlib.suppress(ValueError):  # another drive: keep it absolute
         tokenizer_path = os.path.relpath(tokenizer_path, directory.resolve())
-    except ValueError:  # another drive: keep it absolute
-        pass
     return {
         "profile": profile,
         "tokenizer": {**tokenizer_fingerprint, "path": tokenizer_path},
