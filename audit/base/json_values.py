@@ -16,4 +16,5 @@ def json_type(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), type(value).__name__)

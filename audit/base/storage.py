@@ -28,7 +28,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Self
+from typing import Any, Self
 
 from audit.base.errors import ConfigError, InputError
 
@@ -50,10 +50,10 @@ def is_url(spec: str | os.PathLike[str]) -> bool:
     `file://` URLs are local paths.
     """
     match = _URL.match(str(spec)) if isinstance(spec, str) else None
-    return bool(match) and match.group(1).lower() != "file"
+    return match is not None and match.group(1).lower() != "file"
 
 
-def location(spec: str | os.PathLike[str]) -> Path | ObjectPath:
+def location(spec: str | os.PathLike[str] | ObjectPath) -> Path | ObjectPath:
     """What the user typed, as a local `Path` or an `ObjectPath` for a URL."""
     if isinstance(spec, ObjectPath | Path):
         return spec
@@ -196,7 +196,7 @@ class ObjectPath:
             if child and child not in (".", ".."):
                 yield ObjectPath(f"{self}/{child}")
 
-    def open(self, mode: str = "rb") -> IO[bytes]:
+    def open(self, mode: str = "rb") -> _StoreFile:
         """The object as a binary file: `rb` reads ranges as they are asked for; `wb` stores it
         whole when closed (a multipart upload: readers see the old object or the new one, and
         `discard()` stores nothing); `xb` stores it only if no object has this key (a
@@ -235,6 +235,9 @@ class ObjectPath:
             except FileNotFoundError:
                 if not missing_ok:
                     raise
+
+
+AnyPath = Path | ObjectPath  # a path the tool reads or writes: local, or in object storage
 
 
 def write_output(path: Path | ObjectPath, content: str | Iterable[bytes]) -> Path | ObjectPath:

@@ -63,7 +63,7 @@ class ChannelGrammar(ChannelRule):
         flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
         if flagged.is_empty():
             return empty_findings()
-        names = {letter: batch.profile.profile.channels.markers[role] for role, letter in LETTERS.items()}
+        names = {letter: batch.profile.channel_spec.markers[role] for role, letter in LETTERS.items()}
         letters = flagged.select(channel_letters(batch)).to_series()
         messages = [
             "harmony markers out of order: "
@@ -102,7 +102,7 @@ class ChannelOrder(ChannelRule):
     name = "channel-order"
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        spec = batch.profile.profile.channels
+        spec = batch.profile.channel_spec
         messages = harmony_messages(batch)
         if messages.is_empty():
             return empty_findings()
@@ -164,7 +164,7 @@ class ChannelToolCall(ChannelRule):
     name = "channel-tool-call"
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        spec = batch.profile.profile.channels
+        spec = batch.profile.channel_spec
         messages = harmony_messages(batch)
         calls = messages.filter(pl.col("terminator") == "call")
         if calls.is_empty():
@@ -174,7 +174,9 @@ class ChannelToolCall(ChannelRule):
             pl.col("output_ids").list.slice(pl.col("message_at") + 1, pl.col("content_tokens"))
         ).to_series()
         texts = batch.tokenizer.decode_batch(bodies.to_list())
-        rows, positions, problems = [], [], []
+        rows: list[int] = []
+        positions: list[int | None] = []
+        problems: list[str] = []
         for (row, at, body_at, recipient, constrained), text in zip(
             calls.select("row", "channel_at", "message_at", "recipient", "constrained").iter_rows(),
             texts,

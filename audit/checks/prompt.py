@@ -111,7 +111,7 @@ class ThinkNotOpened(RecordRule):
         return "model_opens" in batch.profile.reasonings
 
     def violation(self, batch: Batch) -> pl.Expr:
-        opened_at = first_index_of("output_ids", batch.profile.think_start)
+        opened_at = first_index_of("output_ids", batch.profile.think_ids[0])
         window = batch.profile.profile.think_open_window
         # Only records whose prompt leaves the opening to the model (not an agentic
         # continuation with a reasoning state of its own).

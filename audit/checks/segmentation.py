@@ -103,10 +103,10 @@ class ResponseTokenRepeated(RecordRule):
         return _thinking(batch)
 
     def violation(self, batch: Batch) -> pl.Expr:
-        return pl.col("output_ids").list.count_matches(batch.profile.think_end) > 1
+        return pl.col("output_ids").list.count_matches(batch.profile.think_ids[1]) > 1
 
     def position(self, batch: Batch) -> pl.Expr:
-        return nth_index_of("output_ids", batch.profile.think_end, 1)
+        return nth_index_of("output_ids", batch.profile.think_ids[1], 1)
 
     def message(self, batch: Batch) -> pl.Expr:
         end = batch.profile.profile.think_end
@@ -151,7 +151,7 @@ class ThinkTokenInOutput(RecordRule):
     def _stray(self, batch: Batch) -> tuple[pl.Expr, pl.Expr, pl.Expr]:
         """Per record, as its prompt left it: is a think token out of place, where, and why."""
         profile = batch.profile
-        start, end = profile.think_start, profile.think_end
+        start, end = profile.think_ids
         output = pl.col("output_ids")
         state = pl.col("reasoning")
         think = repr(profile.profile.think_start)

@@ -116,7 +116,9 @@ class TemplateMismatch(RecordRule):
         suffixes = batch.profile.prompt_suffixes
         encoder = batch.profile.profile.encoder
         what = f"{encoder} encoder" if encoder else "chat template"
-        rows, positions, messages = [], [], []
+        rows: list[int] = []
+        positions: list[int | None] = []
+        messages: list[str] = []
         mismatched: list[tuple[int, list[int], list[int], int]] = []
         for row, key, prompt in keyed:
             rendered = self._rendered[key]
@@ -134,25 +136,25 @@ class TemplateMismatch(RecordRule):
                 _same(*_compared(saved_list, variant, suffixes))
                 for variant in self._variant_ids(batch, key, prompt, thinking)
             ):
-                saved_list, rendered = compared
+                kept, shown = compared
                 at = next(
-                    (i for i, (a, b) in enumerate(zip(saved_list, rendered, strict=False)) if a != b),
-                    min(len(saved_list), len(rendered)),
+                    (i for i, (a, b) in enumerate(zip(kept, shown, strict=False)) if a != b),
+                    min(len(kept), len(shown)),
                 )
-                mismatched.append((row, saved_list, rendered, at))
+                mismatched.append((row, kept, shown, at))
         if mismatched:
             windows = []
-            for _, saved_list, rendered, at in mismatched:
+            for _, kept, shown, at in mismatched:
                 start = max(0, at - _CONTEXT)
-                windows.append(saved_list[start : at + _CONTEXT])
-                windows.append(rendered[start : at + _CONTEXT])
+                windows.append(kept[start : at + _CONTEXT])
+                windows.append(shown[start : at + _CONTEXT])
             texts = batch.tokenizer.decode_batch(windows)
-            for index, (row, saved_list, rendered, at) in enumerate(mismatched):
+            for index, (row, kept, shown, at) in enumerate(mismatched):
                 rows.append(row)
                 positions.append(at)
                 messages.append(
                     f"input_ids differ from the {what}'s rendering at input_ids[{at}] "
-                    f"({len(saved_list)} ids saved, {len(rendered)} rendered): saved "
+                    f"({len(kept)} ids saved, {len(shown)} rendered): saved "
                     f"{texts[2 * index]!r}, {'encoder' if encoder else 'template'} "
                     f"{texts[2 * index + 1]!r}"
                 )

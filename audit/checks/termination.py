@@ -118,27 +118,27 @@ class EndOfTurnMissing(RecordRule):
 
     def message(self, batch: Batch) -> pl.Expr:
         profile = batch.profile.profile
-        names = " or ".join(repr(t) for t in profile.end_of_turn + profile.eos)
+        expected = " or ".join(repr(t) for t in profile.end_of_turn + profile.eos)
         missing = (
             pl.when(pl.col("finish_type").is_null())
             .then(
                 pl.format(
                     "output ends with id {}, not {}; no finish_reason saved: truncated or trimmed?",
                     pl.col("output_ids").list.last(),
-                    pl.lit(names),
+                    pl.lit(expected),
                 )
             )
             .otherwise(
                 pl.format(
                     "finish_reason is stop but output ends with id {}, not {}",
                     pl.col("output_ids").list.last(),
-                    pl.lit(names),
+                    pl.lit(expected),
                 )
             )
         )
         if not batch.profile.call_stops:
             return missing
-        call_stops = " or ".join(repr(t) for t in profile.tool_calls.end_of_turn)
+        call_stops = " or ".join(repr(t) for t in batch.profile.tool_call_spec.end_of_turn)
         resolved = batch.profile
         stop_ids = resolved.end_of_turn + resolved.eos
         names = dict(zip(stop_ids, profile.end_of_turn + profile.eos, strict=True))
@@ -283,9 +283,11 @@ class TurnJoined(RecordRule):
             token = batch.tokenizer.token_id(text)
             if token is not None:
                 names[token] = text
-        rows, positions, messages = [], [], []
+        flagged_rows: list[int] = []
+        positions: list[int | None] = []
+        messages: list[str] = []
         for row, stop, result, length, ids in flagged.iter_rows():
-            rows.append(row)
+            flagged_rows.append(row)
             marker = None
             if row in text_results and (result is None or text_results[row][1] < result):
                 marker, result = text_results[row]
@@ -302,8 +304,7 @@ class TurnJoined(RecordRule):
                     f"tool-result marker {shown!r} at output_ids[{result}]: "
                     "a tool result belongs to the next prompt, not to the model's output"
                 )
-        return findings_frame(rows, positions, messages)
-
+        return findings_frame(flagged_rows, positions, messages)
 
     def _text_results(self, batch: Batch) -> dict[int, tuple[str, int]]:
         """Rows whose decoded answer holds a tool-result marker spelled as text: the first

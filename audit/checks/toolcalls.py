@@ -63,7 +63,7 @@ class ToolMarkerGrammar(ToolCallRule):
 
     def find(self, batch: Batch) -> pl.DataFrame:
         view = tool_call_view(batch)
-        expected = batch.profile.tool_calls.format.description
+        expected = batch.profile.tool_call_spec.format.description
         # An output cut by the token limit or an abort may stop inside a call: the markers it
         # has must be a prefix of the grammar (the cut itself is TRM001's or TRM003's).
         cut = batch.records.select(truncated()).to_series()
@@ -236,13 +236,15 @@ class ToolCallIdMalformed(ToolCallRule):
     severity = Severity.WARNING
 
     def applies(self, batch: Batch) -> bool:
-        spec = batch.profile.tool_calls
-        return super().applies(batch) and spec.format.has_call_ids and bool(spec.call_id_pattern)
+        if not super().applies(batch):
+            return False
+        spec = batch.profile.tool_call_spec
+        return spec.format.has_call_ids and bool(spec.call_id_pattern)
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        spec = batch.profile.tool_calls
+        spec = batch.profile.tool_call_spec
         calls = tool_call_view(batch).calls.filter(pl.col("malformed").is_null())
-        pattern = re.compile(spec.call_id_pattern)
+        pattern = re.compile(spec.call_id_pattern or "")  # set: the rule applies only then
         bad_mask = [not (cid and pattern.match(cid.strip())) for cid in calls["call_id"].to_list()]
         first = calls.filter(pl.Series(bad_mask, dtype=pl.Boolean)).group_by("row", maintain_order=True).first()
         return findings_frame(
@@ -306,7 +308,7 @@ class ToolMarkerAsText(ToolCallRule):
         )
 
     def _excess(self, batch: Batch) -> list[tuple[str, pl.Expr]]:
-        spec = batch.profile.tool_calls
+        spec = batch.profile.tool_call_spec
         excess = [
             (
                 spec.markers[role],

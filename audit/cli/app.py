@@ -28,6 +28,7 @@ from rich.text import Text
 
 from audit import __version__
 from audit.base import inert
+from audit.base.storage import AnyPath
 
 EXIT_USAGE = 2
 DEBUG_ENV = "AUDIT_DEBUG"  # audit.engine.isolation reads it; the CLI cannot import the core at start-up
@@ -99,7 +100,7 @@ def os_error(exc: OSError) -> str:
 
 
 @contextmanager
-def writing(what: str, path: Path) -> Iterator[None]:
+def writing(what: str, path: AnyPath) -> Iterator[None]:
     """Around the writing of an output: one error line naming it when it cannot be written."""
     try:
         yield
@@ -370,7 +371,7 @@ def main() -> None:
     # synthesis that no command uses: ~70 ms of every start-up. Commands do without it.
     sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]
     if not sys.stdout.isatty():
-        sys.stdout = _ReaderMayLeave(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = _ReaderMayLeave(sys.stdout)
     sys.argv[1:] = _take_debug_flag(sys.argv[1:])
     try:
         app()

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from audit.base.errors import AuditError, InputError
+from audit.base.storage import AnyPath
 from audit.cli.app import (
     EXIT_USAGE,
     DataRootOption,
@@ -84,7 +85,7 @@ def emit(
     output_format: OutputFormat,
     *,
     fail_on_warning: bool,
-    report_paths: Sequence[Path] = (),
+    report_paths: Sequence[AnyPath] = (),
 ) -> None:
     """Print `reports` in `output_format`; rich prints per-report tables and, for several, a summary."""
     if output_format is not OutputFormat.rich:
@@ -108,7 +109,7 @@ def emit(
         console.print(summary_table(reports, fail_on_warning=fail_on_warning))
 
 
-def print_rich_report(report: Report, path: Path | None = None, *, fail_on_warning: bool = False) -> None:
+def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_warning: bool = False) -> None:
     """The rule table, the first findings and the verdict line of one report."""
     from audit.cli.tables import first_findings, report_table, verdict_line
 

@@ -10,7 +10,14 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
 from audit.base.errors import AuditError
@@ -46,7 +53,7 @@ def _make_events(console: Console, live: bool):
     class Events(GenerationEvents):
         def __init__(self) -> None:
             self.progress_bar: Progress | None = None
-            self.task = None
+            self.task: TaskID | None = None
             self.last_plain = 0.0
 
         def start(self, stats: RunStats) -> None:
@@ -78,7 +85,7 @@ def _make_events(console: Console, live: bool):
             console.print(Text(terminal(message)), soft_wrap=True)
 
         def progress(self, stats: RunStats) -> None:
-            if self.progress_bar is not None:
+            if self.progress_bar is not None and self.task is not None:
                 self.progress_bar.update(
                     self.task, completed=stats.done + stats.errors, counters=_counters(stats)
                 )

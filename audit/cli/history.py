@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import StrEnum
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich import box
@@ -15,6 +14,7 @@ from rich.text import Text
 
 from audit.base.errors import AuditError
 from audit.base.inert import CELL_LIMIT, terminal
+from audit.base.storage import AnyPath
 from audit.cli.app import (
     FailOn,
     FailOnOption,
@@ -62,7 +62,7 @@ def report_command(
             "--trust-remote-code runs a tokenizer's own code: name that tokenizer with --tokenizer DIR "
             "(the path a report records is data, not your choice)"
         )
-    pages: list[Path] = []
+    pages: list[AnyPath] = []
     try:
         reports = [load_report(location(path)) for path in files]
         if html is not None:
@@ -78,7 +78,7 @@ def report_command(
         raise fail(str(exc)) from None
     except OSError as exc:  # what the samples read
         raise fail(os_error(exc)) from None
-    emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning, report_paths=files)
+    emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning, report_paths=[location(path) for path in files])
     for page in pages:  # where the pages went; on stderr when stdout carries a machine format
         where = console if output_format is OutputFormat.rich else errors
         where.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
@@ -127,7 +127,7 @@ def diff(
     title = Text(f"audit diff  ·  {side(before)}  ->  {side(after)}")
     table = Table(title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD)
     for column in ("code", "old", "new", "Δ rate", "verdict", "threshold", "change"):
-        justify = "right" if column in ("old", "new", "Δ rate") else "left"
+        justify: Literal["left", "right"] = "right" if column in ("old", "new", "Δ rate") else "left"
         table.add_column(column, justify=justify, no_wrap=column != "threshold", overflow="fold")
     for move in compared.moves:
         old_side, new_side = move.old, move.new
@@ -138,7 +138,7 @@ def diff(
         style = "bold red" if move.regressed else _STYLE[move.change]
         table.add_row(
             plain(move.code), *cells, f"{delta:+.2%}", verdicts,
-            plain((new_side or old_side).threshold), Text(change, style=style),
+            plain(either.threshold if (either := new_side or old_side) is not None else ""), Text(change, style=style),
         )
     console.print(table)
     if before.target != after.target:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
 from audit.base.inert import terminal
+from audit.base.storage import AnyPath
 
 # A run shorter than this never shows a bar.
 SHOW_AFTER_SECONDS = 2.0
@@ -60,6 +60,7 @@ class AuditProgress:
                 self.label, total=self.total_bytes, records=0, rate="-", shards=self._shards
             )
         rate = output_tokens / elapsed if elapsed > 0 else 0.0
+        assert self._task is not None  # added with the progress bar, above
         self._progress.update(
             self._task, completed=read_bytes, records=records, rate=f"{rate / 1e6:.1f}M" if rate >= 1e6 else f"{rate:,.0f}"
         )
@@ -70,7 +71,7 @@ class AuditProgress:
 
 
 @contextmanager
-def audit_progress(console: Console, label: str, data_file: Path, *, enabled: bool = True) -> Iterator[AuditProgress | None]:
+def audit_progress(console: Console, label: str, data_file: AnyPath, *, enabled: bool = True) -> Iterator[AuditProgress | None]:
     """A progress callback for one file, or None when stderr is not a terminal."""
     if not enabled or not console.is_terminal:
         yield None

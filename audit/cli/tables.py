@@ -65,8 +65,9 @@ def report_table(report: Report, width: int | None = None) -> Table:
     if narrow:
         gaps = len(natural) - 1  # one space between columns
         parts = [part for r in report.results for part in r.threshold.split(", ")]
-        fixed["threshold"] = max(9, *(len(p) for p in parts)) if parts else 9
-        others = sum(v for k, v in natural.items() if k != "lines") - natural["threshold"] + fixed["threshold"]
+        threshold_width = max(9, *(len(p) for p in parts)) if parts else 9
+        fixed["threshold"] = threshold_width
+        others = sum(v for k, v in natural.items() if k != "lines") - natural["threshold"] + threshold_width
         fixed["lines"] = max(3, (width or 0) - others - gaps)
     table = Table(
         title=title,
@@ -263,7 +264,7 @@ def profiles_table(
     # can crop the table instead: its borders and padding are 3 cells a column, plus 1).
     whole = width is not None and width >= 100
     prose = None
-    if whole:
+    if width is not None and whole:
         names = max((len(p.name) for p in profiles), default=4)
         prose = (width - 3 * len(columns) - 1 - names - longest) // (len(columns) - 2)
     for column in columns:

@@ -7,7 +7,7 @@ import select
 import sys
 import time
 from contextlib import contextmanager
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich import box
@@ -56,14 +56,15 @@ def snapshot_table(snapshot, *, live: bool = True) -> Table:
         caption=Text(f"{terminal(snapshot.path)}" + ("  ·  q or Ctrl-C quits" if live else "")),
         caption_justify="left",
     )
-    for column, justify in (
+    columns: tuple[tuple[str, Literal["left", "right"]], ...] = (
         ("code", "left"),
         ("rule", "left"),
         ("severity", "left"),
         ("failing", "right"),
         ("pass rate", "right"),
         ("so far", "left"),
-    ):
+    )
+    for column, justify in columns:
         table.add_column(
             column,
             justify=justify,

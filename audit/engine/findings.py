@@ -96,7 +96,7 @@ class FindingsLog:
     def from_frame(cls, frame: pl.DataFrame) -> FindingsLog:
         """A log over findings already in memory (a report read back, a small audit)."""
         frame = frame.sort(*_SORT, maintain_order=True)
-        last = int(frame["line"].max()) if frame.height else 0
+        last = int(frame["line"].max()) if frame.height else 0  # type: ignore[arg-type]  # UInt32
         return cls([FindingsPart(frame, last, frame.height)])
 
     @property

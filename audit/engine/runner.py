@@ -29,6 +29,7 @@ from pathlib import Path
 
 import polars as pl
 
+from audit.base.storage import AnyPath
 from audit.checks.ruleset import ConfiguredRule, RuleSet
 from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
 from audit.engine.isolation import INTERNAL_ERROR, InternalError, isolated
@@ -90,7 +91,7 @@ class ShardAudit:
 class FileAudit:
     """What a whole input gave: every finding, the counts, and the input's identity."""
 
-    path: Path
+    path: AnyPath
     sha256: str
     bytes: int
     lines: int  # physical lines, blank ones included
@@ -206,7 +207,7 @@ def join_shards(
     shards: Sequence[ShardAudit],
     rule_set: RuleSet,
     *,
-    path: Path,
+    path: AnyPath,
     sha256: str,
     size: int,
     started: float,
@@ -247,7 +248,7 @@ def audit_input(
     context: AuditContext,
     rule_set: RuleSet,
     *,
-    path: Path,
+    path: AnyPath,
     progress: ProgressCallback | None = None,
     expected_bytes: int | None = None,
 ) -> FileAudit:
@@ -277,7 +278,7 @@ def audit_input(
 
 
 def audit_file(
-    path: Path,
+    path: AnyPath,
     context: AuditContext,
     rule_set: RuleSet,
     *,
@@ -292,7 +293,7 @@ def audit_file(
     )
 
 
-def _size(path: Path) -> int | None:
+def _size(path: AnyPath) -> int | None:
     try:
         return path.stat().st_size
     except OSError:
@@ -323,7 +324,7 @@ def _locate(found: pl.DataFrame, batch: Batch, configured: ConfiguredRule) -> pl
         pl.lit(found["position"]).alias("position"),
         pl.lit(configured.rule.position_field, dtype=pl.String).alias("field"),
         pl.lit(found["message"]).alias("message"),
-    ).cast(FINDINGS_SCHEMA)
+    ).cast(pl.Schema(FINDINGS_SCHEMA))
 
 
 def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.DataFrame:

@@ -32,6 +32,7 @@ import polars as pl
 
 from audit import __version__
 from audit.base.files import write_directory_atomically
+from audit.base.storage import AnyPath
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import STATS_SCHEMA, FileAudit
 from audit.model.fastcodec import fast_paths_enabled
@@ -110,12 +111,12 @@ class AuditCache:
 
     # -- content hash -------------------------------------------------------------------------
     @staticmethod
-    def content_sha256(path: Path) -> str:
+    def content_sha256(path: AnyPath) -> str:
         """sha256 of the file, read in full every time: the cache trusts no file metadata."""
         with path.open("rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
 
-    def key(self, path: Path, context: AuditContext, rule_set: RuleSet) -> str:
+    def key(self, path: AnyPath, context: AuditContext, rule_set: RuleSet) -> str:
         """The key of auditing `path` with this context and rule set."""
         return self.key_for(self.content_sha256(path), context, rule_set)
 
@@ -132,7 +133,7 @@ class AuditCache:
         return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
     # -- results ------------------------------------------------------------------------------
-    def load(self, key: str, path: Path) -> FileAudit | None:
+    def load(self, key: str, path: AnyPath) -> FileAudit | None:
         """The stored result for `key`, or None (never raises: a broken entry is a miss)."""
         entry = self.root / "results" / key
         try:

@@ -49,6 +49,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -105,7 +106,7 @@ class GateResult:
 
 def gate_session(
     session: Session,
-    out_dir: Path | ObjectPath | str,
+    out_dir: Path | ObjectPath | str | os.PathLike[str],
     *,
     quarantine_on: str = "error",
     force: bool = False,
@@ -174,7 +175,7 @@ def _write_split(
             quarantine=quarantine.summary(counts["quarantined"]),
         )
         unchanged = previous is not None and _same_gate(previous, manifest)
-        if unchanged:
+        if unchanged and previous is not None:
             # Idempotent: the same gate again leaves every byte as it was, the time included.
             manifest["created_at"] = previous["created_at"]
         outputs.publish(staged, json.dumps(manifest, ensure_ascii=False, indent=1).encode() + b"\n")

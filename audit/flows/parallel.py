@@ -27,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
+from audit.base.storage import AnyPath
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import (
     ENCODED_BYTES_PER_CHARACTER,
@@ -71,7 +72,7 @@ def plan_shards(
 
 
 def iter_shards(
-    path: Path, shards: int, *, min_shard_bytes: int | None = None, digest: InputDigest
+    path: AnyPath, shards: int, *, min_shard_bytes: int | None = None, digest: InputDigest
 ) -> Iterator[Shard]:
     """The ranges of `path` cut at line boundaries, each as soon as the read has passed its end.
 
@@ -126,7 +127,7 @@ def start_workers(jobs: int, target: Target | None = None, options: CheckOptions
         future.add_done_callback(ignore_outcome)
 
 
-def _size(path: Path) -> int:
+def _size(path: AnyPath) -> int:
     try:
         return path.stat().st_size
     except OSError:

@@ -45,7 +45,7 @@ class Target:
         return isinstance(self.data_file, ObjectPath)
 
 
-def data_root(explicit: str | Path | None) -> tuple[Path | ObjectPath, str | None]:
+def data_root(explicit: str | os.PathLike[str] | None) -> tuple[Path | ObjectPath, str | None]:
     """The data root (a directory, or a URL prefix) and, when the shipped sample stands in for
     it, a note saying so."""
     if explicit is not None:

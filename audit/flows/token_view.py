@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,6 +24,7 @@ import orjson
 import polars as pl
 
 from audit.base import inert
+from audit.base.storage import AnyPath
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
 from audit.model.profiles import ResolvedProfile
@@ -171,7 +171,7 @@ class Inspector:
 
     def __init__(
         self,
-        data_file: Path,
+        data_file: AnyPath,
         findings: pl.DataFrame,
         profile: ResolvedProfile,
         tokenizer: Tokenizer,
@@ -338,7 +338,7 @@ class Inspector:
             .agg(pl.col("rule").unique(maintain_order=True).str.join(",").alias("rules"))
         )
         frame = frame.join(rules, on="index", how="left", maintain_order="left")
-        return TokenRun(field=field, start=start, total=total, tokens=frame.select(list(TOKEN_SCHEMA)).cast(TOKEN_SCHEMA))
+        return TokenRun(field=field, start=start, total=total, tokens=frame.select(list(TOKEN_SCHEMA)).cast(pl.Schema(TOKEN_SCHEMA)))
 
 
 def _finish_text(record: dict[str, Any]) -> str | None:

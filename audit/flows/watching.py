@@ -16,6 +16,8 @@ from pathlib import Path
 
 import polars as pl
 
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath
 from audit.checks.verdict import Verdict
 from audit.engine.isolation import InternalError
 from audit.engine.runner import IDENTITY_SCHEMA, audit_blocks, file_level_findings
@@ -65,7 +67,7 @@ class WatchSnapshot:
         return self.judgement.value
 
 
-def watch_target(spec: str, root: Path) -> Target:
+def watch_target(spec: str, root: Path | ObjectPath) -> Target:
     """Like `resolve_target`, but a file the generator has just created (still empty) is fine."""
     path = Path(spec)
     candidates = [path, path / DATA_FILE, root / spec / DATA_FILE]
@@ -87,7 +89,13 @@ class LiveAudit:
 
     def __init__(self, session: Session):
         self.session = session
-        self.path = session.target.data_file
+        path = session.target.data_file
+        if not isinstance(path, Path):
+            raise InputError(
+                f"{path}: audit watch follows a local file as it is written; audit an object in "
+                "storage with audit check"
+            )
+        self.path = path
         self._file_rules = any(c.rule.file_level for c in session.rule_set.rules)
         self._source = GrowingFile(self.path, block_bytes=session.options.block_bytes)
         self._reset()

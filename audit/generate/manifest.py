@@ -32,6 +32,7 @@ from typing import Any
 
 from audit.base.errors import ConfigError, InputError
 from audit.base.files import write_atomically
+from audit.base.storage import AnyPath, ObjectPath
 
 GENERATION_FILE = "generation.json"
 # Settings that must match between a run and the run it resumes: mixing two configurations in
@@ -50,7 +51,7 @@ _READ_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 class GenerationManifest:
     """A partition's generation.json as the audit reads it; every field None when not recorded."""
 
-    path: Path | None = None  # None: the partition has no generation.json
+    path: AnyPath | None = None  # None: the partition has no generation.json
     profile: str | None = None
     thinking: bool | None = None
     trust_remote_code: bool | None = None
@@ -59,7 +60,7 @@ class GenerationManifest:
     data: dict[str, Any] = field(default_factory=dict)  # the whole object as written
 
 
-def read_manifest(directory: Path) -> GenerationManifest:
+def read_manifest(directory: Path | ObjectPath) -> GenerationManifest:
     """The generation.json in `directory`, checked; an empty manifest when there is none.
 
     Raises InputError when the file is not a JSON object, ConfigError when a field the audit
@@ -91,7 +92,7 @@ def read_manifest(directory: Path) -> GenerationManifest:
     )
 
 
-def _tokenizer_path(directory: Path, recorded: object) -> Path | None:
+def _tokenizer_path(directory: AnyPath, recorded: object) -> Path | None:
     """The recorded tokenizer directory, resolved against the partition's directory.
 
     A tokenizer is loaded from a local directory: for a partition in object storage only an

@@ -151,7 +151,7 @@ class Generator:
         ]
         feeder = asyncio.create_task(self._feed(short, long))
         tasks = [feeder, *workers]
-        everything = asyncio.gather(*tasks)
+        everything: asyncio.Future[Any] = asyncio.gather(*tasks)
         halted = asyncio.create_task(self._halt.wait())
         try:
             await asyncio.wait({everything, halted}, return_when=asyncio.FIRST_COMPLETED)

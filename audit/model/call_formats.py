@@ -33,8 +33,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
-from re import _constants as sre_constants  # the parsed form of a pattern (stable since 3.11)
-from re import _parser as sre_parser
+from re import _constants as sre_constants  # type: ignore[attr-defined]  # the parsed form of a pattern (stable since 3.11)
+from re import _parser as sre_parser  # type: ignore[attr-defined]
 from typing import Literal
 
 from audit.model.call_readers import (

@@ -300,8 +300,8 @@ def minimax_call(head: str, body: str) -> list[ToolCall]:
         # elements out of order are arguments that do not read (TCL002), as broken JSON is.
         try:
             elements, unreadable = _minimax_elements(inner), None
-        except _Malformed as problem:
-            elements, unreadable = (), f"do not read as elements ({problem})"
+        except _Malformed as broken:
+            elements, unreadable = (), f"do not read as elements ({broken})"
         calls.append(ToolCall(name=name or None, arguments=inner, elements=elements, arguments_error=unreadable))
         at = invoke.end()
     rest = text[at:]

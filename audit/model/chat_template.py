@@ -216,12 +216,14 @@ def _compiled(template: str) -> Any:
     class GenerationBlock(jinja2.ext.Extension):
         # `{% generation %}...{% endgeneration %}` marks assistant text for masks; rendering
         # only emits its body.
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}
 
         def parse(self, parser: Any) -> jinja2.nodes.CallBlock:
             lineno = next(parser.stream).lineno
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+            block = jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body)
+            block.set_lineno(lineno)
+            return block
 
         def _body(self, caller: Any) -> str:
             return caller()

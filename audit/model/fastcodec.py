@@ -138,7 +138,7 @@ class ByteDecoder:
         those with the tokenizer itself, whose lossy replacement is then authoritative)."""
         data, offsets = self.decode_bytes(flat)
         texts: list[str | None] = []
-        view = memoryview(data)
+        view = memoryview(data.data)
         for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
             try:
                 texts.append(str(view[a:b], "utf-8"))

@@ -138,7 +138,7 @@ def parse_continuations(value: Any, modes: dict[str, Any], where: str) -> tuple[
                 f"{here}.modes: {unknown[0] if unknown else '[]'!r} is not a mode of the profile "
                 f"(it has: {', '.join(m for m in MODES if m in modes)})"
             )
-        parsed.append(Continuation(suffix, listed, state))  # type: ignore[arg-type]
+        parsed.append(Continuation(suffix, listed, state))
     return tuple(parsed)
 
 

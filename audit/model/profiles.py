@@ -37,15 +37,8 @@ from audit.model.tokenizer import Tokenizer
 PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 
 _TOP_KEYS = {
-    "name",
-    "description",
-    "encoder",
-    "tokens",
-    "pinned_ids",
-    "generation_prompt",
-    "tool_calls",
-    "channels",
-    "template",
+    "name", "description", "encoder", "tokens", "pinned_ids",
+    "generation_prompt", "tool_calls", "channels", "template",
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
@@ -182,7 +175,7 @@ class Profile:
             tool_markers=markers,
             tool_text_markers=text_markers,
             channel_markers=channel_markers,
-            tool_result=tuple(tokenizer.token_id(t) for t in self.tool_result if t not in spelled),
+            tool_result=tuple(token(t) for t in self.tool_result if t not in spelled),
             tool_result_text=spelled,
             call_stops=call_stops,
         )
@@ -260,6 +253,27 @@ class ResolvedProfile:
     @property
     def channels(self) -> ChannelSpec | None:
         return self.profile.channels
+
+    @property
+    def think_ids(self) -> tuple[int, int]:
+        """The think start and end ids, for what runs only where the family has them."""
+        if self.think_start is None or self.think_end is None:
+            raise ConfigError(f"profile {self.name} has no think tokens: no reasoning rule applies")
+        return self.think_start, self.think_end
+
+    @property
+    def channel_spec(self) -> ChannelSpec:
+        """The harmony channels, for what runs only where the family has them."""
+        if self.profile.channels is None:
+            raise ConfigError(f"profile {self.name} has no [channels]: nothing of harmony applies")
+        return self.profile.channels
+
+    @property
+    def tool_call_spec(self) -> ToolCallSpec:
+        """The tool-call markers and format, for what runs only where the family has them."""
+        if self.profile.tool_calls is None:
+            raise ConfigError(f"profile {self.name} has no [tool_calls]: no tool-call rule applies")
+        return self.profile.tool_calls
 
     @property
     def template_kwargs(self) -> dict[str, Any]:

@@ -91,8 +91,8 @@ def _render_chat_template(
         # string (a mapping raises). Serving stacks parse string arguments first (SGLang's
         # normalize_assistant_tool_call_arguments); render the form the template accepts.
         # A conversation may mix both forms: try every call as an object, then as a string.
-        forms = [other_argument_form(messages, to_objects=side) for side in (True, False)]
-        forms = [form for form in forms if form is not None and form != messages]
+        others = [other_argument_form(messages, to_objects=side) for side in (True, False)]
+        forms = [form for form in others if form is not None and form != messages]
         if not forms:
             raise
         for form in forms:

@@ -17,9 +17,14 @@ from audit.model.tokenizer import Tokenizer
 
 # A byte that is not a whole UTF-8 character, named as byte-fallback vocabularies name it: <0xE4>.
 BYTE_NAMES = "audit-byte-names"
-codecs.register_error(
-    BYTE_NAMES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end)
-)
+
+
+def _byte_names(error: UnicodeError) -> tuple[str, int]:
+    assert isinstance(error, UnicodeDecodeError)  # registered for decoding only
+    return "".join(f"<0x{b:02X}>" for b in error.object[error.start : error.end]), error.end
+
+
+codecs.register_error(BYTE_NAMES, _byte_names)
 
 
 def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
@@ -27,6 +32,7 @@ def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     known = [i for i in ids if i in tokenizer.known_ids]
     decoded = dict(zip(known, token_strings(tokenizer, known), strict=True)) if known else {}
     return [decoded.get(i, "") for i in ids]
+
 
 def tokens_at(tokenizer: Tokenizer, ids: Sequence[int], chars: Sequence[int]) -> list[int]:
     """For each character offset of `decode(ids)`, the index of the token whose decoded
@@ -37,7 +43,7 @@ def tokens_at(tokenizer: Tokenizer, ids: Sequence[int], chars: Sequence[int]) ->
     known = decoder is not None and bool(
         ((values >= 0) & (values < len(decoder.lengths))).all() and decoder.known[values].all()
     )
-    if known:
+    if decoder is not None and known:
         ends = np.cumsum(decoder.lengths[values])
         flat = FlatIds(values, np.array([0, len(values)], dtype=np.int64))
         data, _ = decoder.decode_bytes(flat)
@@ -50,6 +56,7 @@ def tokens_at(tokenizer: Tokenizer, ids: Sequence[int], chars: Sequence[int]) ->
             return np.searchsorted(ends, offsets, side="right").tolist()
     return [_token_at(tokenizer, ids, char) for char in chars]
 
+
 def _token_at(tokenizer: Tokenizer, ids: Sequence[int], char: int) -> int:
     low, high = 0, len(ids)
     while low < high:
@@ -59,6 +66,7 @@ def _token_at(tokenizer: Tokenizer, ids: Sequence[int], char: int) -> int:
         else:
             low = middle + 1
     return low
+
 
 def token_strings(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     """The decoded piece of each id, one by one (for display).
@@ -76,6 +84,6 @@ def token_strings(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
     pieces = tokenizer.decode_batch([[i] for i in ids])
     if any("\ufffd" in piece for piece in pieces) and (table := tokenizer.byte_table) is not None:
         for k, (token_id, piece) in enumerate(zip(ids, pieces, strict=True)):
-            if "\ufffd" in piece and (raw := table.piece_bytes(int(token_id))) is not None:
-                pieces[k] = raw.decode("utf-8", errors=BYTE_NAMES)
+            if "\ufffd" in piece and (own := table.piece_bytes(int(token_id))) is not None:
+                pieces[k] = own.decode("utf-8", errors=BYTE_NAMES)
     return pieces

@@ -102,6 +102,7 @@ class Tokenizer:
         """The `tokenizers` backend, built from the cached state on first use."""
         import tokenizers
 
+        assert self._backend_json is not None  # a tokenizer without its state built `_fast` itself
         return encode_special_tokens(tokenizers.Tokenizer.from_str(self._backend_json))
 
     @property
@@ -302,8 +303,8 @@ class Tokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Encode many texts, special-token strings recognised, no BOS/EOS added."""
-        if self.__dict__.get("fast_encoder") is not None:
-            flat = self.fast_encoder.encode_flat(list(texts))  # the same ids, already built
+        if (built := self.__dict__.get("fast_encoder")) is not None:
+            flat = built.encode_flat(list(texts))  # the same ids, already built
             return [flat.sequence(i) for i in range(len(flat))]
         if self._has_backend:
             # `encode_batch_fast` gives the same ids without tracking offsets: ~1.7x faster and

@@ -122,10 +122,10 @@ class TokenizerState:
             size = int(header["vocab_size"])
             known = np.unpackbits(np.frombuffer(sections["known"], dtype=np.uint8), count=size).astype(bool)
             backend = sections.get("backend")
-            table, lengths = sections.get("table"), sections.get("lengths")
-            decoder_known = None
-            if table is not None and lengths is not None:
-                lengths = np.frombuffer(lengths, dtype="<i8").astype(np.int64)
+            table, raw_lengths = sections.get("table"), sections.get("lengths")
+            decoder_known = lengths = None
+            if table is not None and raw_lengths is not None:
+                lengths = np.frombuffer(raw_lengths, dtype="<i8").astype(np.int64)
                 bits = np.frombuffer(sections["decoder_known"], dtype=np.uint8)
                 decoder_known = np.unpackbits(bits, count=len(lengths)).astype(bool)
                 if int(lengths.sum()) != len(table):
@@ -137,7 +137,7 @@ class TokenizerState:
                 has_chat_template=bool(header["has_chat_template"]),
                 known=known,
                 backend_json=None if backend is None else str(backend, "utf-8"),
-                table=None if decoder_known is None else np.frombuffer(table, dtype=np.uint8),
+                table=None if decoder_known is None or table is None else np.frombuffer(table, dtype=np.uint8),
                 lengths=None if decoder_known is None else lengths,
                 decoder_known=decoder_known,
                 extra=dict(header.get("extra") or {}),

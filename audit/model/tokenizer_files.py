@@ -83,7 +83,7 @@ def _provide_moved_names() -> None:
     if not hasattr(tokenization_gpt2, "bytes_to_unicode"):
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-        tokenization_gpt2.bytes_to_unicode = bytes_to_unicode
+        tokenization_gpt2.bytes_to_unicode = bytes_to_unicode  # type: ignore[attr-defined]
 
 
 def checked_directory(directory: str | Path) -> Path:

@@ -54,7 +54,7 @@ class ReadCall(NamedTuple):
 def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
     """Calls as rows, each with why its arguments do not read (JSON, or the declared types)."""
     columns: dict[str, list] = {name: [] for name in CALLS_SCHEMA}
-    fmt = batch.profile.tool_calls.format
+    fmt = batch.profile.tool_call_spec.format
     named_by_id = fmt.has_call_ids
     typed = {
         item.row for item in read
@@ -65,7 +65,8 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
         if not (named_by_id or call.name or call.malformed):
             # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
             call = replace(call, malformed="a call with no function name")
-        literal = None
+        literal: str | None = None
+        error: str | None
         if call.arguments_error is not None:
             error = call.arguments_error
         elif call.elements is not None:
@@ -97,7 +98,7 @@ def _declared_tools(batch: Batch, rows: set[int]) -> dict[int, Any]:
     says how the template writes them (`prompt_tools`), the schemas in its prompt, decoded in
     one batch for the records that need it."""
     declared = {row: (batch.source_prompt(row) or {}).get("tools") for row in rows}
-    marks = batch.profile.tool_calls.prompt_tools
+    marks = batch.profile.tool_call_spec.prompt_tools
     missing = sorted(row for row, tools in declared.items() if tools is None)
     if marks is None or not missing:
         return declared

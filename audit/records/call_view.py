@@ -86,7 +86,7 @@ def _answer_frame(batch: Batch) -> pl.DataFrame:
 
 def _view(batch: Batch) -> ToolCallView:
     profile = batch.profile
-    fmt = profile.tool_calls.format
+    fmt = profile.tool_call_spec.format
     if fmt.unit == "text":
         return _text_view(batch)
     markers = profile.tool_markers
@@ -143,7 +143,7 @@ def _view(batch: Batch) -> ToolCallView:
 def _stray_text(batch: Batch, frame: pl.DataFrame) -> pl.DataFrame:
     """Text between consecutive markers whose roles the format keeps apart by whitespace only
     (`ToolCallFormat.blank_between`): decoded in one batch, the gaps that hold more."""
-    fmt = batch.profile.tool_calls.format
+    fmt = batch.profile.tool_call_spec.format
     if not fmt.blank_between:
         return pl.DataFrame(schema=STRAY_SCHEMA)
     markers = batch.profile.tool_markers
@@ -196,7 +196,7 @@ def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndar
 def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
     """Formats whose calls sit between call begin and call end ids: slice, decode, read."""
     markers = batch.profile.tool_markers
-    fmt = batch.profile.tool_calls.format
+    fmt = batch.profile.tool_call_spec.format
     has_arguments = "argument_begin" in markers
 
     def at(role: str) -> pl.Expr:
@@ -229,20 +229,20 @@ def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
         start = int(offset[i] + call_begin[i])
         spans = (rows[i], start, int(offset[i] + call_end[i] + 1), start + 1, int(offset[i] + head_end[i] + 1))
         for call in fmt.read(head, body):
-            at = None
+            problem_token = None
             if call.problem_at is not None:
                 first = base[i] + call_begin[i] + 1
                 pieces = [(head, flat.values[first : base[i] + head_end[i]], start + 1)]
                 if has_arguments:
                     pieces.append((body, flat.values[base[i] + head_end[i] + 1 : base[i] + call_end[i]], spans[4]))
-                at = _problem_token(batch, call, pieces)
-            read.append(ReadCall(*spans, call, at))
+                problem_token = _problem_token(batch, call, pieces)
+            read.append(ReadCall(*spans, call, problem_token))
     return read
 
 
 def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
     """Formats whose calls are delimited by text (DSML): decode each answer with markers, read it."""
-    fmt = batch.profile.tool_calls.format
+    fmt = batch.profile.tool_call_spec.format
     wanted = pl.lit(pl.Series(list(batch.profile.tool_markers.values()), dtype=pl.Int64)).implode()
     first = frame.select(
         pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
@@ -269,7 +269,7 @@ def _text_view(batch: Batch) -> ToolCallView:
     Qwen3 tokenizer): the answers that hold a marker's text are decoded, their markers found in
     the text and matched against the same grammar, and the calls between them read."""
     profile = batch.profile
-    fmt = profile.tool_calls.format
+    fmt = profile.tool_call_spec.format
     markers = profile.tool_text_markers
     frame = pl.concat(
         [batch.records.select(batch.decoded_output.alias("decoded")), response_bounds(batch)],

@@ -123,7 +123,7 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
     tokenizer = batch.tokenizer
     role_texts = tokenizer.decode_batch(role_heads.to_list())
     channel_texts = tokenizer.decode_batch(channel_heads.to_list())
-    constrain = batch.profile.profile.channels.markers["constrain"]
+    constrain = batch.profile.channel_spec.markers["constrain"]
     names, recipients, constrained = [], [], []
     for role, head in zip(role_texts, channel_texts, strict=True):
         name = head.split("<|", 1)[0].split(maxsplit=1)
@@ -133,7 +133,7 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
         constrained.append(constrain in head)
     kind = {markers["end"]: "end", markers["call"]: "call", markers["return"]: "return"}
     kind.update(dict.fromkeys(eos, "return"))
-    strings = {markers[role]: batch.profile.profile.channels.markers[role] for role in ("end", "call", "return")}
+    strings = {markers[role]: batch.profile.channel_spec.markers[role] for role in ("end", "call", "return")}
     strings.update(zip(batch.profile.eos, batch.profile.profile.eos, strict=True))
     return messages.select(
         "row",

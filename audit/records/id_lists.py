@@ -55,7 +55,9 @@ class IdLists:
         cuts = self._cuts(text)
         if not cuts:
             return None
-        pieces, arrays, at = [], {}, 0
+        pieces: list[bytes] = []
+        arrays: dict[str, np.ndarray] = {}
+        at = 0
         for name, start, end in cuts:
             ids = self._ids(text[start:end])
             if ids is None:

@@ -9,12 +9,11 @@ viewer can still show and says why it is not a record.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import orjson
 import polars as pl
 
+from audit.base.storage import AnyPath
 from audit.records.reader import RECORD_COLUMNS, empty_records, parse_block
 from audit.records.sources import LineBlock
 
@@ -22,7 +21,7 @@ from audit.records.sources import LineBlock
 class LineIndex:
     """Byte offsets of every line of a file, found in one streamed pass, to re-read any line."""
 
-    def __init__(self, path: Path, chunk_bytes: int = 16 << 20):
+    def __init__(self, path: AnyPath, chunk_bytes: int = 16 << 20):
         self.path = path
         starts = [np.zeros(1, dtype=np.int64)]
         offset = 0

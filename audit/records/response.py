@@ -18,6 +18,9 @@ and the HTML samples all read them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 import polars as pl
 
@@ -54,7 +57,7 @@ def prompt_reasoning(profile: ResolvedProfile) -> pl.Expr:
     states = profile.suffix_reasoning
     if len(set(states)) <= 1:
         return default
-    expression = None
+    expression: Any = None  # polars' when/then chain, grown one ending at a time
     endings = sorted(zip(profile.prompt_suffixes, states, strict=True), key=lambda p: -len(p[0]))
     for suffix, state in endings:
         matched = ends_with("input_ids", suffix)
@@ -94,7 +97,7 @@ def response_bounds(batch: Batch) -> pl.DataFrame:
     return batch.shared(_bounds)
 
 
-def _first(markers: MarkerIndex, token_ids: list[int | None]) -> np.ndarray:
+def _first(markers: MarkerIndex, token_ids: Sequence[int | None]) -> np.ndarray:
     wanted = [i for i in token_ids if i is not None]
     return markers.first(wanted) if wanted else np.full(markers.sequences, ABSENT, dtype=np.int64)
 
@@ -182,4 +185,4 @@ def _bounds(batch: Batch) -> pl.DataFrame:
         entry.alias("tool_entry"),
         answer_start.alias("answer_start"),
         pl.max_horizontal(end, answer_start).alias("answer_end"),
-    ).cast(BOUNDS_SCHEMA)
+    ).cast(pl.Schema(BOUNDS_SCHEMA))

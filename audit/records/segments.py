@@ -146,19 +146,19 @@ def _reasoning_spans(batch: Batch) -> pl.DataFrame:
         bounds.with_columns(length)
         .filter(pl.col("reasoning_start").is_not_null())
         .select("row", pl.lit(SEGMENT_REASONING).alias("segment"), start.alias("start"), end.alias("end"))
-        .cast(SPANS_SCHEMA)
+        .cast(pl.Schema(SPANS_SCHEMA))
     )
 
 
 def _tool_spans(batch: Batch) -> pl.DataFrame:
     """From each opening marker to its closing one, counted in the answer (balanced or not)."""
     markers = batch.profile.tool_markers
-    spec = batch.profile.tool_calls
+    spec = batch.profile.tool_call_spec
     if spec.format.unit in ("answer", "text"):
         calls = tool_call_view(batch).calls
         return calls.group_by("row", maintain_order=True).agg(
             pl.col("start").min(), pl.col("end").max()
-        ).select("row", pl.lit(SEGMENT_TOOL_CALLS).alias("segment"), "start", "end").cast(SPANS_SCHEMA)
+        ).select("row", pl.lit(SEGMENT_TOOL_CALLS).alias("segment"), "start", "end").cast(pl.Schema(SPANS_SCHEMA))
     opening = markers.get("section_begin", markers.get("call_begin"))
     closing = markers.get("section_end", markers.get("call_end"))
     bounds = response_bounds(batch)
@@ -196,7 +196,7 @@ def _tool_spans(batch: Batch) -> pl.DataFrame:
 
 
 def _harmony_spans(batch: Batch) -> pl.DataFrame:
-    spec = batch.profile.channels
+    spec = batch.profile.channel_spec
     messages = harmony_messages(batch)
     if messages.is_empty():
         return pl.DataFrame(schema=SPANS_SCHEMA)
@@ -213,4 +213,4 @@ def _harmony_spans(batch: Batch) -> pl.DataFrame:
     start = (pl.col("end_at").shift(1).over("row") + 1).fill_null(0)
     return messages.select(
         "row", segment.alias("segment"), start.alias("start"), (pl.col("end_at") + 1).alias("end")
-    ).cast(SPANS_SCHEMA)
+    ).cast(pl.Schema(SPANS_SCHEMA))

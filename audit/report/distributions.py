@@ -63,16 +63,16 @@ def histogram(values: pl.Series, bins: int = HISTOGRAM_BINS) -> dict[str, Any]:
     values = values.drop_nulls().cast(pl.Float64)
     if values.is_empty():
         return {"edges": [], "counts": [], "min": None, "max": None, "mean": None, "p50": None, "p99": None}
-    low, high = float(values.min()), float(values.max())
+    low, high = float(values.min()), float(values.max())  # type: ignore[arg-type]  # numbers, not empty
     width = _nice_width((high - low) / bins) if high > low else 1.0
     start = math.floor(low / width) * width
     count = max(1, math.floor((high - start) / width) + 1)
     summary = {
         "min": _number(low),
         "max": _number(high),
-        "mean": round(float(values.mean()), 2),
-        "p50": _number(float(values.quantile(0.5, "nearest"))),
-        "p99": _number(float(values.quantile(0.99, "nearest"))),
+        "mean": round(float(values.mean()), 2),  # type: ignore[arg-type]
+        "p50": _number(float(values.quantile(0.5, "nearest"))),  # type: ignore[arg-type]
+        "p99": _number(float(values.quantile(0.99, "nearest"))),  # type: ignore[arg-type]
     }
     return {**fixed_histogram(values, start, start + count * width, count), **summary}
 

@@ -115,7 +115,7 @@ class RuleMove:
             "name": self.name,
             "old": side(self.old),
             "new": side(self.new),
-            "threshold": (self.new or self.old).threshold if (self.new or self.old) else "",
+            "threshold": either.threshold if (either := self.new or self.old) is not None else "",
             "change": self.change,
             "regressed": self.regressed,
         }

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 from audit.base.errors import InputError
+from audit.base.storage import AnyPath
 
 VERDICTS = ("pass", "warn", "fail")
 # Lengths, counts and positions in a report are token counts: far below this. A larger value
@@ -101,7 +101,7 @@ def _fields(
             raise _Wrong(f"{where}.{key}" if where else key, _TYPES[kind][1] + " (it is missing)")
 
 
-def check_report_shape(data: Any, path: Path) -> None:
+def check_report_shape(data: Any, path: AnyPath) -> None:
     """Raise InputError (one line, naming `path` and the key) unless `data` has a report's shape."""
     try:
         _report(data)

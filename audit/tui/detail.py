@@ -134,7 +134,9 @@ class DetailLines:
             total += len(block)
         self._length = total
         # Token rows with a finding message run long; the pane scrolls sideways that far.
-        self.width = max(200, *(t.cell_len for t in self._blocks[0]))
+        header = self._blocks[0]
+        assert isinstance(header, list)  # the header block, built above
+        self.width = max(200, *(t.cell_len for t in header))
 
     def __len__(self) -> int:
         return self._length

@@ -139,16 +139,17 @@ def _merged_tool_results(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
         role = message.get("role")
         previous = turns[-1] if turns else None
         joins = previous is not None and previous.get("role") == "user" and "blocks" in previous
+        blocks = previous["blocks"] if joins and previous is not None else None
         if role == "tool":
             block = {"tool_result": message.get("content"), "call_id": message.get("tool_call_id")}
-            if joins:
-                previous["blocks"].append(block)
+            if blocks is not None:
+                blocks.append(block)
             else:
                 turns.append({"role": "user", "blocks": [block]})
         elif role == "user":
             block = {"text": message.get("content")}
-            if joins:
-                previous["blocks"].append(block)
+            if blocks is not None:
+                blocks.append(block)
             else:
                 turns.append({"role": "user", "content": message.get("content"), "blocks": [block]})
         else:

@@ -10,13 +10,14 @@ each sample what its rule wants shown beside it (`Rule.explain`), as `audit insp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import polars as pl
 
 from audit.base.errors import ConfigError
-from audit.base.storage import ObjectPath, is_url
+from audit.base.storage import AnyPath, ObjectPath, is_url
 from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.engine.findings import FindingsLog, empty_findings_frame
@@ -58,7 +59,7 @@ class Sample:
     position: int | None
     message: str
     length: int = 0  # ids in the field
-    tokens: list[Token] = field(default_factory=list)
+    tokens: list[Token] = dataclasses.field(default_factory=list)
     raw: str | None = None  # the line's start, when it is not a readable record
     note: str = ""
     explanation: Explanation | None = None  # what the rule wants shown beside the record
@@ -68,7 +69,7 @@ class Sample:
 class Samples:
     """Samples by rule code, and why there are none when the data could not be read."""
 
-    by_rule: dict[str, list[Sample]] = field(default_factory=dict)
+    by_rule: dict[str, list[Sample]] = dataclasses.field(default_factory=dict)
     unavailable: str = ""
 
 
@@ -134,9 +135,10 @@ def _records(lines: dict[int, bytes], profile: ResolvedProfile | None, tokenizer
         frames.append(frame)
         if problem is None:
             readable.add(number)
-    frame = pl.concat([f for f in frames if f.height], how="vertical") if any(f.height for f in frames) else None
-    if frame is None or profile is None:
+    present = [f for f in frames if f.height]
+    if not present or profile is None:
         return _Records(None, {}, [], readable)
+    frame = pl.concat(present, how="vertical")
     batch = Batch(frame, AuditContext(profile, tokenizer))
     return _Records(batch, {line: i for i, line in enumerate(frame["line"].to_list())}, token_segments(batch), readable)
 
@@ -171,7 +173,7 @@ def _first_per_rule(findings: pl.DataFrame, per_rule: int) -> pl.DataFrame:
     )
 
 
-def _read_lines(path: Path, wanted: set[int], *, full_pass: bool) -> tuple[dict[int, bytes], str]:
+def _read_lines(path: AnyPath, wanted: set[int], *, full_pass: bool) -> tuple[dict[int, bytes], str]:
     """The raw bytes of the wanted physical lines, in one streamed pass."""
     digest = InputDigest() if full_pass else None
     found: dict[int, bytes] = {}
@@ -202,7 +204,7 @@ def _cut(row: dict, raw: bytes | None, records: _Records, window: int) -> Sample
     name = row["field"] or "output_ids"
     batch, at = records.batch, records.row_of.get(row["line"])
     ids = None if batch is None or at is None else batch.records[name][at]
-    if ids is None:
+    if ids is None or batch is None or at is None:
         sample.raw = raw[: RAW_EXCERPT * 4].decode("utf-8", errors="replace")[:RAW_EXCERPT]
         return sample
     ids = ids.to_list()
