@@ -62,6 +62,15 @@ def test_prose_from_docstrings_is_escaped_outside_code_spans() -> None:
     assert _markdown("a | b") == r"a \| b"  # a summary in the index table stays one cell
 
 
+def test_writing_the_pages_removes_only_pages_of_rules_that_are_gone(tmp_path: Path) -> None:
+    (tmp_path / "XYZ999.md").write_text("# a rule that no longer exists\n")
+    (tmp_path / "notes.md").write_text("kept\n")
+    done = runner.invoke(app, ["rules", "--docs", str(tmp_path)])
+    assert done.exit_code == 0, done.output
+    assert not (tmp_path / "XYZ999.md").exists() and (tmp_path / "notes.md").read_text() == "kept\n"
+    assert (tmp_path / "SEG001.md").is_file() and f"wrote {len(RULES) + 1} pages" in done.output
+
+
 @pytest.mark.parametrize(
     ("argument", "says"),
     [("", "--docs needs a directory"), ("README.md", "not a directory"), ("README.md/rules", "cannot write")],
