@@ -1,10 +1,14 @@
-"""The README's commands run as written: every shell and Python example, with the exit code it states.
+"""The documented commands run as written: every shell and Python example of the README and of
+the documentation pages (docs/), with the exit code it states.
 
 A command (or a whole block, by a comment on its first lines) marked `# needs your own ...`
 needs the reader's model, tokenizer, servers or training script; one marked `until you press`
-is a live view. Every other command runs here, in README order, from the root of a copy of
-the repository, and must exit with the code its comment states (`exit 1`), else 0. The two
-set-up commands at the top are what `.ci/run` runs; that they say the same is checked too.
+is a live view. Every other command runs here, from the root of a copy of the repository, in
+order: the README's, then each page's in the site's order (mkdocs.yml's `nav`), so a page may
+use what an earlier one made (a report, a gated output). Each must exit with the code its
+comment states (`exit 1`), else 0. The two set-up commands at the top of the README are what
+`.ci/run` runs; that they say the same is checked too, and a page that repeats them does not
+run them again.
 """
 
 from __future__ import annotations
@@ -19,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+SITE = ROOT / "mkdocs.yml"
 SKIP_MARKERS = ("needs your own", "until you press")
 # What a copy of the repository leaves out: environments, caches and earlier runs' outputs.
 NOT_COPIED = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", ".audit-cache", "reports", "gated", "tryout", ".data", ".pytest_cache",
-    ".hypothesis", "*.html",
+    ".hypothesis", "*.html", "site",
 )
 
 
@@ -34,6 +40,7 @@ NOT_COPIED = shutil.ignore_patterns(
 class Example:
     """One runnable example: a shell command or a Python block, where it is and its exit code."""
 
+    source: str  # the file, relative to the repository root
     line: int
     language: str  # "bash" or "python"
     text: str
@@ -60,7 +67,7 @@ def _comment(line: str) -> str:
     return found.group(1) if found else ""
 
 
-def shell_commands(first: int, body: str) -> list[Example]:
+def shell_commands(first: int, body: str, source: str = "README.md") -> list[Example]:
     """The commands of a shell block: continuation lines joined, comment lines dropped."""
     lines = body.splitlines()
     head = " ".join(_comment(line) for line in lines[:2] if line.lstrip().startswith("#"))
@@ -82,23 +89,46 @@ def shell_commands(first: int, body: str) -> list[Example]:
         if any(marker in comment for marker in SKIP_MARKERS):
             continue
         stated = re.search(r"\bexits? (\d+)", comment)
-        commands.append(Example(start, "bash", command, int(stated.group(1)) if stated else 0))
+        commands.append(Example(source, start, "bash", command, int(stated.group(1)) if stated else 0))
     return commands
 
 
-def readme_examples() -> tuple[list[Example], list[Example]]:
-    """The set-up commands (the first two shell blocks) and every other runnable example."""
-    setup: list[Example] = []
+def file_examples(path: Path) -> list[Example]:
+    """Every runnable example of one Markdown file, in order."""
+    source = path.relative_to(ROOT).as_posix()
     examples: list[Example] = []
-    for first, language, body in code_blocks(README.read_text(encoding="utf-8")):
+    for first, language, body in code_blocks(path.read_text(encoding="utf-8")):
         if language in ("bash", "sh", "shell"):
-            commands = shell_commands(first, body)
-            if len(setup) < 2 and commands:
-                setup.extend(commands)
-            else:
-                examples.extend(commands)
+            examples.extend(shell_commands(first, body, source))
         elif language == "python" and not any(marker in body for marker in SKIP_MARKERS):
-            examples.append(Example(first, "python", body, 0))
+            examples.append(Example(source, first, "python", body, 0))
+    return examples
+
+
+def site_pages() -> list[Path]:
+    """The documentation pages in the site's order: mkdocs.yml's `nav`, depth first."""
+    def walk(entry: object) -> list[str]:
+        if isinstance(entry, str):
+            return [entry]
+        if isinstance(entry, dict):
+            return [page for value in entry.values() for page in walk(value)]
+        if isinstance(entry, list):
+            return [page for item in entry for page in walk(item)]
+        return []
+
+    config = yaml.safe_load(SITE.read_text(encoding="utf-8"))
+    return [ROOT / config.get("docs_dir", "docs") / page for page in walk(config["nav"])]
+
+
+def readme_examples() -> tuple[list[Example], list[Example]]:
+    """The set-up commands (the README's first two shell blocks) and every other runnable
+    example: the README's, then the documentation pages' in the site's order."""
+    readme = file_examples(README)
+    setup = [e for e in readme if e.language == "bash"][:2]
+    examples = [e for e in readme if e not in setup]
+    done = {e.text for e in setup}  # a page that repeats the set-up does not run it again
+    for page in site_pages():
+        examples.extend(e for e in file_examples(page) if e.text not in done)
     return setup, examples
 
 
@@ -110,11 +140,19 @@ def test_the_readme_examples_are_found_and_marked() -> None:
         ". .venv/bin/activate && pip install --no-deps 'sglang==0.5.23' && pytest",
     ]
     texts = [e.text for e in examples]
+    assert setup[0].line < setup[1].line < min(e.line for e in examples if e.source == "README.md")
     assert any(t.startswith("audit generate fixtures/prompts/sample.jsonl") for t in texts)
     assert not any("/models/" in t or "10.0.0." in t or "train_eagle3" in t for t in texts)
     assert not any(t.strip() == "audit watch B1_glaive" for t in texts)  # live: until q
     assert {e.exit_code for e in examples} == {0, 1}
     assert len(examples) >= 20
+    # The pages' examples run too, after the README's, and none repeats the set-up.
+    sources = [e.source for e in examples]
+    assert sources.index("docs/getting-started.md") > max(i for i, s in enumerate(sources) if s == "README.md")
+    for page in ("getting-started", "gating-and-ci", "object-storage-and-ray", "generating", "inspecting",
+                 "reports-and-html", "profiles", "python-api"):
+        assert f"docs/{page}.md" in sources, page
+    assert not {e.text for e in examples} & {e.text for e in setup}
 
 
 def test_ci_runs_the_readme_set_up_commands_as_written() -> None:
@@ -141,7 +179,7 @@ def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
             done = subprocess.run(argv, cwd=copy, env=env, capture_output=True, text=True, timeout=300, check=False,
                                   stdin=subprocess.DEVNULL)
             assert done.returncode == example.exit_code, (
-                f"README.md:{example.line}: {example.text!r} exited {done.returncode}, the README says "
+                f"{example.source}:{example.line}: {example.text!r} exited {done.returncode}, the page says "
                 f"{example.exit_code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
             )
     finally:
