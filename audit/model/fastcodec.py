@@ -165,39 +165,46 @@ def _byte_level_chars() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
-def _byte_level_piece(token: str, chars: dict[str, int]) -> bytes:
-    # As the ByteLevel decoder does: map every character back to its byte; a token with a
-    # character outside the map (an added token such as <｜end▁of▁sentence｜>) is its UTF-8.
-    try:
-        return bytes(chars[c] for c in token)
-    except KeyError:
-        return token.encode("utf-8")
-
-
 def _is_byte_level(backend: Any) -> bool:
     import json
 
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else {}
     kinds = [d.get("type") for d in decoder.get("decoders", [])] if decoder.get("type") == "Sequence" else [decoder.get("type")]
     return kinds == ["ByteLevel"]
 
 
 def byte_decoder_for_backend(backend: Any, vocab_size: int) -> ByteDecoder | None:
-    """The table of a `tokenizers` backend with a ByteLevel decoder, verified id by id."""
+    """The table of a `tokenizers` backend with a ByteLevel decoder, verified.
+
+    A ByteLevel decoder maps each character of a vocabulary token back to its byte: the table
+    holds exactly that. What it may decode otherwise is checked against the backend itself, id
+    by id: every added token (decoded as its content), and every token with a character
+    outside the byte map. Anything that disagrees: no table (stay exact, go slow).
+    """
     if not _is_byte_level(backend):
         return None
     chars = _byte_level_chars()
+    added = set(backend.get_added_tokens_decoder())
     pieces: list[bytes | None] = []
+    checked: list[int] = []
     for i in range(vocab_size):
         token = backend.id_to_token(i)
-        pieces.append(None if token is None else _byte_level_piece(token, chars))
-    decoder = ByteDecoder(pieces)
-    known = [i for i, p in enumerate(pieces) if p is not None]
-    reference = backend.decode_batch([[i] for i in known], skip_special_tokens=False)
-    for i, text in zip(known, reference, strict=True):
+        if token is None:
+            pieces.append(None)
+            continue
+        try:
+            pieces.append(bytes(chars[c] for c in token) if i not in added else token.encode("utf-8"))
+        except KeyError:  # a character outside the byte map: as its UTF-8, if the decoder agrees
+            pieces.append(token.encode("utf-8"))
+            checked.append(i)
+            continue
+        if i in added:
+            checked.append(i)
+    reference = backend.decode_batch([[i] for i in checked], skip_special_tokens=False)
+    for i, text in zip(checked, reference, strict=True):
         if pieces[i].decode("utf-8", "replace") != text:  # type: ignore[union-attr]
-            return None  # the decoder does something the table does not: stay exact, go slow
-    return decoder
+            return None
+    return ByteDecoder(pieces)
 
 
 def byte_decoder_for_tiktoken(encoding: Any) -> ByteDecoder | None:
