@@ -5,17 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
-import pandera.polars as pa
 import polars as pl
 
 from audit.model.flat_ids import FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
 from audit.records.contract import all_in_vocabulary, contract_failures, record_contract
+
+if TYPE_CHECKING:
+    import pandera.polars as pa
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")

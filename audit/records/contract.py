@@ -10,14 +10,18 @@ straight onto a finding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandera.polars as pa
 import polars as pl
-from pandera.errors import SchemaErrors
 
+from audit.base.lean_imports import pandera_polars
 from audit.model.tokenizer import Tokenizer
 from audit.records.line_reading import CONTRACT
+
+if TYPE_CHECKING:
+    import pandera.polars as pa
+else:
+    pa = pandera_polars()  # pandera's polars API, without its pandas half (audit.base.lean_imports)
 
 # The kinds of problem the contract finds, beside the reader's (`audit.records.reader`).
 OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have
@@ -157,6 +161,8 @@ def contract_failures(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.D
 
 def validated_by_pandera(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.DataFrame:
     """`contract_failures` as pandera's own `validate` finds them (the reference)."""
+    from pandera.errors import SchemaErrors  # pandera is imported by now (pandera_polars)
+
     if records.is_empty():
         return pl.DataFrame(schema=FAILURES_SCHEMA)
     try:
