@@ -305,3 +305,48 @@ def test_tokens_at_from_the_byte_table_equal_prefix_decoding(data) -> None:
 @lru_cache(maxsize=1)
 def _deepseek_tokenizer():
     return load_tokenizer(DEEPSEEK_TOKENIZER)
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen-3.6", "deepseek-v3.1", "deepseek-v4", "glm-4.7-flash", "minimax-m3"])
+def test_the_byte_table_decodes_every_id_as_the_backend_does(real_tokenizer_dirs, name) -> None:
+    """The table is checked against the backend only where a ByteLevel decoder may differ from it
+    (added tokens, characters outside the byte map): every other id must still agree."""
+    import tokenizers
+
+    from audit.model.fastcodec import byte_decoder_for_backend
+    from tests.conftest import real_tokenizer
+
+    directory, _ = real_tokenizer(real_tokenizer_dirs, name)
+    backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+    size = backend.get_vocab_size(with_added_tokens=True)
+    table = byte_decoder_for_backend(backend, size)
+    assert table is not None
+    ids = [i for i in range(size) if backend.id_to_token(i) is not None]
+    reference = backend.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    differ = [i for i, text in zip(ids, reference, strict=True) if table.piece_bytes(i).decode("utf-8", "replace") != text]
+    assert differ == []
+
+
+def test_an_added_token_that_spells_byte_level_characters_decodes_as_the_backend_does() -> None:
+    """An added token's content may spell ByteLevel characters (`ĠĠ`): the table must hold what
+    the backend decodes it to, alone and inside a sequence, and keep the fast path."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from audit.model.fastcodec import _byte_level_chars, byte_decoder_for_backend
+
+    byte_chars = sorted(_byte_level_chars())
+    backend = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(byte_chars)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_tokens(["ĠĠ", "<tool>", "→"])
+    backend.add_special_tokens(["<|ĠendĠ|>"])
+    size = backend.get_vocab_size(with_added_tokens=True)
+    table = byte_decoder_for_backend(backend, size)
+    assert table is not None
+    for token_id in range(size):
+        expected = backend.decode([token_id], skip_special_tokens=False)
+        assert table.piece_bytes(token_id).decode("utf-8", "replace") == expected
+    sequence = backend.encode("a  b<tool>→").ids + [backend.token_to_id("<|ĠendĠ|>")]
+    joined = b"".join(table.piece_bytes(i) for i in sequence).decode("utf-8", "replace")
+    assert joined == backend.decode(sequence, skip_special_tokens=False)

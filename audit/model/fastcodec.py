@@ -178,8 +178,9 @@ def byte_decoder_for_backend(backend: Any, vocab_size: int) -> ByteDecoder | Non
 
     A ByteLevel decoder maps each character of a vocabulary token back to its byte: the table
     holds exactly that. What it may decode otherwise is checked against the backend itself, id
-    by id: every added token (decoded as its content), and every token with a character
-    outside the byte map. Anything that disagrees: no table (stay exact, go slow).
+    by id: every added token (whose content the decoder may or may not map, by version and
+    kind: the table takes whichever the backend does), and every token with a character
+    outside the byte map (as its UTF-8). Anything that disagrees: no table (stay exact, go slow).
     """
     if not _is_byte_level(backend):
         return None
@@ -193,7 +194,7 @@ def byte_decoder_for_backend(backend: Any, vocab_size: int) -> ByteDecoder | Non
             pieces.append(None)
             continue
         try:
-            pieces.append(bytes(chars[c] for c in token) if i not in added else token.encode("utf-8"))
+            pieces.append(bytes(chars[c] for c in token))
         except KeyError:  # a character outside the byte map: as its UTF-8, if the decoder agrees
             pieces.append(token.encode("utf-8"))
             checked.append(i)
@@ -202,8 +203,15 @@ def byte_decoder_for_backend(backend: Any, vocab_size: int) -> ByteDecoder | Non
             checked.append(i)
     reference = backend.decode_batch([[i] for i in checked], skip_special_tokens=False)
     for i, text in zip(checked, reference, strict=True):
-        if pieces[i].decode("utf-8", "replace") != text:  # type: ignore[union-attr]
-            return None
+        piece = pieces[i]
+        assert piece is not None
+        if piece.decode("utf-8", "replace") == text:
+            continue
+        content = backend.id_to_token(i).encode("utf-8")
+        if i in added and content.decode("utf-8", "replace") == text:
+            pieces[i] = content  # an added token the decoder leaves as it is
+            continue
+        return None
     return ByteDecoder(pieces)
 
 
