@@ -53,7 +53,7 @@ def is_url(spec: str | os.PathLike[str]) -> bool:
     return bool(match) and match.group(1).lower() != "file"
 
 
-def location(spec: str | os.PathLike[str]) -> Path | ObjectPath:
+def location(spec: str | os.PathLike[str] | ObjectPath) -> Path | ObjectPath:
     """What the user typed, as a local `Path` or an `ObjectPath` for a URL."""
     if isinstance(spec, ObjectPath | Path):
         return spec

@@ -99,7 +99,7 @@ def os_error(exc: OSError) -> str:
 
 
 @contextmanager
-def writing(what: str, path: Path) -> Iterator[None]:
+def writing(what: str, path: object) -> Iterator[None]:
     """Around the writing of an output: one error line naming it when it cannot be written."""
     try:
         yield

@@ -21,8 +21,12 @@ import hashlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from audit.base.errors import InputError
+
+if TYPE_CHECKING:
+    from audit.base.storage import ObjectPath
 
 # A block's records, decoded texts and the rules' working columns take ~25-40x its bytes at the
 # peak; 4 MB keeps that near 100 MB, and per-block overheads stay a few percent of the work.
@@ -111,7 +115,7 @@ def chunk_blocks(
 
 
 def file_chunks(
-    path: Path, *, start: int = 0, end: int | None = None, chunk_bytes: int = DEFAULT_BLOCK_BYTES
+    path: Path | ObjectPath, *, start: int = 0, end: int | None = None, chunk_bytes: int = DEFAULT_BLOCK_BYTES
 ) -> Iterator[bytes]:
     """The bytes [start, end) of `path`, `chunk_bytes` at a time; InputError when unreadable."""
     remaining = None if end is None else end - start
@@ -129,7 +133,7 @@ def file_chunks(
 
 
 def file_blocks(
-    path: Path,
+    path: Path | ObjectPath,
     *,
     start: int = 0,
     end: int | None = None,
