@@ -221,7 +221,7 @@ def apply_length_policy(block: SampleBlock, max_length: int | None, long: str, t
         tally.dropped += int(longer.sum())
         return block.take(np.flatnonzero(~longer))
     cut = block.truncated(max_length)
-    kept = cut.trained() > 0
+    kept = ~longer | (cut.trained() > 0)  # a row the cut leaves with no trained token goes
     tally.dropped += int((~kept).sum())
     tally.truncated += int((longer & kept).sum())
     return cut if kept.all() else cut.take(np.flatnonzero(kept))

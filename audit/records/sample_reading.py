@@ -79,30 +79,43 @@ def read_sample_fields(block: LineBlock, skip: Iterable[int] = ()) -> pl.DataFra
 
 
 def _fields(parser: Any, text: bytes) -> tuple[str | None, np.ndarray | None, np.ndarray | None, str | None]:
+    """A line's id, prompt ids, output ids and finish type, checked as the strict reader checks
+    these fields (`audit.records.line_reading._field_problem`)."""
     document = None
     try:
         document = parser.parse(text)
         if not isinstance(document, simdjson.Object):
             raise NotAccepted("not a JSON object")
-        record_id = _text(document.get("id"))
+        record_id = _text(document["id"]) if "id" in document else None
         prompt = _ids(document.get("input_ids"))
         if prompt is None:
             prompt = _ids(document.get("prompt_ids"))
         output = _ids(document.get("output_ids"))
-        meta = document.get("meta_info")
-        finish = meta.get("finish_reason") if isinstance(meta, simdjson.Object) else None
-        kind = finish.get("type") if isinstance(finish, simdjson.Object) else None
-        if kind is not None and not isinstance(kind, str):
-            raise NotAccepted("finish_reason.type is not a string")
-        return record_id, prompt, output, kind
+        return record_id, prompt, output, _finish_type(document.get("meta_info"))
     except (ValueError, TypeError, RuntimeError) as exc:
         raise NotAccepted(str(exc)) from None
     finally:
         del document  # the parser is reused only once nothing refers to its last document
 
 
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
+def _finish_type(meta: Any) -> str | None:
+    if meta is None:
+        return None
+    if not isinstance(meta, simdjson.Object):
+        raise NotAccepted("meta_info is not an object")
+    finish = meta.get("finish_reason")
+    if finish is None:
+        return None
+    if not isinstance(finish, simdjson.Object):
+        raise NotAccepted("finish_reason is not an object")
+    kind = finish.get("type")
+    if not isinstance(kind, str):
+        raise NotAccepted("finish_reason.type is not a string")
+    return kind
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
