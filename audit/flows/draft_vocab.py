@@ -9,7 +9,7 @@ and keeps the `draft_size` most frequent. Both trainers define the maps alike
 0.9.0 `speculators/train/vocab_mapping.py::build_vocab_mappings_from_distribution`):
 
     used   the selected target ids, sorted ascending (with fewer distinct trained ids than
-           `draft_size`, the smallest ids not seen fill it up)
+           `draft_size`, ids not seen fill it up: see `_filler`)
     d2t    int64 [draft_size]: d2t[i] = used[i] - i  (draft id i is target id i + d2t[i])
     t2d    bool [target vocabulary]: t2d[t] = t is in used
 
@@ -32,6 +32,7 @@ import os
 import re
 import struct
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -106,9 +107,24 @@ def select_draft_ids(counts: np.ndarray, first_row: np.ndarray | None, draft_siz
     else:
         order = np.lexsort((seen, -counts[seen]))
     chosen = seen[order[:draft_size]]
-    if len(chosen) < draft_size:  # the smallest ids not seen fill it up
-        chosen = np.concatenate([chosen, np.setdiff1d(np.arange(draft_size), chosen)[: draft_size - len(chosen)]])
+    if len(chosen) < draft_size:
+        chosen = np.concatenate([chosen, _filler(chosen, draft_size, tie_break)])
     return np.sort(chosen)
+
+
+def _filler(seen: np.ndarray, draft_size: int, tie_break: str) -> np.ndarray:
+    """The ids that fill a draft vocabulary larger than the distinct trained ids.
+
+    speculators takes the smallest ids not seen. SpecForge iterates `set(range(N)) - seen`
+    and takes ids in the order CPython iterates that set, which is not always ascending (a set
+    smaller than its largest id wraps its table): the same expression is run here, so the
+    same ids come out.
+    """
+    wanted = draft_size - len(seen)
+    if tie_break == "specforge":
+        missing = set(range(draft_size)) - set(seen.tolist())
+        return np.fromiter(islice(missing, wanted), dtype=np.int64, count=wanted)
+    return np.setdiff1d(np.arange(draft_size), seen)[:wanted]
 
 
 def vocab_mappings(used: np.ndarray, target_size: int) -> tuple[np.ndarray, np.ndarray]:
