@@ -89,10 +89,11 @@ class TokenCounts:
                 "pass --target-vocab N, the target model's vocabulary size"
             )
         self.counts += np.bincount(ids, minlength=self.vocab_size)
-        rows = np.repeat(np.arange(block.rows, dtype=np.int64) + self.rows, block.lengths)[trained]
-        seen, first = np.unique(ids, return_index=True)  # first: the earliest trained position, so row
-        new = self.first_row[seen] == _UNSEEN
-        self.first_row[seen[new]] = rows[first[new]]
+        fresh = np.flatnonzero(self.first_row[ids] == _UNSEEN)  # after the first blocks, few
+        if len(fresh):
+            rows = np.repeat(np.arange(block.rows, dtype=np.int64) + self.rows, block.lengths)[trained]
+            seen, first = np.unique(ids[fresh], return_index=True)  # first: the earliest position, so row
+            self.first_row[seen] = rows[fresh[first]]
         self.rows += block.rows
 
 
