@@ -84,7 +84,7 @@ def _prepare(target, data_root, profile, tokenizer, trust_remote_code, thinking,
     return open_source(target, root, options), samples
 
 
-@app.command(short_help="Write a partition's clean records as training samples (input_ids, loss_mask).")
+@app.command(short_help="Write the clean records as training samples (input_ids, loss_mask).")
 def export(
     target: TargetArgument,
     out: Annotated[str, typer.Option("--out", metavar="DIR|URL", help="Directory (or object storage URL prefix) for the samples and export.json.")],
@@ -136,7 +136,7 @@ def export(
     _finish(result.source)
 
 
-@app.command(short_help="Count the trained tokens and write the draft vocabulary (d2t, t2d).")
+@app.command(short_help="Write the draft vocabulary (d2t, t2d) of the trained tokens.")
 def vocab(
     target: TargetArgument,
     out: Annotated[str, typer.Option("--out", metavar="DIR|URL", help="Directory (or object storage URL prefix) for d2t.npy, t2d.npy, vocab_mapping.safetensors, token_counts.npy, vocab.json.")],
