@@ -43,7 +43,7 @@ def source_records(data_file: Path) -> dict[int, dict[str, Any]]:
 
 
 def prompt_of(record: dict[str, Any]) -> list[int]:
-    return record["input_ids"] if record.get("input_ids") is not None else record["prompt_ids"]
+    return record["input_ids"] if record.get("input_ids") is not None else record.get("prompt_ids") or []
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -400,3 +400,17 @@ def test_export_to_object_storage(s3, tmp_path: Path) -> None:
         summary = json.loads((local / "export.json").read_text())
         assert summary["counts"]["rows"] == 30 and summary["files"][0]["path"] == result.files[0]
     assert pl.read_parquet(local.parent / "parquet" / "part-00000.parquet").height == 16
+
+
+def test_a_rule_set_that_keeps_unreadable_lines_exports_the_rest_and_says_so(tmp_path: Path) -> None:
+    # INT001 (unreadable) and INT002 (contract) as warnings: the gate keeps lines 27 and 45, which
+    # are no records (and 68, a record without input_ids); the export reads every block strictly,
+    # skips the two and names them.
+    rules = tmp_path / "rules.toml"
+    rules.write_text('select = ["ALL"]\nignore = []\n[rules.INT001]\nseverity = "warning"\n[rules.INT002]\nseverity = "warning"\n')
+    clean = gate_clean_lines("B1_glaive", tmp_path / "gated", data_root=PREPARED, rules=rules)
+    result = audit.export("B1_glaive", tmp_path / "out", format="jsonl", data_root=PREPARED, rules=rules)
+    counts = result.summary["counts"]
+    assert counts["unreadable_lines"] == [27, 45] and counts["unreadable_clean_records"] == 2
+    assert counts["clean_records"] == len(clean) and result.rows == len(clean) - 2
+    assert_exact(read_jsonl(tmp_path / "out" / "samples.jsonl"), PREPARED / "B1_glaive" / "raw_responses.jsonl")

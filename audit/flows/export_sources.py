@@ -208,8 +208,9 @@ def _partition_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.
                 continue
         parsed = parse_block(block, keep_source=False)
         rejected = [item.line for item in parsed.rejected if item.line not in held]
-        _count(tally, parsed.records.height - int(parsed.records["line"].is_in(here).sum()), rejected)
-        yield parsed.records.filter(~pl.col("line").is_in(pl.Series(here, dtype=pl.UInt32)))
+        keep = ~np.isin(parsed.records["line"].to_numpy(), here)
+        _count(tally, int(keep.sum()), rejected)
+        yield parsed.records.filter(pl.Series(keep))
     if digest.sha256 != source.report.input["sha256"]:
         raise InputError(
             f"{data_file} changed while it was being exported (is it still being written?); nothing "
