@@ -414,3 +414,13 @@ def test_a_rule_set_that_keeps_unreadable_lines_exports_the_rest_and_says_so(tmp
     assert counts["unreadable_lines"] == [27, 45] and counts["unreadable_clean_records"] == 2
     assert counts["clean_records"] == len(clean) and result.rows == len(clean) - 2
     assert_exact(read_jsonl(tmp_path / "out" / "samples.jsonl"), PREPARED / "B1_glaive" / "raw_responses.jsonl")
+
+
+def test_a_gate_directory_whose_manifest_is_not_one_is_refused(tmp_path: Path) -> None:
+    gated = tmp_path / "gated"
+    gated.mkdir()
+    (gated / "clean.jsonl").write_text("")
+    for manifest in ("not json", '{"input": {"path": "x"}}', "[]"):
+        (gated / "manifest.json").write_text(manifest)
+        result = runner.invoke(app, ["export", str(gated), "--out", str(tmp_path / "out")])
+        assert result.exit_code == 2 and "not a gate manifest" in result.output and "--force" not in result.output, result.output

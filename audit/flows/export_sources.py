@@ -120,8 +120,12 @@ def open_source(target: str, root: Path | ObjectPath, options: CheckOptions) -> 
 
 
 def _gate_source(gate_dir: Path | ObjectPath, options: CheckOptions) -> SampleSource:
-    manifest = read_manifest(gate_dir)
-    assert manifest is not None
+    try:
+        manifest = read_manifest(gate_dir)
+    except InputError:
+        manifest = None
+    if manifest is None:
+        raise InputError(f"{gate_dir / MANIFEST_FILE} is not a gate manifest: export the partition itself, or gate it again")
     try:
         profile, tokenizer = manifest["profile"], manifest["tokenizer"]
         clean_sha256 = manifest["outputs"][CLEAN_FILE]["sha256"]
