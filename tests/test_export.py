@@ -314,6 +314,8 @@ def test_the_jsonl_passes_both_trainers_loaders_unchanged(tmp_path: Path) -> Non
     path = tmp_path / "out" / "samples.jsonl"
     rows = [{"input_ids": r["input_ids"], "loss_mask": r["loss_mask"]} for r in read_jsonl(path)]
     assert rows and specforge_prompt_tasks(path) == rows == speculators_passthrough(path)
+    # The mask is written as the integers 0 and 1 (Python's 1 == True would hide JSON booleans).
+    assert all(type(v) is int for row in rows for v in row["loss_mask"] + row["input_ids"])
     # And as the loaders cut: what --long truncate writes is what they would keep.
     limit = sorted(len(row["input_ids"]) for row in rows)[len(rows) // 2]
     audit.export("D1_deepseek", tmp_path / "cut", format="jsonl", max_length=limit, long="truncate", data_root=PREPARED)
