@@ -5,6 +5,7 @@ The public Python API is what `__all__` names, importable from `audit` itself:
     import audit
     report = audit.check_target("B1_glaive")          # a Report: verdict, findings, to_json()
     result = audit.gate("B1_glaive", "gated/B1_glaive")
+    audit.export("B1_glaive", "train/B1_glaive")       # training samples: input_ids, loss_mask
 
 Every submodule (`audit.engine.runner`, `audit.records.reader`, `audit.cli`, ...) is internal: importable,
 documented, tested, but free to change between versions. ARCHITECTURE.md maps them. Names are
@@ -21,6 +22,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "check_target": "audit.api",
     "gate": "audit.api",
+    "export": "audit.api",
+    "draft_vocab": "audit.api",
+    "ExportResult": "audit.flows.export",
+    "VocabResult": "audit.flows.draft_vocab",
     "Report": "audit.report.report",
     "RuleResult": "audit.report.report",
     "Verdict": "audit.checks.verdict",
@@ -34,13 +39,17 @@ _EXPORTS = {
 __all__ = [
     "AuditError",
     "ConfigError",
+    "ExportResult",
     "GateResult",
     "InputError",
     "Report",
     "RuleResult",
     "Verdict",
+    "VocabResult",
     "__version__",
     "check_target",
+    "draft_vocab",
+    "export",
     "gate",
     "iter_quarantine",
 ]

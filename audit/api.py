@@ -5,6 +5,8 @@
     report.verdict                      # "pass" | "warn" | "fail"
     report.findings                     # polars DataFrame, the JSON report's finding columns
     audit.gate("B1_glaive", "gated/B1_glaive", data_root="prepared").clean
+    audit.export("B1_glaive", "train/B1_glaive", format="jsonl", data_root="prepared").rows
+    audit.draft_vocab("B1_glaive", "vocab/B1_glaive", draft_vocab=32_000, data_root="prepared").d2t
 
 Errors are the project's: `ConfigError` (rule set, profile, tokenizer), `InputError` (a
 target that cannot be audited), both `AuditError`s; never `SystemExit`. Bad records are never
@@ -18,6 +20,11 @@ from pathlib import Path
 
 from audit.engine.runner import ProgressCallback
 from audit.flows.checking import check_session
+from audit.flows.draft_vocab import VocabOptions, VocabResult
+from audit.flows.draft_vocab import draft_vocab as build_draft_vocab
+from audit.flows.export import ExportOptions, ExportResult, SampleOptions, export_samples
+from audit.flows.export_rows import MaskOptions
+from audit.flows.export_sources import SampleSource, open_source
 from audit.flows.gating import GateResult, gate_session
 from audit.flows.session import CheckOptions, Session, prepare
 from audit.flows.targets import data_root as resolve_data_root
@@ -40,7 +47,7 @@ def _session(
     jobs: int,
     cache: bool,
 ) -> Session:
-    root, _ = resolve_data_root(data_root)
+    root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
     options = CheckOptions(
         profile=None if profile is None else os.fspath(profile),
         tokenizer=None if tokenizer is None else Path(tokenizer),
@@ -131,4 +138,108 @@ def gate(
         jobs=1,
         cache=cache,
     )
-    return gate_session(session, out, quarantine_on=quarantine_on, force=force, progress=progress)
+    return gate_session(session, os.fspath(out), quarantine_on=quarantine_on, force=force, progress=progress)
+
+
+def _sample_source(
+    target: PathLike,
+    *,
+    profile: str | PathLike | None,
+    tokenizer: PathLike | None,
+    rules: PathLike | None,
+    data_root: PathLike | None,
+    thinking: bool | None,
+    trust_remote_code: bool,
+    jobs: int,
+    cache: bool,
+) -> SampleSource:
+    root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
+    options = CheckOptions(
+        profile=None if profile is None else os.fspath(profile),
+        tokenizer=None if tokenizer is None else Path(tokenizer),
+        trust_remote_code=trust_remote_code,
+        thinking=thinking,
+        rules=None if rules is None else Path(rules),
+        jobs=jobs,
+        cache=cache,
+    )
+    return open_source(os.fspath(target), root, options)
+
+
+def export(
+    target: PathLike,
+    out: PathLike,
+    *,
+    format: str = "parquet",  # the name of the CLI's --format
+    end_of_turn: bool = True,
+    reasoning: bool = True,
+    max_length: int | None = None,
+    long: str = "keep",
+    rows_per_shard: int = 100_000,
+    force: bool = False,
+    profile: str | PathLike | None = None,
+    tokenizer: PathLike | None = None,
+    rules: PathLike | None = None,
+    data_root: PathLike | None = None,
+    thinking: bool | None = None,
+    trust_remote_code: bool = False,
+    jobs: int = 1,
+    cache: bool = True,
+) -> ExportResult:
+    """Write the clean records of `target` as training samples into `out`, as `audit export` does.
+
+    `target` is a partition (checked first, as `check_target` takes it: the records a gate
+    keeps are exported) or a gate output directory (its clean.jsonl, as it is). `format`:
+    "parquet" (sharded, `rows_per_shard` rows each), "datasets" (a `save_to_disk` directory) or
+    "jsonl". Each row: `id`, `line`, `input_ids` (prompt then output ids, unchanged),
+    `loss_mask` (0 over the prompt, 1 over the output; `end_of_turn=False` leaves the trailing
+    stop ids out of it, `reasoning=False` the reasoning). `max_length` counts the rows longer
+    than it; `long` ("keep", "drop", "truncate") says what they become. Returns the
+    `ExportResult` (`summary`: export.json; `rows`; `files`; `exit_code()`). Raises `InputError`
+    (nothing written) when `out` is not empty and `force` is false, or no record is left.
+    """
+    source = _sample_source(
+        target, profile=profile, tokenizer=tokenizer, rules=rules, data_root=data_root, thinking=thinking,
+        trust_remote_code=trust_remote_code, jobs=jobs, cache=cache,
+    )
+    samples = SampleOptions(MaskOptions(end_of_turn=end_of_turn, reasoning=reasoning), max_length=max_length, long=long)
+    return export_samples(source, out, ExportOptions(format=format, rows_per_shard=rows_per_shard, force=force), samples)
+
+
+def draft_vocab(
+    target: PathLike,
+    out: PathLike,
+    *,
+    draft_vocab: int,
+    tie_break: str = "specforge",
+    target_vocab: int | None = None,
+    end_of_turn: bool = True,
+    reasoning: bool = True,
+    max_length: int | None = None,
+    long: str = "keep",
+    force: bool = False,
+    profile: str | PathLike | None = None,
+    tokenizer: PathLike | None = None,
+    rules: PathLike | None = None,
+    data_root: PathLike | None = None,
+    thinking: bool | None = None,
+    trust_remote_code: bool = False,
+    jobs: int = 1,
+    cache: bool = True,
+) -> VocabResult:
+    """Count the trained tokens of the samples `export` would write (same target, same options)
+    and write the draft vocabulary of the `draft_vocab` most frequent ids into `out`, as `audit
+    vocab` does: d2t.npy, t2d.npy, vocab_mapping.safetensors, token_counts.npy, vocab.json.
+
+    `tie_break`: "specforge" (equal counts at the cut-off: the id met first) or "speculators"
+    (the smallest id). `target_vocab`: the target model's vocabulary size (default: config.json
+    beside the tokenizer, else the tokenizer's). Returns the `VocabResult` (`d2t`, `t2d`,
+    `counts`, `summary`: vocab.json with the coverage of the top N).
+    """
+    source = _sample_source(
+        target, profile=profile, tokenizer=tokenizer, rules=rules, data_root=data_root, thinking=thinking,
+        trust_remote_code=trust_remote_code, jobs=jobs, cache=cache,
+    )
+    samples = SampleOptions(MaskOptions(end_of_turn=end_of_turn, reasoning=reasoning), max_length=max_length, long=long)
+    options = VocabOptions(draft_size=draft_vocab, tie_break=tie_break, target_size=target_vocab, force=force)
+    return build_draft_vocab(source, out, options, samples)

@@ -8,6 +8,7 @@ configure_allocators()
 from audit.cli import (  # noqa: F401  (importing a command's module registers it)
     catalog,
     check,
+    export,
     gate,
     generate,
     history,

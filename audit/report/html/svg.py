@@ -1,4 +1,4 @@
-"""Small inline-SVG charts: horizontal bars, histograms and a scatter plot.
+"""Small inline-SVG charts: horizontal bars, histograms, a scatter plot and a curve.
 
 Hand-written rather than a plotting library: the report needs four chart shapes, and a page
 that must open offline is simplest when every plot is a few hundred bytes of markup styled by
@@ -119,6 +119,40 @@ def scatter(
         for x, y in points
     )
     parts.append(f'<g class="dots">{dots}</g>')
+    parts.append(_axes(left, top, span_x, span_y, x_label, y_label, height))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def curve(
+    title: str, points: Sequence[tuple[float, float]], *, x_label: str, y_label: str, marks: Sequence[float] = ()
+) -> str:
+    """A line through (x, y) points, x on a log scale (x >= 1), y from 0 to 1 shown as percent;
+    a dashed vertical line at each x in `marks`."""
+    if not points:
+        return empty(title, "nothing to plot")
+    height = 300
+    left, right, top, bottom = 52, 16, 30, 44
+    span_x, span_y = WIDTH - left - right, height - top - bottom
+    high = math.log10(max(max(x for x, _ in points), *marks, 10))
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        return left + span_x * math.log10(max(x, 1)) / high, top + span_y * (1 - y)
+
+    parts = [_open(title, height), _title(title)]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        y = at(1, tick)[1]
+        parts.append(f'<line class="grid" x1="{left}" y1="{y:.1f}" x2="{WIDTH - right}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="tick" x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{tick:.0%}</text>')
+    for power in range(int(high) + 1):
+        x = at(10**power, 0)[0]
+        parts.append(f'<text class="tick" x="{x:.1f}" y="{top + span_y + 14}" text-anchor="middle">{_fmt(10**power)}</text>')
+    for mark in marks:
+        x = at(mark, 0)[0]
+        parts.append(f'<line class="axis" stroke-dasharray="4 3" x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{top + span_y}">'
+                     f"<title>{escape(_exact(mark))}</title></line>")
+    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (at(px, py) for px, py in points))
+    parts.append(f'<polyline class="curve" fill="none" stroke="currentColor" stroke-width="1.6" points="{path}"/>')
     parts.append(_axes(left, top, span_x, span_y, x_label, y_label, height))
     parts.append("</svg>")
     return "".join(parts)

@@ -1,0 +1,218 @@
+"""`export`: a partition's clean records as exact training samples; the flow behind `audit export`.
+
+    source = open_source("B1_glaive", root, CheckOptions(profile="kimi-k2.5"))
+    result = export_samples(source, "train/B1", ExportOptions(format="jsonl"))
+
+One row per clean record (`audit.flows.export_sources`: the records `audit gate` keeps, or a
+gate's clean.jsonl): `id`, `line` (in the source file), `input_ids` (the prompt ids then the
+output ids, unchanged) and `loss_mask` (0 over the prompt, 1 over the output, unshifted; see
+`audit.flows.export_rows` for what `end_of_turn=False` and `reasoning=False` take out of it).
+The samples stream: a block of records is read, turned into samples with numpy over its flat
+ids, passed through the length policy and written (`audit.flows.export_writers`) before the
+next is read. `export.json`, written last, says what the directory holds: the files with their
+rows and sha256, the counts, the options, and the provenance (the partition's sha256, the
+profile, the tokenizer's sha256).
+
+`sample_blocks` is the same stream for other consumers: `audit.flows.draft_vocab` counts the
+trained tokens of exactly these samples.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from audit import __version__
+from audit.base.errors import InputError
+from audit.base.storage import ObjectPath, location
+from audit.flows.export_rows import (
+    LONG_POLICIES,
+    LengthTally,
+    MaskOptions,
+    SampleBlock,
+    apply_length_policy,
+    build_samples,
+)
+from audit.flows.export_sources import SampleSource, SourceTally, clean_records, judge
+from audit.flows.export_writers import (
+    FORMATS,
+    ExportDirectory,
+    WrittenFile,
+    datasets_metadata,
+    write_samples,
+)
+
+EXPORT_SCHEMA_VERSION = 1
+EXPORT_FILE = "export.json"
+# What an export writes into its directory (with --force, stale ones of these names go).
+EXPORT_OUTPUTS = re.compile(
+    r"^(part-\d{5}\.parquet|data-\d{5}(-of-\d{5})?\.arrow|samples\.jsonl|dataset_info\.json|state\.json"
+    r"|export\.json)(\.partial)?$"
+)
+DEFAULT_ROWS_PER_SHARD = 100_000
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """How clean records become samples: the mask, and what a maximum length does."""
+
+    mask: MaskOptions = field(default_factory=MaskOptions)
+    max_length: int | None = None  # rows longer than this are counted, and handled by `long`
+    long: str = "keep"  # keep | drop | truncate
+
+    def __post_init__(self) -> None:
+        if self.long not in LONG_POLICIES:
+            raise InputError(f"--long {self.long!r}: choose {', '.join(LONG_POLICIES)}")
+        if self.max_length is not None and self.max_length < 1:
+            raise InputError(f"--max-length {self.max_length}: give a positive number of tokens")
+        if self.long != "keep" and self.max_length is None:
+            raise InputError(f"--long {self.long} needs --max-length N: the length it applies to")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self.mask), "max_length": self.max_length, "long": self.long}
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Where and how the samples are written."""
+
+    format: str = "parquet"  # parquet | datasets | jsonl
+    rows_per_shard: int = DEFAULT_ROWS_PER_SHARD  # parquet and datasets
+    force: bool = False  # write into a directory that is not empty
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise InputError(f"--format {self.format!r}: choose {', '.join(FORMATS)}")
+        if self.rows_per_shard < 1:
+            raise InputError(f"--rows-per-shard {self.rows_per_shard}: give a positive number of rows")
+
+
+@dataclass
+class SampleTally:
+    """What the samples added up to."""
+
+    source: SourceTally = field(default_factory=SourceTally)
+    length: LengthTally = field(default_factory=LengthTally)
+    rows: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    untrained_rows: int = 0  # rows with no trained token (both trainers drop such rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "clean_records": self.source.clean,
+            "rows": self.rows,
+            "tokens": self.tokens,
+            "trained_tokens": self.trained_tokens,
+            "untrained_rows": self.untrained_rows,
+            "unreadable_clean_records": self.source.unreadable,
+            "unreadable_lines": self.source.unreadable_lines,
+            **{f"max_length_{name}": value for name, value in asdict(self.length).items()},
+        }
+
+
+def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTally) -> Iterator[SampleBlock]:
+    """The samples of the source's clean records, block by block, the length policy applied."""
+    judge(source)
+    context = source.session.context
+    for records in clean_records(source, tally.source):
+        block = build_samples(records, context, options.mask)
+        block = apply_length_policy(block, options.max_length, options.long, tally.length)
+        trained = block.trained()
+        tally.rows += block.rows
+        tally.tokens += len(block.values)
+        tally.trained_tokens += int(trained.sum())
+        tally.untrained_rows += int((trained == 0).sum())
+        yield block
+
+
+def no_samples(source: SampleSource, tally: SampleTally) -> InputError:
+    """The error for a source that gave no sample at all."""
+    target = source.provenance()["source"]["target"]
+    if tally.source.clean == 0:
+        return InputError(f"{target}: no clean record to export (every record was quarantined); nothing was written")
+    return InputError(
+        f"{target}: none of its {tally.source.clean} clean records is left as a sample "
+        f"({tally.length.dropped} dropped by --long, {tally.source.unreadable} unreadable); nothing was written"
+    )
+
+
+@dataclass
+class ExportResult:
+    """A finished export: what export.json says, where it is, and the exit code of the run."""
+
+    summary: dict[str, Any]
+    out_dir: Path | ObjectPath
+    source: SampleSource
+
+    @property
+    def rows(self) -> int:
+        return int(self.summary["counts"]["rows"])
+
+    @property
+    def files(self) -> list[str]:
+        return [entry["path"] for entry in self.summary["files"]]
+
+    def exit_code(self) -> int:
+        """As `audit gate`: 0 the gate passed, 1 it failed (the export is written either way)."""
+        return self.source.exit_code()
+
+
+def check_output(out: Path | ObjectPath, source: SampleSource) -> None:
+    """An output directory that cannot be one: a file, or the input's own directory."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    own = source.input_directory
+    if own is not None and str(out.resolve()) == str(own.resolve()):
+        raise InputError(f"--out {out} is the input's own directory; choose another directory")
+
+
+def export_samples(source: SampleSource, out: str | os.PathLike[str] | ObjectPath, options: ExportOptions,
+                   samples: SampleOptions | None = None) -> ExportResult:
+    """Write the source's clean records as samples into `out` (a directory or an object storage
+    prefix), export.json last. Raises InputError (nothing published) when `out` is not empty and
+    `force` is not set, when no sample is left, or when the input changed while being read."""
+    samples = samples or SampleOptions()
+    out = location(out)
+    check_output(out, source)
+    directory = ExportDirectory(out, EXPORT_FILE, EXPORT_OUTPUTS)
+    with directory:
+        directory.refuse_unless(options.force, "export")
+        judge(source)
+        provenance = {**source.provenance(), "options": {**samples.to_dict(), "format": options.format}}
+        tally = SampleTally()
+        files = write_samples(
+            options.format, sample_blocks(source, samples, tally), directory.stage,
+            rows_per_shard=options.rows_per_shard, provenance=provenance,
+        )
+        if tally.rows == 0:
+            raise no_samples(source, tally)
+        if options.format == "datasets":
+            files += datasets_metadata(files, directory.stage)
+        summary = _summary(provenance, options, tally, files)
+        directory.publish(files, json.dumps(summary, ensure_ascii=False, indent=1).encode() + b"\n")
+    return ExportResult(summary=summary, out_dir=out, source=source)
+
+
+def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTally, files: list[WrittenFile]) -> dict[str, Any]:
+    return {
+        "schema_version": EXPORT_SCHEMA_VERSION,
+        "tool": {"name": "audit", "version": __version__},
+        "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **provenance,
+        "options": {**provenance["options"], "rows_per_shard": options.rows_per_shard},
+        "columns": {
+            "id": "string (null when the record has none)",
+            "line": "uint32: the record's line in the source file",
+            "input_ids": "list<uint32>: the prompt ids, then the output ids, unchanged",
+            "loss_mask": "list<uint8>: 1 where input_ids[i] is trained, unshifted",
+        },
+        "counts": tally.to_dict(),
+        "files": [{"path": f.name, **f.staged.summary(f.rows)} for f in files],
+    }
