@@ -172,11 +172,13 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
     if kept < len(messages):
         notes.add("trailing_answers")
         messages = messages[:kept]
-    users = [m for m in messages if m["role"] == "user"]
+    users = [n for n, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise _Refusal("no_user_turn", f"`{column}` has no user turn to answer")
-    if not _has_text(users[-1].get("content")):
-        raise _Refusal("empty_last_user_turn", "the last user turn has no content")
+    if not _has_text(messages[users[-1]].get("content")):
+        turn = users[-1] - ("system_column" in notes)  # its place among the row's own turns
+        place = "the `prompt`" if column == "prompt" else f"{column}[{turn}], the last user turn,"
+        raise _Refusal("empty_last_user_turn", f"{place} has no text")
     tools = _tools(row.get("tools"), notes, from_table, budget)
     kwargs = row.get("chat_template_kwargs")
     if kwargs is not None:

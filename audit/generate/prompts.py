@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from audit.base.errors import InputError
+from audit.generate import datasets_in
 from audit.generate.conversations import NORMALISATIONS, REFUSALS, Dropped, Refused, normalise_row
-from audit.generate.datasets_in import MAX_ROW_BYTES, iter_rows, open_container
 
 CONTAINER_NAMES = {
     "jsonl": "JSONL",
@@ -111,17 +111,18 @@ def _read(
     path: Path, limit: int | None, split: str | None, summary: PromptSummary
 ) -> Iterator[Prompt]:
     """Every prompt of the file in order, at most `limit`, counting what happened in `summary`."""
-    container = open_container(path, split)
+    container = datasets_in.open_container(path, split)
     summary.container = container.kind
     unit = "line" if container.kind == "jsonl" else "row"
     first_seen: dict[str, int] = {}
-    for row in iter_rows(container):
+    for row in datasets_in.iter_rows(container):
         if limit is not None and summary.prompts >= limit:
             break
         summary.read += 1
         if row.value is None:
             result: Any = Refused(
-                "too_large", f"a line of {row.size:,} bytes, over the {MAX_ROW_BYTES:,} a row may have"
+                "too_large",
+                f"a line of {row.size:,} bytes, over the {datasets_in.MAX_ROW_BYTES:,} a row may have",
             )
         else:
             result = normalise_row(row.value, from_table=row.from_table)
