@@ -234,8 +234,9 @@ def test_tools_as_a_json_string_and_a_system_column_are_taken(tmp_path):
 def test_an_arrow_ipc_file_and_a_bare_arrow_stream_are_read(tmp_path):
     frame = pl.DataFrame(SHAREGPT)
     frame.write_ipc(tmp_path / "rows.arrow")
+    frame.write_ipc_stream(tmp_path / "polars.arrows")  # string views: nanoarrow cannot, polars can
     stream = save_dataset(tmp_path / "ds", SHAREGPT) / "data-00000-of-00001.arrow"
-    for path in (tmp_path / "rows.arrow", stream):
+    for path in (tmp_path / "rows.arrow", tmp_path / "polars.arrows", stream):
         assert {p.key: p.messages for p in iter_prompts(path)} == SHAREGPT_PROMPTS
 
 
@@ -376,7 +377,7 @@ def test_bad_containers_are_one_line_errors(tmp_path):
     (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": "../one.jsonl"}]}))
     says(folder, r"`_data_files` names '\.\./one\.jsonl', not a file in")
     (tmp_path / "broken.parquet").write_bytes(b"PAR1" + b"\x00" * 64)
-    says(tmp_path / "broken.parquet", r"broken\.parquet: cannot be read as parquet")
+    says(tmp_path / "broken.parquet", r"broken\.parquet: cannot be read as Parquet \(")
     write_parquet(tmp_path / "other.parquet", [{"text": "x", "label": 1}])
     says(tmp_path / "other.parquet", r"no column a prompt is made of .*; its columns: text, label")
     write_jsonl(tmp_path / "refused.jsonl", [{"conversations": [{"from": "bot", "value": "x"}]}])
