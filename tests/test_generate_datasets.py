@@ -4,6 +4,7 @@ refused with reasons, streamed, fuzzed; and one `audit generate` run from a Shar
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -562,3 +563,39 @@ def test_generate_from_a_sharegpt_parquet_file_sends_the_normalised_prompts(serv
     assert server.generate_requests == 3
     report = check_session(prepare(resolve_target(str(out.parent), tmp_path), CheckOptions()))
     assert report.verdict == "pass" and report.records == 3
+
+
+def test_the_docs_examples_run_as_written(tmp_path):
+    """docs/generating-from-datasets.md: each command and Python block, with the exit code it states."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_readme import code_blocks, shell_commands
+
+    doc = ROOT / "docs" / "generating-from-datasets.md"
+    examples = []
+    for first, language, body in code_blocks(doc.read_text(encoding="utf-8")):
+        if language == "bash":
+            examples += [(e.line, ["bash", "-c", e.text], e.exit_code) for e in shell_commands(first, body)]
+        elif language == "python":
+            examples.append((first, [sys.executable, "-c", body], 0))
+    assert len(examples) >= 10
+    for name in ("fixtures", "tests"):  # what the examples read; what they write goes to tryout/
+        (tmp_path / name).symlink_to(ROOT / name)
+    env = {k: v for k, v in os.environ.items() if k not in ("AUDIT_DATA_ROOT", "COLUMNS")}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    try:
+        for line, argv, exit_code in examples:
+            done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                                  check=False, stdin=subprocess.DEVNULL)
+            assert done.returncode == exit_code, (
+                f"{doc.name}:{line}: {argv[-1]!r} exited {done.returncode}, the doc says {exit_code}\n"
+                f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+            )
+    finally:
+        standin = tmp_path / "tryout" / "standin-datasets.pid"
+        if standin.is_file():  # a failure between starting the stand-in and stopping it
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(standin.read_text()), 15)
