@@ -534,6 +534,15 @@ def test_check_prompts_reads_the_partitions_prompts_as_a_sharegpt_parquet_file(t
     rows[1]["conversations"] = [{"from": "human", "value": "something else entirely"}]
     assert findings(write_parquet(tmp_path / "bad.parquet", rows)) == [(2, "TPL001")]
 
+    # a row --prompts refuses gives TPL001 no source: the check says so before its table
+    rows[1]["conversations"] = [{"from": "narrator", "value": "x"}]
+    refused = write_parquet(tmp_path / "refused.parquet", rows)
+    result = run_cli(["check", str(bare), "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER),
+                      "--prompts", str(refused), "--report", str(tmp_path / "r.json"), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert f"{len(rows)} rows read from {refused} (Parquet): {len(rows) - 1} to send, 1 refused" in result.output
+    assert f"{refused} row 1: conversations[0] has the role 'narrator'" in result.output
+
 
 def test_generate_from_a_sharegpt_parquet_file_sends_the_normalised_prompts(servers, tmp_path, kimi_tokenizer):
     from audit.flows.checking import check_session

@@ -228,7 +228,7 @@ def generate(
         raise fail(str(exc)) from None
 
     console = errors  # progress and summaries on stderr; stdout stays free
-    if plan.prompt_summary is not None:
+    if plan.prompt_summary is not None and plan.prompt_summary.notable:
         for line in plan.prompt_summary.lines():
             console.print(Text(terminal(line)), soft_wrap=True)
     if plan.resumed.truncated_bytes:

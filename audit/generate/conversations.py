@@ -28,6 +28,7 @@ field of a struct column, null where the row had none: those nulls are dropped.
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,9 +113,14 @@ class _Refusal(Exception):
         self.reason = reason
 
 
+_SHORT = reprlib.Repr()  # Python 3.11 takes no settings in the constructor
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 4, 4
+_SHORT.maxstring = _SHORT.maxother = SHOWN
+
+
 def shown(value: Any) -> str:
-    """A value quoted in a reason: its repr, cut short."""
-    text = repr(value)
+    """A value quoted in a reason: its repr, cut short (never built whole: a value may be huge)."""
+    text = _SHORT.repr(value)
     return text if len(text) <= SHOWN else text[: SHOWN - 3] + "..."
 
 

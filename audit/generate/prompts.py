@@ -81,6 +81,12 @@ class PromptSummary:
     def refused_rows(self) -> int:
         return sum(self.refused.values())
 
+    @property
+    def notable(self) -> bool:
+        """Did any row need normalising, or was any refused or dropped? (Else the file was
+        prompts as the generator takes them, and the counts say nothing the run does not.)"""
+        return bool(self.normalised or self.refused or self.dropped)
+
     def lines(self) -> list[str]:
         """The summary for people, a few plain lines (data in it is untrusted: quote it inert)."""
         container = CONTAINER_NAMES.get(self.container, self.container)
@@ -192,6 +198,10 @@ def scan_prompts(path: Path, limit: int | None = None, split: str | None = None)
     return summarise_prompts(path, limit, split).keys
 
 
-def load_prompts(path: Path, split: str | None = None) -> dict[str, dict[str, Any]]:
-    """The prompts file as sources by id (see `Prompt.source`), for TPL001's `--prompts`."""
-    return {prompt.key: prompt.source() for prompt in _read(path, None, split, PromptSummary(path))}
+def load_prompts(
+    path: Path, split: str | None = None, summary: PromptSummary | None = None
+) -> dict[str, dict[str, Any]]:
+    """The prompts file as sources by id (see `Prompt.source`), for TPL001's `--prompts`;
+    what was read is counted in `summary` when one is given."""
+    summary = summary if summary is not None else PromptSummary(path)
+    return {prompt.key: prompt.source() for prompt in _read(path, None, split, summary)}
