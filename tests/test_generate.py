@@ -290,7 +290,10 @@ def test_no_healthy_server_is_a_usage_error(tmp_path):
             ],
             "2: not valid JSON",
         ),
-        (['{"messages": [{"role": "user", "content": "x"}]}'], "1: needs an `id`"),
+        (
+            ['{"id": true, "messages": [{"role": "user", "content": "x"}]}'],
+            "1: `id` must be a non-empty string or an integer",
+        ),
         (['{"id": "a"}'], "1: needs `messages`"),
         (
             ['{"id": "a", "messages": [{"content": "x"}]}'],

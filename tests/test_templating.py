@@ -153,7 +153,8 @@ def test_a_prompt_the_template_cannot_render_is_an_error_for_that_prompt(servers
     prompts.write_text(
         json.dumps({"id": "ok", "messages": HELLO})
         + "\n"
-        + json.dumps({"id": "bad", "messages": NO_CALL_ID})
+        # a tool's result after the call: the call is context, not an answer dropped as trailing
+        + json.dumps({"id": "bad", "messages": [*NO_CALL_ID, {"role": "tool", "content": "11 EUR"}]})
         + "\n"
     )
     out = tmp_path / "raw_responses.jsonl"

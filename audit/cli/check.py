@@ -246,6 +246,9 @@ def check(
         # --jobs: the workers start now and prepare the first target while this process does.
         start_workers(jobs, resolved[0] if resolved else None, options)
         sessions = [prepare(target, options) for target in resolved]
+        if sessions and (read := sessions[0].prompt_summary) is not None and read.notable:
+            for line in read.lines():  # what --prompts held: rows refused give TPL001 no source
+                errors.print(plain(line, limit=None), soft_wrap=True)
         reports: list[Report] = []
         for session in sessions:
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:

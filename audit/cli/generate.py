@@ -115,7 +115,11 @@ def _make_events(console: Console, live: bool):
 @app.command(short_help="Generate raw_responses.jsonl through SGLang /generate.")
 def generate(
     prompts: Annotated[
-        Path, typer.Argument(help="Prompts: JSONL with id, messages and optional tools.")
+        Path,
+        typer.Argument(
+            help="Prompts: JSONL, Parquet, Arrow or a `datasets` folder of prompts (id, messages, "
+            "tools), OpenAI messages, ShareGPT conversations or UltraChat rows."
+        ),
     ],
     server: Annotated[
         list[str],
@@ -158,6 +162,12 @@ def generate(
     ] = Thinking.on,
     limit: Annotated[
         int | None, typer.Option("--limit", help="Use only the first N prompts of the file.")
+    ] = None,
+    split: Annotated[
+        str | None,
+        typer.Option(
+            "--split", metavar="NAME", help="The split of a DatasetDict folder of prompts (default train)."
+        ),
     ] = None,
     canary: Annotated[
         int,
@@ -212,6 +222,7 @@ def generate(
         temperature=temperature,
         top_p=top_p,
         limit=limit,
+        split=split,
         canary=canary,
         rules=rules,
         timeout=timeout,
@@ -224,6 +235,9 @@ def generate(
         raise fail(str(exc)) from None
 
     console = errors  # progress and summaries on stderr; stdout stays free
+    if plan.prompt_summary is not None and plan.prompt_summary.notable:
+        for line in plan.prompt_summary.lines():
+            console.print(Text(terminal(line)), soft_wrap=True)
     if plan.resumed.truncated_bytes:
         console.print(
             Text(

@@ -18,7 +18,7 @@ import orjson
 from audit.base.errors import ConfigError
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.flows.targets import Target
-from audit.generate.prompts import load_prompts
+from audit.generate.prompts import PromptSummary, load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
@@ -41,7 +41,7 @@ class CheckOptions:
     shard_bytes: int | None = None  # Ray: the size of a task's byte range (None: sized to the cluster)
     cache: bool = True  # reuse the result of an identical earlier audit (audit.flows.cache)
     cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
-    prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
+    prompts: Path | None = None  # the source of each prompt: a prompts file (audit.generate.prompts)
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Session:
     context: AuditContext
     rule_set: RuleSet
     options: CheckOptions
+    # What reading `--prompts` found (rows refused or normalised), when it was given.
+    prompt_summary: PromptSummary | None = None
 
     @property
     def profile(self) -> ResolvedProfile:
@@ -128,12 +130,16 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         )
     thinking = options.thinking if options.thinking is not None else generation.thinking is not False
     profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
-    prompts = load_prompts(options.prompts) if options.prompts is not None else None
+    prompts, prompt_summary = None, None
+    if options.prompts is not None:
+        prompt_summary = PromptSummary(options.prompts)
+        prompts = load_prompts(options.prompts, summary=prompt_summary)
     return Session(
         target=target,
         context=AuditContext(profile, tokenizer, prompts=prompts),
         rule_set=rule_set,
         options=options,
+        prompt_summary=prompt_summary,
     )
 
 

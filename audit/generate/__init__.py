@@ -9,6 +9,8 @@ server returned them, one JSON object per line, beside the source `messages`/`to
 | module | |
 |---|---|
 | `prompts` | the prompts file: one loader, also behind `audit check --prompts` |
+| `datasets_in` | the rows of JSONL, Parquet, Arrow and `datasets` folders, streamed |
+| `conversations` | ShareGPT, UltraChat and OpenAI rows normalised into chat messages |
 | `manifest` | `generation.json`: written by a run, read by every command that audits one |
 | `plan` | the options, and everything checked before the first request |
 | `client` | the servers: the pool and its circuit breaker, one `/generate` call |
@@ -38,7 +40,14 @@ if TYPE_CHECKING:
     from audit.generate.output import ERRORS_FILE
     from audit.generate.plan import GenerateOptions, GenerationPlan, plan_generation
     from audit.generate.probes import ServerProbe
-    from audit.generate.prompts import Prompt, iter_prompts, load_prompts, scan_prompts
+    from audit.generate.prompts import (
+        Prompt,
+        PromptSummary,
+        iter_prompts,
+        load_prompts,
+        scan_prompts,
+        summarise_prompts,
+    )
     from audit.generate.runner import Generator
     from audit.generate.server_errors import ServerError
 
@@ -54,6 +63,8 @@ _EXPORTS = {
     "ServerError": "server_errors",
     "ServerProbe": "probes",
     "Prompt": "prompts",
+    "PromptSummary": "prompts",
+    "summarise_prompts": "prompts",
     "iter_prompts": "prompts",
     "load_prompts": "prompts",
     "scan_prompts": "prompts",
@@ -68,6 +79,7 @@ __all__ = [
     "GenerationResult",
     "Generator",
     "Prompt",
+    "PromptSummary",
     "RunStats",
     "ServerError",
     "ServerProbe",
@@ -76,6 +88,7 @@ __all__ = [
     "load_prompts",
     "plan_generation",
     "scan_prompts",
+    "summarise_prompts",
 ]
 
 

@@ -1,7 +1,7 @@
 """What a run is asked to do, and everything about it checked before the first request.
 
-`plan_generation(GenerateOptions(...))` validates the options, the prompts file (every line),
-the rule set, tokenizer and profile, recovers the output of an earlier run and refuses to
+`plan_generation(GenerateOptions(...))` validates the options, the prompts file (every row:
+`plan.prompt_summary` says what was read, normalised, dropped and refused), the rule set, tokenizer and profile, recovers the output of an earlier run and refuses to
 resume one made with other settings. Any problem is an AuditError (exit 2) here, before a
 server is contacted.
 """
@@ -21,7 +21,7 @@ from audit.base.files import OutputLock, lock_output
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
-from audit.generate.prompts import scan_prompts
+from audit.generate.prompts import PromptSummary, summarise_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.templating import get_renderer
 from audit.model.tokenizer import Tokenizer
@@ -53,6 +53,7 @@ class GenerateOptions:
     retry_backoff: float = 0.5
     retry_backoff_cap: float = 30.0
     fsync_interval: float = 2.0
+    split: str | None = None  # the split of a DatasetDict folder of prompts (default train)
 
 
 @dataclass
@@ -69,6 +70,8 @@ class GenerationPlan:
     manifest: dict[str, Any]
     # Held from planning (which may cut a crash's partial line) to the end of the run.
     lock: OutputLock | None = field(default=None, repr=False)
+    # What reading the prompts found: rows, normalisations, refusals (printed before the run).
+    prompt_summary: PromptSummary | None = None
 
     @property
     def pending(self) -> int:
@@ -144,7 +147,7 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         raise ConfigError(
             f"--out {options.out} is the prompts file itself; name another output file"
         )
-    prompt_keys = scan_prompts(options.prompts, options.limit)
+    prompt_summary = summarise_prompts(options.prompts, options.limit, options.split)
     rule_set = load_rule_set(options.rules)
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code)
     profile = load_profile(options.profile).resolve(tokenizer, thinking=options.thinking)
@@ -163,7 +166,16 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         lock.release()
         raise
     return GenerationPlan(
-        options, tokenizer, profile, rule_set, prompt_keys, resumed, params, manifest, lock
+        options,
+        tokenizer,
+        profile,
+        rule_set,
+        prompt_summary.keys,
+        resumed,
+        params,
+        manifest,
+        lock,
+        prompt_summary,
     )
 
 

@@ -1,34 +1,52 @@
-"""The prompts file: JSONL, one prompt a line, read and validated here for every command.
+"""The prompts file: read, normalised and validated here for every command.
 
-Each line is an object with `id` (a non-empty string or an integer, unique in the file),
-`messages` (a non-empty list of chat messages, each an object with a `role`), and optionally
-`tools` (a list of tool definitions) and `chat_template_kwargs` (an object of extra arguments
-for the prompt renderer, e.g. gpt-oss's `reasoning_effort`). `audit generate` sends these
-prompts; `audit check --prompts` gives TPL001 the same prompts to re-render. A bad line is
-one error naming the file and line (exit 2), before anything is sent or audited.
+A prompts file is JSONL, Parquet, Arrow, or a folder `datasets`' `save_to_disk` wrote
+(`audit.generate.datasets_in`), of rows in one of the shapes datasets come in: this project's
+own (`id`, `messages`, optional `tools` and `chat_template_kwargs`, an object of extra arguments
+for the prompt renderer, e.g. gpt-oss's `reasoning_effort`), OpenAI `messages`, ShareGPT
+`conversations`, UltraChat (`messages`, `prompt`, `prompt_id`). Each row is normalised into chat
+messages (`audit.generate.conversations`): ShareGPT roles mapped, the dataset's own trailing
+answers dropped; a row that cannot be a prompt is refused with its reason and counted, never
+sent. A row's id is its `id` (else `prompt_id`, `conversation_id`), else the file's name and the
+row's number; ids are unique in the file.
+
+`audit generate` sends these prompts; `audit check --prompts` gives TPL001 the same prompts to
+re-render. What is wrong with the file itself (a line that is not JSON, a repeated id, no prompt
+left to send) is one error naming the file and row (exit 2), before anything is sent or audited;
+`summarise_prompts` says what was read, normalised, dropped and refused, before the first request.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from audit.base.errors import InputError
+from audit.generate import datasets_in
+from audit.generate.conversations import NORMALISATIONS, REFUSALS, Dropped, Refused, normalise_row
+
+CONTAINER_NAMES = {
+    "jsonl": "JSONL",
+    "parquet": "Parquet",
+    "arrow-file": "Arrow",
+    "arrow-stream": "Arrow stream",
+    "datasets": "datasets folder",
+}
 
 
 @dataclass(frozen=True)
 class Prompt:
-    """One line of the prompts file."""
+    """One prompt of the file, normalised: what the chat template is given."""
 
-    line: int
+    line: int  # the row's number: its line in JSONL (from 1), its row in a table (from 0)
     id: str | int
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     chat_template_kwargs: dict[str, Any] | None = None
+    where: str = ""  # "prompts.jsonl:12" or "data.parquet row 12"
 
     @property
     def key(self) -> str:
@@ -44,86 +62,146 @@ class Prompt:
         }
 
 
-def parse_prompt(path: Path, line: int, raw: bytes) -> Prompt:
-    """One line of a prompts file as a Prompt; InputError naming the line when it is not one."""
-    where = f"{path}:{line}"
-    try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InputError(
-            f"{where}: not valid JSON ({exc}); each line must be one JSON object"
-        ) from None
-    if not isinstance(value, dict):
-        raise InputError(
-            f"{where}: expected a JSON object with id and messages, got a {type(value).__name__}"
+@dataclass
+class PromptSummary:
+    """What reading a prompts file found: rows, prompts, normalisations, refusals and drops."""
+
+    path: Path
+    container: str = ""  # a key of CONTAINER_NAMES
+    read: int = 0  # rows read (a JSONL file's blank lines are not rows)
+    prompts: int = 0  # rows that became prompts
+    dropped: int = 0  # rows with nothing to prompt with (a null or empty conversation)
+    normalised: Counter[str] = field(default_factory=Counter)  # NORMALISATIONS key -> prompts
+    refused: Counter[str] = field(default_factory=Counter)  # REFUSALS key -> rows
+    first_refused: dict[str, str] = field(default_factory=dict)  # kind -> "where: reason"
+    first_dropped: str = ""  # "where: reason" of the first dropped row
+    keys: list[str] = field(default_factory=list)  # the prompts' ids, in order
+
+    @property
+    def refused_rows(self) -> int:
+        return sum(self.refused.values())
+
+    @property
+    def notable(self) -> bool:
+        """Did any row need normalising, or was any refused or dropped? (Else the file was
+        prompts as the generator takes them, and the counts say nothing the run does not.)"""
+        return bool(self.normalised or self.refused or self.dropped)
+
+    def lines(self) -> list[str]:
+        """The summary for people, a few plain lines (data in it is untrusted: quote it inert)."""
+        container = CONTAINER_NAMES.get(self.container, self.container)
+        head = (
+            f"prompts: {self.read:,} rows read from {self.path} ({container}): "
+            f"{self.prompts:,} to send, {self.refused_rows:,} refused, {self.dropped:,} dropped"
         )
-    prompt_id = value.get("id")
-    if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or prompt_id == "":
-        raise InputError(
-            f"{where}: needs an `id` (a non-empty string or an integer), got {prompt_id!r}"
+        lines = [head]
+        if self.normalised:
+            lines.append(
+                "  normalised: "
+                + "; ".join(f"{n:,} {NORMALISATIONS[k]}" for k, n in _by_count(self.normalised))
+            )
+        for kind, count in _by_count(self.refused):
+            lines.append(
+                f"  refused {count:,}: {REFUSALS[kind]} (first: {self.first_refused[kind]})"
+            )
+        if self.dropped:
+            lines.append(f"  dropped {self.dropped:,}: nothing to prompt with (first: {self.first_dropped})")
+        return lines
+
+
+def _by_count(counts: Counter[str]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+
+def _read(
+    path: Path, limit: int | None, split: str | None, summary: PromptSummary
+) -> Iterator[Prompt]:
+    """Every prompt of the file in order, at most `limit`, counting what happened in `summary`."""
+    container = datasets_in.open_container(path, split)
+    summary.container = container.kind
+    unit = "line" if container.kind == "jsonl" else "row"
+    first_seen: dict[str, int] = {}
+    for row in datasets_in.iter_rows(container):
+        if limit is not None and summary.prompts >= limit:
+            break
+        summary.read += 1
+        if row.value is None:
+            result: Any = Refused(
+                "too_large",
+                f"a line of {row.size:,} bytes, over the {datasets_in.MAX_ROW_BYTES:,} a row may have",
+            )
+        else:
+            result = normalise_row(row.value, from_table=row.from_table)
+        if isinstance(result, Refused):
+            summary.refused[result.kind] += 1
+            summary.first_refused.setdefault(result.kind, f"{row.where}: {result.reason}")
+            continue
+        if isinstance(result, Dropped):
+            summary.dropped += 1
+            summary.first_dropped = summary.first_dropped or f"{row.where}: {result.reason}"
+            continue
+        prompt_id = result.id if result.id is not None else row.row_id
+        key = str(prompt_id)
+        if key in first_seen:
+            raise InputError(
+                f"{row.where}: id {prompt_id!r} repeats {unit} {first_seen[key]}; "
+                "every prompt needs its own id"
+            )
+        first_seen[key] = row.number
+        summary.prompts += 1
+        summary.normalised.update(result.notes)
+        summary.keys.append(key)
+        yield Prompt(
+            line=row.number,
+            id=prompt_id,
+            messages=result.messages,
+            tools=result.tools,
+            chat_template_kwargs=result.chat_template_kwargs,
+            where=row.where,
         )
-    messages = value.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise InputError(f"{where}: needs `messages`, a non-empty list of chat messages")
-    for n, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InputError(f"{where}: messages[{n}] must be an object with a `role` string")
-    tools = value.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise InputError(
-            f"{where}: `tools` must be a list of tool definitions, got {type(tools).__name__}"
-        )
-    kwargs = value.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise InputError(
-            f"{where}: `chat_template_kwargs` must be an object of template arguments, "
-            f"got {type(kwargs).__name__}"
-        )
-    return Prompt(
-        line=line, id=prompt_id, messages=messages, tools=tools or None, chat_template_kwargs=kwargs
+    if summary.prompts:
+        return
+    if not summary.read:
+        raise InputError(f"{path}: no prompts in the file")
+    first = summary.first_dropped
+    if summary.refused:
+        kind = max(summary.refused, key=lambda k: summary.refused[k])
+        first = summary.first_refused[kind]
+    raise InputError(
+        f"{path}: no prompts to send: {summary.read:,} rows read, {summary.refused_rows:,} "
+        f"refused, {summary.dropped:,} dropped; e.g. {first}"
     )
 
 
-def iter_prompts(path: Path, limit: int | None = None) -> Iterator[Prompt]:
-    """The prompts of a JSONL file in order, each validated, at most `limit` of them."""
-    count = 0
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            if limit is not None and count >= limit:
-                return
-            count += 1
-            yield parse_prompt(path, number, raw)
+def iter_prompts(path: Path, limit: int | None = None, split: str | None = None) -> Iterator[Prompt]:
+    """The prompts of a file in order, each normalised, at most `limit` of them.
 
-
-def _checked_prompts(path: Path, limit: int | None) -> Iterator[Prompt]:
-    """Every prompt, with the whole-file checks: the file exists, ids are unique, it is not empty."""
-    if not path.is_file():
-        raise InputError(
-            f"{path}: no such prompts file (JSONL with id, messages and optional tools)"
-        )
-    first_seen: dict[str, int] = {}
-    for prompt in iter_prompts(path, limit):
-        if prompt.key in first_seen:
-            raise InputError(
-                f"{path}:{prompt.line}: id {prompt.id!r} repeats line {first_seen[prompt.key]}; "
-                "every prompt needs its own id"
-            )
-        first_seen[prompt.key] = prompt.line
-        yield prompt
-    if not first_seen:
-        raise InputError(f"{path}: no prompts in the file")
-
-
-def scan_prompts(path: Path, limit: int | None = None) -> list[str]:
-    """Validate the prompts file before any request; return the prompt keys in order.
-
-    Raises an InputError naming the line of the first bad line or repeated id.
+    Raises an InputError naming the file and row when the file cannot be read, an id repeats,
+    or no prompt is left; rows that are refused or dropped are skipped (`summarise_prompts`
+    counts them).
     """
-    return [prompt.key for prompt in _checked_prompts(path, limit)]
+    return _read(path, limit, split, PromptSummary(path))
 
 
-def load_prompts(path: Path) -> dict[str, dict[str, Any]]:
-    """The prompts file as sources by id (see `Prompt.source`), for TPL001's `--prompts`."""
-    return {prompt.key: prompt.source() for prompt in _checked_prompts(path, None)}
+def summarise_prompts(
+    path: Path, limit: int | None = None, split: str | None = None
+) -> PromptSummary:
+    """Read the whole prompts file once, before any request: what it holds, and the ids in order."""
+    summary = PromptSummary(path)
+    for _ in _read(path, limit, split, summary):
+        pass
+    return summary
+
+
+def scan_prompts(path: Path, limit: int | None = None, split: str | None = None) -> list[str]:
+    """Validate the prompts file before any request; return the prompt keys in order."""
+    return summarise_prompts(path, limit, split).keys
+
+
+def load_prompts(
+    path: Path, split: str | None = None, summary: PromptSummary | None = None
+) -> dict[str, dict[str, Any]]:
+    """The prompts file as sources by id (see `Prompt.source`), for TPL001's `--prompts`;
+    what was read is counted in `summary` when one is given."""
+    summary = summary if summary is not None else PromptSummary(path)
+    return {prompt.key: prompt.source() for prompt in _read(path, None, split, summary)}

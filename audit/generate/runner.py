@@ -205,7 +205,7 @@ class Generator:
                 await queue.put(_Job(prompt, ids))
             batch.clear()
 
-        for prompt in iter_prompts(self.options.prompts, self.options.limit):
+        for prompt in iter_prompts(self.options.prompts, self.options.limit, self.options.split):
             if prompt.key in done:
                 continue
             batch.append(prompt)
