@@ -144,7 +144,7 @@ def test_the_readme_examples_are_found_and_marked() -> None:
     assert any(t.startswith("audit generate fixtures/prompts/sample.jsonl") for t in texts)
     assert not any("/models/" in t or "10.0.0." in t or "train_eagle3" in t for t in texts)
     assert not any(t.strip() == "audit watch B1_glaive" for t in texts)  # live: until q
-    assert {e.exit_code for e in examples} == {0, 1}
+    assert {e.exit_code for e in examples} == {0, 1, 2}  # 2: a page shows a refusal
     assert len(examples) >= 20
     # The pages' examples run too, after the README's, and none repeats the set-up.
     sources = [e.source for e in examples]
