@@ -108,7 +108,7 @@ def test_a_damaged_or_foreign_state_is_rebuilt_not_trusted(tmp_path: Path, monke
     good = state.read_bytes()
     texts = ["Hello <|im_end|> wörld 🌤️", "def f(x):\n    return x"]
     for damaged in (
-        good[:-1] + bytes([good[-1] ^ 1]),  # one bit flipped in the byte table
+        good[:-1] + bytes([good[-1] ^ 1]),  # one bit flipped in the last section
         good[: len(good) // 2],  # cut short (a crash of an old writer: renames make this rare)
         b"",
         b"not a state at all",
@@ -477,3 +477,35 @@ def test_a_warm_run_prepares_from_remembered_answers(tmp_path: Path, monkeypatch
     assert "_fast" in again.__dict__  # answered by the backend, not by the damaged file
     fresh = load_tokenizer(DEEPSEEK_TOKENIZER)
     assert load_profile("deepseek-v3.1").resolve(fresh) == expected and "_fast" not in fresh.__dict__
+
+
+def test_a_first_load_stores_what_it_found_and_a_large_audit_adds_the_rest(tmp_path: Path, monkeypatch) -> None:
+    """A small audit on a fresh machine pays only for what it uses: the first load stores the
+    backend and the vocabulary facts, not the byte table nor the compact backend. The first run
+    that decodes and encodes enough builds them and stores the state again; later loads read
+    them back, and decode and encode exactly as the plain tokenizer does throughout."""
+    directory = _real_deepseek(tmp_path)
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    first = load_tokenizer(directory)
+    stored = tokenizer_cache.load_state(_state_file(tmp_path / "cache").stem)
+    assert stored is not None and stored.table is None and "compact" not in stored.extra
+    texts = ["<think>21°C — 天气很好 🌤️</think>It is sunny.<｜end▁of▁sentence｜>", "def f(x):\n    return x ** 2"]
+    ids = first.encode_batch(texts)
+    assert first.decode_batch(ids) == texts  # small: the tokenizer's own decoder, no table built
+    assert "byte_table" not in first.__dict__
+    assert tokenizer_cache.load_state(_state_file(tmp_path / "cache").stem).table is None
+
+    large = load_tokenizer(directory)
+    large.expect_encoding(10 * 4_000_000)  # what the engine says before a large file
+    assert large.decode_batch(ids) == texts and large.encode_flat(texts).sequence(0) == ids[0]
+    grown = tokenizer_cache.load_state(_state_file(tmp_path / "cache").stem)
+    assert grown is not None and grown.table is not None and grown.extra.get("compact") is True
+    assert grown.backend_json != stored.backend_json  # the merges as strings, fastokens' fastest form
+
+    later = load_tokenizer(directory)
+    assert later._state is not None and later._state.table is not None
+    assert later.decode_batch(ids) == texts and later.encode_batch(texts) == ids
+    plain = load_tokenizer(directory)
+    monkeypatch.setenv(BACKEND_ENV, "tokenizers")
+    reference = load_tokenizer(directory)
+    assert reference.encode_batch(texts) == plain.encode_batch(texts) == ids

@@ -41,6 +41,9 @@ _DECODE_CHUNK_TOKENS = 1 << 16
 # encoded that much, then builds fastokens: a small partition never pays for it, a large one
 # loses at most that much.
 FAST_ENCODER_AFTER_CHARS = 4_000_000
+# Building the byte table costs ~0.2 s on a 128k vocabulary, what the tokenizer's own decoder
+# takes for ~1.5M ids: it is built once a run has decoded that many (a small audit never does).
+BYTE_TABLE_AFTER_IDS = 1_000_000
 
 
 def fast_paths_enabled() -> bool:

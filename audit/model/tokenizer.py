@@ -17,6 +17,7 @@ import numpy as np
 from audit.base.offline import configure_offline
 from audit.model.chat_template import ChatTemplate, UnsupportedInput, verified_chat_template
 from audit.model.fastcodec import (
+    BYTE_TABLE_AFTER_IDS,
     FAST_ENCODER_AFTER_CHARS,
     REPLACEMENT,
     ByteDecoder,
@@ -31,6 +32,8 @@ from audit.model.tokenizer_cache import (
     RememberedAnswers,
     StoredVocabulary,
     TokenizerState,
+    compact_backend_json,
+    store_state,
 )
 from audit.model.tokenizer_files import (
     Fingerprint,
@@ -62,6 +65,9 @@ class Tokenizer:
     ):
         self.directory = directory
         self.trust_remote_code = trust_remote_code
+        self._cache_key = cache_key
+        # What the cached state records beyond the vocabulary (see `state`), added to as a run builds it.
+        self._extra: dict[str, Any] = dict(state.extra) if state is not None else {}
         self._remembered = RememberedAnswers(cache_key) if cache_key is not None else None
         self._state = state
         if hf_tokenizer is not None:
@@ -91,6 +97,8 @@ class Tokenizer:
         )
         # Plain-`tokenizers` encoding done so far while fastokens is not built (see encode_flat).
         self._plain_encoded_chars = 0
+        # Ids decoded by the tokenizer's own decoder while the byte table is not built (decode_flat).
+        self._plain_decoded_ids = 0
 
     @cached_property
     def hf(self) -> Any:
@@ -112,7 +120,9 @@ class Tokenizer:
         if "_fast" in self.__dict__ or self.__dict__.get("fast_encoder") is None or not self._backend_json:
             return None
         if "_stored_vocabulary" not in self.__dict__:  # None when the vocabulary is a list
-            skipped = self._state.extra.get("skipped_ids") if self._state is not None else None
+            if "skipped_ids" not in self._extra:  # found once, by the first large audit, and kept
+                self._keep_state(skipped_ids=StoredVocabulary.skipped_in(self._backend_json))
+            skipped = self._extra["skipped_ids"]
             stored = None if skipped is None else StoredVocabulary(self._backend_json, skipped)
             self.__dict__["_stored_vocabulary"] = stored
         return self.__dict__["_stored_vocabulary"]
@@ -240,7 +250,7 @@ class Tokenizer:
 
     def decode_flat_skipping_special(self, flat: FlatIds) -> list[str]:
         """Decode as SGLang does by default (`skip_special_tokens=True`), vectorised when possible."""
-        if (stored := self._stored) is not None and self.byte_decoder is not None:
+        if (stored := self._stored) is not None and self._table_for(len(flat.values)) is not None:
             return self.decode_flat(flat.kept(~stored.skipped(flat.values)))
         return self._decode_by_tokenizer(flat, skip_special_tokens=True)
 
@@ -252,7 +262,7 @@ class Tokenizer:
         there is one; bytes that are not UTF-8 are decoded by the tokenizer itself, whose lossy
         replacement is the reference.
         """
-        decoder = self.byte_decoder
+        decoder = self._table_for(len(flat.values))
         if decoder is None:
             return self._decode_by_tokenizer(flat, skip_special_tokens=False)
         texts = decoder.decode(flat)
@@ -324,15 +334,31 @@ class Tokenizer:
         on first use)."""
         return self.byte_table if fast_paths_enabled() else None
 
+    def _table_for(self, ids: int) -> ByteDecoder | None:
+        """The byte table to decode `ids` more ids with: once it exists, or once the ids decoded
+        without it have cost about what building it does (a small audit never builds it)."""
+        if "byte_decoder" not in self.__dict__ and (self._state is None or self._state.table is None):
+            self._plain_decoded_ids += ids
+            if self._plain_decoded_ids <= BYTE_TABLE_AFTER_IDS:
+                return None
+        return self.byte_decoder
+
     @cached_property
     def byte_table(self) -> ByteDecoder | None:
+        """Built on first need (a large audit decodes with it) and kept in the cached state."""
         if self._state is not None:
-            return self._state.byte_decoder()
+            if (stored := self._state.byte_decoder()) is not None:
+                return stored
+            if self._extra.get("byte_table") == "none":
+                return None  # built once, and refused: this tokenizer has none
+        table: ByteDecoder | None = None
         if self._has_backend:
-            return byte_decoder_for_backend(self._fast, self.vocab_size)
-        if self._tiktoken is not None:
-            return byte_decoder_for_tiktoken(self._tiktoken)
-        return None
+            table = byte_decoder_for_backend(self._fast, self.vocab_size)
+        elif self._tiktoken is not None:
+            table = byte_decoder_for_tiktoken(self._tiktoken)
+        self.__dict__["byte_table"] = table
+        self._keep_state()
+        return table
 
     @cached_property
     def fast_encoder(self) -> FastEncoder | None:
@@ -341,8 +367,53 @@ class Tokenizer:
         `encode_flat` asks for it only once the texts make it pay)."""
         if not fast_paths_enabled() or not self._has_backend:
             return None
-        # The stored JSON (merges as strings), else the backend's own serialization.
-        return fast_encoder_for_backend(self._backend_json or self._fast.to_str())
+        return fast_encoder_for_backend(self._compact_backend_json())
+
+    def _compact_backend_json(self) -> str:
+        """The backend serialised with its merges as strings, as fastokens loads it fastest (made
+        once, by the first large audit, and kept in the cached state), else as it is."""
+        text = self._backend_json or self._fast.to_str()
+        if "compact" in self._extra:
+            return text
+        compact = compact_backend_json(text)
+        if compact is not None and self._backend_json is not None:
+            self._backend_json = compact
+        self._keep_state(compact=compact is not None, backend_json=compact)
+        return compact or text
+
+    # -- the cached state ------------------------------------------------------------------------
+    def state(self, backend_json: str | None = None) -> TokenizerState:
+        """What the tokenizer cache keeps of this tokenizer: what is known of it now. The byte
+        table, the compact backend and the skipped ids are in it once a run has built them."""
+        template = self._verified_template
+        decoder = self.__dict__.get("byte_table")
+        if decoder is None and self._state is not None:
+            decoder = self._state.byte_decoder()
+        kept = dict(self._extra)
+        kept["special_ids"] = sorted(self.special_ids)
+        if template is not None:
+            kept["chat_template"] = template.to_dict()
+        if "byte_table" in self.__dict__ and decoder is None:
+            kept["byte_table"] = "none"
+        return TokenizerState(
+            kind="backend" if self._has_backend else "remote",
+            vocab_size=self.vocab_size,
+            special_token_strings=self.special_token_strings,
+            has_chat_template=self.has_chat_template,
+            known=self._known,
+            backend_json=backend_json or self._backend_json or (self._fast.to_str() if self._has_backend else None),
+            table=None if decoder is None else decoder.table,
+            lengths=None if decoder is None else decoder.lengths,
+            decoder_known=None if decoder is None else decoder.known,
+            extra=kept,
+        )
+
+    def _keep_state(self, *, backend_json: str | None = None, **extra: Any) -> None:
+        """Note what this run built (`extra`), and store the state again with it (when the
+        tokenizer has a place in the cache)."""
+        self._extra.update(extra)
+        if self._cache_key is not None:
+            store_state(self._cache_key, self.state(backend_json))
 
     def expect_encoding(self, characters: int) -> None:
         """Say that about `characters` of text are to be encoded by this process.
@@ -353,6 +424,7 @@ class Tokenizer:
         the cached state is let go (~45 MB live, ~65 MB once built; built again if needed). Less text: no change.
         """
         if characters > FAST_ENCODER_AFTER_CHARS:
+            self.byte_decoder  # noqa: B018 - built (and kept) now, from the backend if need be
             if self._backend_json is not None:
                 self.__dict__.pop("_fast", None)
             self.fast_encoder  # noqa: B018 - built (and kept) now

@@ -7,12 +7,9 @@ from pathlib import Path
 from audit.model.fastcodec import fast_paths_enabled
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_cache import (
-    StoredVocabulary,
     TokenizerState,
-    compact_backend_json,
     load_state,
     state_key,
-    store_state,
 )
 from audit.model.tokenizer_files import (
     checked_directory,
@@ -49,29 +46,5 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
         return restored
     tokenizer = Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
                           trust_remote_code=trust_remote_code, cache_key=key)
-    store_state(key, state_of(tokenizer))
+    tokenizer._keep_state()  # what a first load found; a large audit adds the rest
     return tokenizer
-
-
-def state_of(tokenizer: Tokenizer) -> TokenizerState:
-    """What `audit.model.tokenizer_cache` keeps of a tokenizer it loaded (the byte table built)."""
-    decoder = tokenizer.byte_table
-    template = tokenizer._verified_template
-    backend_json = tokenizer._backend_json or (compact_backend_json(tokenizer._fast) if tokenizer._has_backend else None)
-    skipped = None if backend_json is None else StoredVocabulary.skipped_in(backend_json)
-    return TokenizerState(
-        kind="backend" if tokenizer._has_backend else "remote",
-        vocab_size=tokenizer.vocab_size,
-        special_token_strings=tokenizer.special_token_strings,
-        has_chat_template=tokenizer.has_chat_template,
-        known=tokenizer._known,
-        backend_json=backend_json,
-        table=None if decoder is None else decoder.table,
-        lengths=None if decoder is None else decoder.lengths,
-        decoder_known=None if decoder is None else decoder.known,
-        extra={
-            "special_ids": sorted(tokenizer.special_ids),
-            **({} if skipped is None else {"skipped_ids": skipped}),
-            **({} if template is None else {"chat_template": template.to_dict()}),
-        },
-    )
