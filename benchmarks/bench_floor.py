@@ -6,7 +6,8 @@
 Every audit must read every line, decode every output to bytes and encode it again with the
 fastest exact encoder to know whether the ids are the ones the tokenizer would choose (the
 round trip), and compare. Here that is: orjson parses each line, a numpy gather over the
-tokenizer's id -> bytes table decodes a batch of outputs at once, fastokens encodes the texts
+tokenizer's id -> bytes table decodes a batch of outputs at once (the chunked gather of
+`audit.model.fastcodec.ByteDecoder`, the fastest decode there is), fastokens encodes the texts
 into one flat buffer, numpy compares. No rule, no report, no findings. Building the byte table
 is left out (an audit keeps it in its tokenizer cache); building the fastokens encoder is in
 (nothing can keep it between processes). `bench_check.py` reports the tool's times as ratios
