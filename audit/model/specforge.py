@@ -87,8 +87,16 @@ def normalize_message(message: Any) -> dict[str, Any]:
     return normalized
 
 
-def plan_conversation(conversation: Any, tools: Any, trainer: Trainer) -> SpecForgePlan | Refusal:
-    """What the parser makes of `conversation` before rendering (see the module docs)."""
+def plan_conversation(
+    conversation: Any, tools: Any, trainer: Trainer, *, undone: bool = False
+) -> SpecForgePlan | Refusal:
+    """What the parser makes of `conversation` before rendering (see the module docs).
+
+    `undone`: the same, with the changes SpecForge makes on purpose left out (no system prompt
+    inserted, no message dropped by role order, reasoning_content kept, arguments that do not
+    parse kept as written): what the trainer view compares ids and masks on, so that each of
+    those changes is named by itself and only the rest counts as re-tokenisation.
+    """
     template, parser = trainer.template, trainer.parser
     assert template is not None and parser is not None
     if not conversation:
@@ -102,9 +110,13 @@ def plan_conversation(conversation: Any, tools: Any, trainer: Trainer) -> SpecFo
     if normalized[0]["role"] == "system":
         plan.messages.append({"role": "system", "content": normalized[0]["content"]})
         indices = indices[1:]
-    elif template.system_prompt:
+    elif template.system_prompt and not undone:
         plan.messages.append({"role": "system", "content": template.system_prompt})
         plan.system_inserted = True
+    keys = (*parser.keys, "reasoning_content") if undone else parser.keys
+    if undone:
+        plan.messages.extend(_sanitize(normalized[index], index, keys, plan, keep_unparsed=True) for index in indices)
+        return plan
     while indices and normalized[indices[0]]["role"] != "user":
         plan.dropped.append((indices[0], f"a leading {normalized[indices[0]]['role']!r} message before the first user turn"))
         indices = indices[1:]
@@ -134,8 +146,11 @@ def _tools(tools: Any) -> list[Any] | None:
     return tools if isinstance(tools, list) and tools else None
 
 
-def _sanitize(message: dict[str, Any], index: int, keys: tuple[str, ...], plan: SpecForgePlan) -> dict[str, Any]:
-    """`Parser._sanitize_message`: the parser's keys only; tool calls decoded and reduced."""
+def _sanitize(
+    message: dict[str, Any], index: int, keys: tuple[str, ...], plan: SpecForgePlan, *, keep_unparsed: bool = False
+) -> dict[str, Any]:
+    """`Parser._sanitize_message`: the parser's keys only; tool calls decoded and reduced
+    (`keep_unparsed`: arguments that do not parse are left as written, not made `{}`)."""
     cleaned = {key: value for key, value in message.items() if key in keys}
     plan.dropped_keys.extend((index, key) for key, value in message.items() if key not in keys and value)
     if "tool_calls" not in cleaned:
@@ -162,7 +177,7 @@ def _sanitize(message: dict[str, Any], index: int, keys: tuple[str, ...], plan: 
                     try:
                         arguments = json.loads(arguments)
                     except json.JSONDecodeError:
-                        arguments = {}
+                        arguments = arguments if keep_unparsed else {}
                         plan.emptied_arguments.append((index, str(name)))
                 clean["function"] = {"name": name, "arguments": arguments}
             sanitized.append(clean)
