@@ -22,6 +22,7 @@ from audit.generate.prompts import load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.trainer_rules import resolve_trainer
 from audit.records.batch import AuditContext
 from audit.records.sources import DEFAULT_BLOCK_BYTES
 
@@ -42,6 +43,11 @@ class CheckOptions:
     cache: bool = True  # reuse the result of an identical earlier audit (audit.flows.cache)
     cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
     prompts: Path | None = None  # JSONL of {id, messages, tools}: the source of each prompt
+    # The trainer view (`--trainer NAME[:TEMPLATE]`): the trainer whose preprocessing to model,
+    # the max_length it cuts at (None: the trainer's default), and whether to run its rules only.
+    trainer: str | None = None
+    trainer_max_length: int | None = None
+    trainer_only: bool = False
 
 
 @dataclass
@@ -95,7 +101,13 @@ def worker_session(target: Target, options: CheckOptions) -> Session:
 
 def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
-    rule_set = load_rule_set(options.rules)
+    if options.trainer is None and (options.trainer_only or options.trainer_max_length is not None):
+        raise ConfigError("the trainer view needs a trainer: pass --trainer specforge[:TEMPLATE] or --trainer speculators")
+    rule_set = load_rule_set(
+        options.rules,
+        options=frozenset({"trainer"}) if options.trainer else frozenset(),
+        only="trainer" if options.trainer_only else None,
+    )
     generation = target.generation
 
     tokenizer_dir = options.tokenizer or generation.tokenizer_path
@@ -129,9 +141,14 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     thinking = options.thinking if options.thinking is not None else generation.thinking is not False
     profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
     prompts = load_prompts(options.prompts) if options.prompts is not None else None
+    trainer = None
+    if options.trainer is not None:
+        trainer = resolve_trainer(
+            options.trainer, profile=profile.name, thinking=thinking, max_length=options.trainer_max_length
+        )
     return Session(
         target=target,
-        context=AuditContext(profile, tokenizer, prompts=prompts),
+        context=AuditContext(profile, tokenizer, prompts=prompts, trainer=trainer),
         rule_set=rule_set,
         options=options,
     )

@@ -144,8 +144,11 @@ def resolve_trainer(
 ) -> Trainer:
     """The trainer `spec` (`NAME` or `NAME:TEMPLATE`) names, for data of `profile`."""
     name, _, template_name = spec.strip().partition(":")
-    rules = load_trainer_rules(name.strip().lower())
     where = f"--trainer {spec}"
+    try:
+        rules = load_trainer_rules(name.strip().lower())
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
     if max_length is not None and max_length < 1:
         raise ConfigError(f"{where}: max_length must be a positive number of tokens, got {max_length}")
     length = max_length or rules.max_length

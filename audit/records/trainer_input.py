@@ -60,12 +60,9 @@ class TrainerInput:
 
 @dataclass(frozen=True)
 class NotViewed:
-    """A record the view cannot give a trainer, and why; `reported`: a finding says so (a
-    record with no messages), else another rule already names the problem (ids outside the
-    vocabulary, no output)."""
+    """A record the view cannot give a trainer (no messages; ids it cannot decode), and why."""
 
     reason: str
-    reported: bool = True
 
 
 def trainer_inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
@@ -86,12 +83,12 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
         elif not isinstance(messages, list):
             found[row] = NotViewed(f"its `messages` is a {type(messages).__name__}, not a list of messages")
         elif not readable[row]:
-            found[row] = NotViewed("its ids are missing or outside the vocabulary (other rules name them)", reported=False)
+            found[row] = NotViewed("its ids are missing or outside the vocabulary (the INT rules name them)")
         else:
             prompts[row] = prompt or {}
     rows = sorted(prompts)
     if not rows:
-        return [item or NotViewed("not viewed", reported=False) for item in found]
+        return [item or NotViewed("not viewed") for item in found]
     bounds = response_bounds(batch)
     frame = pl.concat([batch.records.select(pl.col("output_ids").list.len().alias("length")), bounds], how="horizontal")
     calls: dict[int, list[dict[str, Any]]] = {}
@@ -129,7 +126,7 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
             reasoning=span["reasoning"] if span["has_reasoning"] else None,
             calls=[(int(call["start"]), str(call["name"] or "")) for call in row_calls or []],
         )
-    return [item or NotViewed("not viewed", reported=False) for item in found]
+    return [item or NotViewed("not viewed") for item in found]
 
 
 def _readable_calls(calls: pl.DataFrame, grammar_ok: pl.Series, whole_json: bool) -> dict[int, list[dict[str, Any]]]:

@@ -91,8 +91,7 @@ def _view(batch: Batch) -> pl.DataFrame:
     inputs = trainer_inputs(batch)
     for row, item in enumerate(inputs):
         if isinstance(item, NotViewed):
-            if item.reported:
-                columns["not_viewed"][row] = f"{trainer.label} view: {item.reason}"
+            columns["not_viewed"][row] = f"{trainer.label} view: {item.reason}"
             continue
         exact = np.concatenate([
             batch.records["input_ids"][row].to_numpy(), batch.records["output_ids"][row].to_numpy()
