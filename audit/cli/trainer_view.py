@@ -10,7 +10,7 @@ TRN error rule fails, 1 when one does, 2 on a usage or configuration error.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -84,12 +84,13 @@ def trainer_view(
     options = with_trainer(options, trainer, trainer_max_length, only=True)
     try:
         session = prepare(resolve_target(target, root), options)
-        with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
+        # The data file and the report may be object-store paths: these helpers only name them.
+        with audit_progress(errors, session.target.partition, cast(Path, session.target.data_file)) as progress:
             result = check_session(session, progress)
         path: Path | None = None
         if report is not None:
             written = location(report)
-            with writing("the report", written):
+            with writing("the report", cast(Path, written)):
                 result.write_json(written)
             path = written if isinstance(written, Path) else None
     except AuditError as exc:

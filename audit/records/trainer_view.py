@@ -126,7 +126,9 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
     rendered: list[tuple[_Row, SpecForgePlan, str | Refusal]] = []
     for (r, plan), text, own in zip(ready, texts, own_texts, strict=True):
         if isinstance(text, Refusal):
+            _plan_facts(batch, trainer, r, plan, None)
             r.facts["refused"] = f"{trainer.label} trains nothing of it: {text.reason}"
+            r.viewed = True
             continue
         r.trained_text = text
         wanted.append(text)
@@ -147,7 +149,7 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         _reasoning_facts(trainer, r, own, parser_drops=any(k == "reasoning_content" for _, k in plan.dropped_keys))
 
 
-def _plan_facts(batch: Batch, trainer: Trainer, r: _Row, plan: SpecForgePlan, trained: TrainedSequence) -> None:
+def _plan_facts(batch: Batch, trainer: Trainer, r: _Row, plan: SpecForgePlan, trained: TrainedSequence | None) -> None:
     """What SpecForge changed on purpose, each as the finding's message (and where)."""
     label, last = trainer.label, len(r.item.conversation) - 1
     template = trainer.template
@@ -174,6 +176,8 @@ def _plan_facts(batch: Batch, trainer: Trainer, r: _Row, plan: SpecForgePlan, tr
         own_calls = [start for (start, _name) in r.item.calls]
         if own_calls and any(i == last for i, _ in emptied):
             r.facts["emptied_at"] = own_calls[0]
+    if trained is None:  # the template refused the plan: nothing more to judge
+        return
     lost = trained.full_length - trainer.max_length
     if lost > 0:
         r.facts["_lost"] = lost  # judged once the separator after the sample is known

@@ -39,7 +39,7 @@ def trainer_summary(log: FindingsLog, rule_set: RuleSet, trainer: dict[str, Any]
     viewed = max(readable - not_viewed, 0)
     judged = found.filter(pl.col("rule") != _NOT_VIEWED)
     changed = int(judged.filter(pl.col("severity") == "error")["line"].n_unique())
-    causes = []
+    causes: list[dict[str, Any]] = []
     for code in codes:
         records = int(per_rule.get(code, 0))
         if code == _NOT_VIEWED or not records:
