@@ -41,7 +41,7 @@ from audit.cli.trainer_options import TrainerMaxLengthOption, with_trainer
 from audit.report.formats import OutputFormat
 
 
-@app.command("trainer-view", short_help="What a trainer fed text would train on instead of the exact ids.")
+@app.command("trainer-view", short_help="What a trainer fed text would train on, beside the exact ids.")
 def trainer_view(
     target: Annotated[str, typer.Argument(help="A partition name, a partition directory or a .jsonl file.")],
     trainer: Annotated[
