@@ -345,3 +345,14 @@ def test_every_trainer_rule_fires_on_a_shipped_sample(real_tokenizer_dirs) -> No
         fired |= set(report.findings["rule"].unique().to_list())
     trainer_rules = {code for code, rule in RULES.items() if rule.requires == "trainer"}
     assert trainer_rules - fired == set()
+
+
+def test_a_rule_set_of_trainer_rules_alone_needs_a_trainer(tmp_path: Path) -> None:
+    rules = tmp_path / "trn.toml"
+    rules.write_text('select = ["TRN"]\n[rules.TRN009]\nseverity = "error"\n')
+    base = ["B2_sharegpt", "--data-root", str(PREPARED), "--rules", str(rules)]
+    done = runner.invoke(app, ["check", *base, "--report", "none"])
+    assert done.exit_code == 2 and "run only with --trainer" in done.output
+    done = runner.invoke(app, ["trainer-view", *base, "--trainer", "specforge:kimi-k2-thinking", "--format", "json"])
+    saved = json.loads(done.stdout)
+    assert {r["code"]: r["severity"] for r in saved["results"]}["TRN009"] == "error"  # configured as any rule

@@ -117,8 +117,10 @@ def load_rule_set(path: Path | None = None, *, options: frozenset[str] = frozens
         # A gate that runs no rule passes everything: that is never what a rule set meant.
         if only is not None:
             raise ConfigError(f"{where}: select/ignore leave none of the rules --{only} runs")
-        needing = sorted({r.requires for r in RULES.values() if r.requires and r.requires not in options
-                          and any(_matches(c, select) for c, k in RULES.items() if k.requires == r.requires)})
+        needing = sorted({
+            rule.requires for code, rule in RULES.items()
+            if rule.requires and rule.requires not in options and _matches(code, select) and not _matches(code, ignore)
+        })
         if needing:
             raise ConfigError(f"{where}: the rules select/ignore leave run only with --{needing[0]}")
         raise ConfigError(f"{where}: select/ignore leave no rule to run; select at least one (\"ALL\" runs all)")
