@@ -356,3 +356,43 @@ def test_a_rule_set_of_trainer_rules_alone_needs_a_trainer(tmp_path: Path) -> No
     done = runner.invoke(app, ["trainer-view", *base, "--trainer", "specforge:kimi-k2-thinking", "--format", "json"])
     saved = json.loads(done.stdout)
     assert {r["code"]: r["severity"] for r in saved["results"]}["TRN009"] == "error"  # configured as any rule
+
+
+@pytest.mark.parametrize(
+    ("edit", "error"),
+    [
+        (lambda d: d["templates"]["qwen3-thinking"].update(parser_typ="thinking"), "[templates.qwen3-thinking]: unknown key 'parser_typ'"),
+        (lambda d: d["templates"]["qwen3-thinking"].update(parser_type="thinkin"), "[templates.qwen3-thinking].parser_type: no [parsers.thinkin]"),
+        (lambda d: d["templates"]["qwen"].update(enable_thinking="yes"), "[templates.qwen].enable_thinking: expected bool"),
+        (lambda d: d["patterns"]["general"].update(end="end_token"), "[patterns.general].end: names a template key"),
+        (lambda d: d["patterns"]["longcat"].update(end_regex="[Round"), "[patterns.longcat].end_regex: not a regular expression"),
+        (lambda d: d["profiles"]["qwen3"].update(thinking="qwen4"), "[profiles.qwen3].thinking: no template 'qwen4'"),
+        (lambda d: d["preprocessing"].update(max_length=0), "preprocessing.max_length: expected a positive length"),
+        (lambda d: d["parsers"]["general"].update(keys=["content"]), "[parsers.general].keys: a parser keeps at least role and content"),
+    ],
+)
+def test_a_trainer_rules_file_is_checked_like_a_profile(edit: Any, error: str) -> None:
+    from audit.base.errors import ConfigError
+    from audit.model.trainer_rules import parse_trainer_rules
+
+    path = TRAINERS_DIR / "specforge-0.2.0.toml"
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    parse_trainer_rules(data, path)  # the shipped file reads
+    edit(data)
+    with pytest.raises(ConfigError) as raised:
+        parse_trainer_rules(data, path)
+    assert str(raised.value).startswith(str(path)) and error in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_speculators_rules_map_every_other_role_to_the_assistant() -> None:
+    from audit.model.speculators import normalize_conversation
+
+    trainer = resolve_trainer("speculators")
+    turns = normalize_conversation(
+        [{"from": "human", "value": "hi"}, {"role": "gpt-4o", "content": "x", "name": "n"},
+         {"role": "assistant", "content": None, "reasoning_content": "r"}], trainer
+    )
+    assert [t["role"] for t in turns] == ["user", "assistant", "assistant"]
+    assert turns[1] == {"role": "assistant", "content": "x"}  # `name` is not kept
+    assert turns[2]["thinking"] == turns[2]["reasoning_content"] == "r" and turns[2]["content"] == ""
