@@ -40,7 +40,6 @@ from audit.records.trainer_compare import Comparison, compare, trailing_separato
 from audit.records.trainer_input import NotViewed, TrainerInput, trainer_inputs
 
 VIEW_SCHEMA: dict[str, pl.DataType] = {
-    "viewed": pl.Boolean(),  # the trainer's sequence was compared with the exact sample
     "not_viewed": pl.String(),  # why a record could not be given to the trainer (reported)
     "refused": pl.String(),  # the trainer trains nothing of it
     "system_added": pl.String(),
@@ -78,12 +77,10 @@ class _Row:
     facts: dict[str, Any]
     trained: TrainedSequence | None = None  # what is compared with the exact sample
     trained_text: str = ""  # the text the trainer trains on, for what it dropped
-    viewed: bool = False  # the trainer's preprocessing ran on it (compared, or judged by its plan)
 
 
 def _view(batch: Batch) -> pl.DataFrame:
     columns: dict[str, list[Any]] = {name: [None] * batch.height for name in VIEW_SCHEMA}
-    columns["viewed"] = [False] * batch.height
     trainer: Trainer | None = batch.context.trainer
     if trainer is None or batch.height == 0:
         return pl.DataFrame(columns, schema=VIEW_SCHEMA)
@@ -103,7 +100,6 @@ def _view(batch: Batch) -> pl.DataFrame:
         _speculators(batch, trainer, rows)
     _compare(batch, trainer, rows)
     for viewed in rows:
-        columns["viewed"][viewed.row] = viewed.viewed or viewed.trained is not None
         for name, value in viewed.facts.items():
             columns[name][viewed.row] = value
     return pl.DataFrame(columns, schema=VIEW_SCHEMA)
@@ -120,25 +116,32 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
             r.facts["refused"] = f"{trainer.label} trains nothing of it: {plan.reason}"
     texts = render_plans(batch.tokenizer, [plan for _, plan in ready], trainer)
     undone = [plan_conversation(r.item.conversation, r.item.tools, trainer, undone=True) for r, _ in ready]
-    faithful = iter(render_plans(batch.tokenizer, [p for p in undone if isinstance(p, SpecForgePlan)], trainer))
-    own_texts = [next(faithful) if isinstance(p, SpecForgePlan) else p for p in undone]
+    # Most records' plans change nothing on purpose: their undone plan is the same, rendered once.
+    again = [
+        p for (_, plan), p in zip(ready, undone, strict=True)
+        if isinstance(p, SpecForgePlan) and p.messages != plan.messages
+    ]
+    faithful = iter(render_plans(batch.tokenizer, again, trainer))
+    own_texts = [
+        (next(faithful) if p.messages != plan.messages else text) if isinstance(p, SpecForgePlan) else p
+        for (_, plan), p, text in zip(ready, undone, texts, strict=True)
+    ]
     wanted: list[str] = []
     rendered: list[tuple[_Row, SpecForgePlan, str | Refusal]] = []
     for (r, plan), text, own in zip(ready, texts, own_texts, strict=True):
         if isinstance(text, Refusal):
             _plan_facts(batch, trainer, r, plan, None)
             r.facts["refused"] = f"{trainer.label} trains nothing of it: {text.reason}"
-            r.viewed = True
             continue
         r.trained_text = text
         wanted.append(text)
         wanted.append(own if isinstance(own, str) else "")
         rendered.append((r, plan, own))
-    sequences = iter(masked_sequences(batch.tokenizer, wanted, template, pattern, None))
+    distinct = list(dict.fromkeys(wanted))  # a text and its undone rendering are often one text
+    made = dict(zip(distinct, masked_sequences(batch.tokenizer, distinct, template, pattern, None), strict=True))
     for r, plan, own in rendered:
-        as_trained, as_undone = next(sequences), next(sequences)
+        as_trained, as_undone = made[r.trained_text], made[own if isinstance(own, str) else ""]
         _plan_facts(batch, trainer, r, plan, as_trained)
-        r.viewed = True
         if not isinstance(own, str):
             # The template refuses the conversation as the data has it (arguments that do not
             # parse, for a template that iterates them): SpecForge's own changes are named, the
