@@ -46,6 +46,8 @@ def _session(
     prompts: PathLike | None,
     jobs: int,
     cache: bool,
+    trainer: str | None = None,
+    trainer_max_length: int | None = None,
 ) -> Session:
     root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
     options = CheckOptions(
@@ -57,6 +59,8 @@ def _session(
         prompts=None if prompts is None else Path(prompts),
         jobs=jobs,
         cache=cache,
+        trainer=trainer,
+        trainer_max_length=trainer_max_length,
     )
     return prepare(resolve_target(os.fspath(target), root), options)
 
@@ -74,6 +78,8 @@ def check_target(
     jobs: int = 1,
     cache: bool = True,
     progress: ProgressCallback | None = None,
+    trainer: str | None = None,
+    trainer_max_length: int | None = None,
 ) -> Report:
     """Audit `target` with the rule set and return its `Report`, as `audit check` does.
 
@@ -84,7 +90,9 @@ def check_target(
     tokenizer's own code runs only with `trust_remote_code=True`. `prompts` is a JSONL file of
     the source prompts (TPL001); `jobs` worker processes share the file; `cache=False` audits
     again even when an identical audit is cached. `progress(records, output_tokens, bytes)`
-    is called after each block.
+    is called after each block. `trainer` ("specforge[:TEMPLATE]" or "speculators") adds the
+    trainer view's findings (TRN) and `report.trainer_view`, its summary; `trainer_max_length`
+    the length that trainer cuts at (default: its own).
 
     Raises `ConfigError` or `InputError` (both `AuditError`) when nothing can be judged.
     """
@@ -99,6 +107,8 @@ def check_target(
         prompts=prompts,
         jobs=jobs,
         cache=cache,
+        trainer=trainer,
+        trainer_max_length=trainer_max_length,
     )
     return check_session(session, progress)
 

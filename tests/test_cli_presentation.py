@@ -27,7 +27,7 @@ from tests.test_inspect_app import screen_text
 from tests.test_inspect_model import inspector_for
 
 runner = CliRunner()
-COMMANDS = ["check", "gate", "export", "vocab", "rules", "explain", "profiles", "report", "diff", "inspect", "generate", "watch"]
+COMMANDS = ["check", "gate", "export", "vocab", "rules", "explain", "profiles", "report", "diff", "inspect", "generate", "watch", "trainer-view"]
 WIDTHS = (80, 100, 120, 140)
 
 

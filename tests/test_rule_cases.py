@@ -33,6 +33,9 @@ Keys of a case:
   message     text the finding's message contains
   also        other rules that flag the record too; any other finding fails the case
   parameters  the rule's parameters for this case (as under `[rules.CODE]` of a rule set)
+  trainer     the run's trainer view (`--trainer`: "specforge:qwen3-thinking", "speculators"):
+              the TRN rules run only with one, and their cases must name it
+  trainer_max_length  the max_length that trainer cuts at (`--trainer-max-length`)
   xfail       a known bug, with its reason: the case is expected to fail until it is fixed
 
 Pieces of `output` or `prompt`: "text"; {plain = "..."}: special-token strings spelled with
@@ -40,10 +43,11 @@ ordinary tokens, as re-encoding decoded text leaves them; {chars = "..."}: each 
 encoded alone (the same text, ids the tokenizer would not choose); {ids = [...]}: raw ids;
 {repeat = "...", times = N}; {template = true}: the default prompt's rendering.
 
-Records of one profile, thinking mode and parameter set are audited together, one record per
-line, as `audit check` reads a file; a case with `lines` gets a file of its own. Every rule
-needs a pass and a fail case, and a case on every profile it applies to (`NO_CASES` says where
-not, and why).
+Records of one profile, thinking mode, parameter set and trainer are audited together, one
+record per line, as `audit check` reads a file; a case with `lines` gets a file of its own.
+Every rule needs a pass and a fail case, and a case on every profile it applies to (`NO_CASES`
+says where not, and why); a rule that runs only with a trainer, a case on `TRAINER_PROFILES`'
+first profile, and on no profile outside them.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from typing import Any
 import polars as pl
 import pytest
 
+from audit.base.errors import ConfigError
 from audit.checks import RULES
 from audit.checks.base import RecordRule
 from audit.checks.ruleset import RuleSet, load_rule_set
@@ -68,6 +73,7 @@ from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, loa
 from audit.model.templating import RenderFailure, encode_prompts, render_prompts
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.trainer_rules import Trainer, resolve_trainer
 from audit.records.batch import AuditContext, Batch
 from audit.records.reader import empty_records
 from tests.conftest import FIXTURES, real_tokenizer
@@ -101,6 +107,9 @@ TEMPLATE_ENDINGS = {
     "kimi-k2-thinking": ("<|im_middle|><think>", "<|im_middle|>"),
     "qwen3-thinking-2507": ("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n"),
 }
+# The profiles the trainer view's rules have cases on: the families whose data the trainers'
+# templates are for (rules/trainers/specforge-0.2.0.toml [profiles]); the first is required.
+TRAINER_PROFILES = ("qwen3", "qwen3.6", "kimi-k2.5")
 # Profiles a rule applies to but has no case on, and why.
 NO_CASES = {
     ("TPL001", "kimi-k2-thinking"): "its mini tokenizer's template is K2.5's, not K2-Thinking's",
@@ -111,7 +120,7 @@ _RECORD_KEYS = {"output", "prompt", "messages", "tools", "finish", "matched", "m
 _RECORD_KEYS |= {"fields", "drop", "rename"}
 _EXPECTATION_KEYS = {"position", "line", "message", "also"}
 _CASE_KEYS = _REQUIRED | _RECORD_KEYS | _EXPECTATION_KEYS
-_CASE_KEYS |= {"thinking", "lines", "parameters", "xfail"}
+_CASE_KEYS |= {"thinking", "lines", "parameters", "xfail", "trainer", "trainer_max_length"}
 _PIECE_KEYS = ({"plain"}, {"chars"}, {"ids"}, {"repeat", "times"}, {"template"})
 _PIECE_TYPES = {"plain": str, "chars": str, "repeat": str, "times": int, "ids": list}
 _FINISHES = ("stop", "length", "abort", "none")
@@ -155,10 +164,21 @@ class Case:
 
     @property
     def group(self) -> tuple[str, bool, str]:
-        """Cases audited together: one profile, thinking mode and rule set."""
+        """Cases audited together: one profile, thinking mode and rule set (trainer included)."""
         parameters = self.data.get("parameters")
         rule_set = f"{self.rule}:{json.dumps(parameters, sort_keys=True)}" if parameters else ""
+        if "trainer" in self.data:
+            rule_set += f"|{self.data['trainer']}@{self.data.get('trainer_max_length', '')}"
         return (self.profile, self.thinking, rule_set)
+
+    def trainer(self) -> Trainer | None:
+        """The case's trainer view, as `--trainer` resolves it for its profile."""
+        if "trainer" not in self.data:
+            return None
+        return resolve_trainer(
+            self.data["trainer"], profile=self.profile, thinking=self.thinking,
+            max_length=self.data.get("trainer_max_length"),
+        )
 
 
 # -- the schema --------------------------------------------------------------------------------
@@ -207,6 +227,17 @@ def check_case(data: Any, rule_from_file: str, profiles: dict[str, Profile]) -> 
             raise CaseError(f"parameters: {rule} has no parameter {name!r} (it has: {known})")
     _expect_type(data, "xfail", str)
     _expect_type(data, "message", str)
+    trainer = _expect_type(data, "trainer", str)
+    _expect_type(data, "trainer_max_length", int)
+    if RULES[rule].requires == "trainer" and trainer is None:
+        raise CaseError(f"{rule} runs only with a trainer: give `trainer` (e.g. \"specforge:qwen3-thinking\")")
+    if "trainer_max_length" in data and trainer is None:
+        raise CaseError("trainer_max_length is for cases with a `trainer`")
+    if trainer is not None:
+        try:
+            resolve_trainer(trainer, profile=profile, thinking=thinking, max_length=data.get("trainer_max_length"))
+        except ConfigError as exc:
+            raise CaseError(f"trainer: {exc}") from None
     if data["expect"] == "pass":
         for key in ("position", "line", "message"):
             if key in data:
@@ -451,15 +482,16 @@ class CaseRunner:
     def rule_set(self, case: Case) -> RuleSet:
         parameters = case.data.get("parameters", {})
         key = case.group[2]
+        options = frozenset({"trainer"}) if "trainer" in case.data else frozenset()
         if key not in self.rule_sets:
             if not parameters:
-                self.rule_sets[key] = load_rule_set()
+                self.rule_sets[key] = load_rule_set(options=options)
             else:
                 path = self.workdir / f"rules-{len(self.rule_sets)}.toml"
                 body = "".join(f"{key} = {json.dumps(v)}\n" for key, v in parameters.items())
                 text = f'select = ["ALL"]\n\n[rules.{case.rule}]\n{body}'
                 path.write_text(text, encoding="utf-8")
-                self.rule_sets[key] = load_rule_set(path)
+                self.rule_sets[key] = load_rule_set(path, options=options)
         return self.rule_sets[key]
 
     def findings(self, case: Case) -> pl.DataFrame:
@@ -489,7 +521,7 @@ class CaseRunner:
             at_line[member.where] = len(lines)
         path = self.workdir / f"group-{len(self.audited)}.jsonl"
         path.write_bytes(b"".join(line + b"\n" for line in lines))
-        context = AuditContext(setup.profile, setup.tokenizer)
+        context = AuditContext(setup.profile, setup.tokenizer, trainer=case.trainer())
         found = audit_file(path, context, self.rule_set(case)).findings
         for where, line in at_line.items():
             self.audited[where] = found.filter(pl.col("line") == line)
@@ -501,7 +533,7 @@ class CaseRunner:
         default_id = f"{case.rule}-{case.number}"
         written = [_line_bytes(item, setup, f"{default_id}-{i}") for i, item in enumerate(items, 1)]
         path.write_bytes(b"".join(written))
-        context = AuditContext(setup.profile, setup.tokenizer)
+        context = AuditContext(setup.profile, setup.tokenizer, trainer=case.trainer())
         self.audited[case.where] = audit_file(path, context, self.rule_set(case)).findings
 
 
@@ -566,6 +598,8 @@ def test_rule_case(case: Case, case_runner: CaseRunner) -> None:
 def _applies(code: str, setup: Setup) -> bool:
     """Does rule `code` check anything for this profile? (Record rules say so on a batch.)"""
     rule = RULES[code]()
+    if rule.requires == "trainer":  # with a trainer, on the families the trainers' templates are for
+        return setup.profile.name in TRAINER_PROFILES
     if not isinstance(rule, RecordRule):
         return True
     return rule.applies(Batch(empty_records(), AuditContext(setup.profile, setup.tokenizer)))
@@ -595,7 +629,8 @@ def test_every_rule_has_cases_on_the_families_it_applies_to(case_runner: CaseRun
         wrong = sorted(covered - applies[code])
         if wrong:
             problems.append(f"{code}: cases on {', '.join(wrong)}, where the rule checks nothing")
-        missing = sorted(p for p in applies[code] - covered if (code, p) not in NO_CASES)
+        required = applies[code] & {TRAINER_PROFILES[0]} if RULES[code].requires == "trainer" else applies[code]
+        missing = sorted(p for p in required - covered if (code, p) not in NO_CASES)
         if missing:
             problems.append(f"{code}: no case on {', '.join(missing)}")
     assert not problems, "\n".join(problems)
@@ -624,11 +659,15 @@ _VALID = {"rule": "SEG001", "expect": "fail", "profile": "qwen3", "why": "x", "o
         ({"output": None, "lines": [{"output": "x", "pos": 1}]}, "lines: unknown key 'pos'"),
         ({"lines": ["{}"]}, "belongs inside `lines`"),
         ({"line": 2}, "line is for cases with `lines`"),
+        ({"trainer": "specforge:qwen3-thinkin"}, "trainer: --trainer specforge:qwen3-thinkin: unknown SpecForge"),
+        ({"trainer_max_length": 8}, "trainer_max_length is for cases with a `trainer`"),
+        ({"rule": "TRN002"}, "TRN002 runs only with a trainer"),
     ],
 )
 def test_the_case_schema_rejects_typos(change: dict[str, Any], error: str) -> None:
     profiles = {name: load_profile(name) for name in builtin_profiles()}
     check_case(_VALID, "SEG001", profiles)  # the case the changes break
     case = {key: value for key, value in ({**_VALID, **change}).items() if value is not None}
+    in_file = case["rule"] if case["rule"].startswith("TRN") else "SEG001"  # a TRN case in its own file
     with pytest.raises(CaseError, match=re.escape(error)):
-        check_case(case, "SEG001", profiles)
+        check_case(case, in_file, profiles)

@@ -30,6 +30,18 @@ from audit.checks.toolcalls import (
     ToolMarkerAsText,
     ToolMarkerGrammar,
 )
+from audit.checks.trainer import (
+    TrainerArgumentsEmptied,
+    TrainerHistoryTrained,
+    TrainerIdsChanged,
+    TrainerMaskChanged,
+    TrainerMaxLength,
+    TrainerNotViewed,
+    TrainerReasoningDropped,
+    TrainerRecordDropped,
+    TrainerRoleOrder,
+    TrainerSystemPrompt,
+)
 
 RULES: dict[str, type[Rule]] = {
     rule.code: rule
@@ -63,6 +75,16 @@ RULES: dict[str, type[Rule]] = {
         TurnJoined,
         RepetitionLoop,
         SegmentTooShort,
+        TrainerSystemPrompt,
+        TrainerIdsChanged,
+        TrainerMaskChanged,
+        TrainerReasoningDropped,
+        TrainerRoleOrder,
+        TrainerMaxLength,
+        TrainerArgumentsEmptied,
+        TrainerRecordDropped,
+        TrainerHistoryTrained,
+        TrainerNotViewed,
         InternalError,
     )
 }

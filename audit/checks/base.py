@@ -100,6 +100,9 @@ class Rule:
     parameters: ClassVar[dict[str, Parameter]] = {}
     # True for the engine's own report (ERR001): in every rule set, never configured.
     always_on: ClassVar[bool] = False
+    # A run option the rule needs ("trainer": `--trainer`): without it the rule set leaves the
+    # rule out, so a run without the option reports exactly as before.
+    requires: ClassVar[str | None] = None
 
     def __init__(self, **parameters: Any):
         self.options = self.validate_parameters(parameters, f"[rules.{self.code}]")

@@ -75,8 +75,13 @@ def _matches(code: str, selectors: list[str]) -> bool:
     return any(s == "ALL" or code.startswith(s) for s in selectors)
 
 
-def load_rule_set(path: Path | None = None) -> RuleSet:
-    """Load a rule set file (the built-in default when `path` is None)."""
+def load_rule_set(path: Path | None = None, *, options: frozenset[str] = frozenset(), only: str | None = None) -> RuleSet:
+    """Load a rule set file (the built-in default when `path` is None).
+
+    A rule that requires a run option (`Rule.requires`, e.g. "trainer") is configured only when
+    `options` holds it; `only` keeps just the rules that require that option (the engine's own
+    report aside): `audit trainer-view`.
+    """
     path = path or DEFAULT_RULE_SET
     if path.is_dir():
         raise ConfigError(f"rule set {path}: is a directory; pass the rule set .toml file itself")
@@ -103,9 +108,21 @@ def load_rule_set(path: Path | None = None) -> RuleSet:
     for code, rule_class in RULES.items():
         if not rule_class.always_on and (not _matches(code, select) or _matches(code, ignore)):
             continue
+        if rule_class.requires is not None and rule_class.requires not in options:
+            continue
+        if only is not None and not rule_class.always_on and rule_class.requires != only:
+            continue
         configured.append(_configure(rule_class, overrides.get(code, {}), f"{where}: [rules.{code}]"))
     if all(c.rule.always_on for c in configured):
         # A gate that runs no rule passes everything: that is never what a rule set meant.
+        if only is not None:
+            raise ConfigError(f"{where}: select/ignore leave none of the rules --{only} runs")
+        needing = sorted({
+            rule.requires for code, rule in RULES.items()
+            if rule.requires and rule.requires not in options and _matches(code, select) and not _matches(code, ignore)
+        })
+        if needing:
+            raise ConfigError(f"{where}: the rules select/ignore leave run only with --{needing[0]}")
         raise ConfigError(f"{where}: select/ignore leave no rule to run; select at least one (\"ALL\" runs all)")
     return RuleSet(
         source=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), rules=tuple(configured)

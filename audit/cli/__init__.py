@@ -13,6 +13,7 @@ from audit.cli import (  # noqa: F401  (importing a command's module registers i
     generate,
     history,
     inspection,
+    trainer_view,
     watch,
 )
 from audit.cli.app import app, main

@@ -48,6 +48,7 @@ from audit.cli.app import (
 )
 from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
+from audit.cli.trainer_options import TrainerMaxLengthOption, TrainerOption, with_trainer
 from audit.report.formats import OutputFormat, format_chunks, step_summary, summary_rows
 from audit.report.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report.report import Report
@@ -117,6 +118,8 @@ def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_wa
     if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
     console.print(verdict_line(report, fail_on_warning=fail_on_warning))
+    if report.trainer_view is not None:
+        console.print(plain(report.trainer_view["summary"], "bold", limit=None), soft_wrap=True)
     if path is not None:
         console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
 
@@ -212,6 +215,8 @@ def check(
     engine: EngineOption = Engine.local,
     shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
+    trainer: TrainerOption = None,
+    trainer_max_length: TrainerMaxLengthOption = None,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
 
@@ -235,6 +240,7 @@ def check(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
         engine=engine, shard_size=shard_size,
     )
+    options = with_trainer(options, trainer, trainer_max_length)
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:

@@ -11,6 +11,7 @@ The Python API (`audit.check_target`) is this, from a target's name.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from audit.base.errors import InputError
 from audit.engine.runner import FileAudit, ProgressCallback, audit_file
@@ -67,4 +68,11 @@ def check_session(session: Session, progress: ProgressCallback | None = None) ->
         session.rule_set,
         profile=session.profile.to_dict(),
         tokenizer=session.tokenizer.fingerprint.to_dict(),
+        trainer=_trainer_description(session),
     )
+
+
+def _trainer_description(session: Session) -> dict[str, Any] | None:
+    """The run's trainer for its report (None: no trainer view)."""
+    trainer = session.context.trainer
+    return None if trainer is None else {**trainer.to_dict(), "label": trainer.label}

@@ -22,6 +22,7 @@ from audit.generate.prompts import PromptSummary, load_prompts
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.trainer_rules import resolve_trainer
 from audit.records.batch import AuditContext
 from audit.records.sources import DEFAULT_BLOCK_BYTES
 
@@ -42,6 +43,11 @@ class CheckOptions:
     cache: bool = True  # reuse the result of an identical earlier audit (audit.flows.cache)
     cache_dir: Path | None = None  # default: $AUDIT_CACHE_DIR or .audit-cache/
     prompts: Path | None = None  # the source of each prompt: a prompts file (audit.generate.prompts)
+    # The trainer view (`--trainer NAME[:TEMPLATE]`): the trainer whose preprocessing to model,
+    # the max_length it cuts at (None: the trainer's default), and whether to run its rules only.
+    trainer: str | None = None
+    trainer_max_length: int | None = None
+    trainer_only: bool = False
 
 
 @dataclass
@@ -97,7 +103,13 @@ def worker_session(target: Target, options: CheckOptions) -> Session:
 
 def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
-    rule_set = load_rule_set(options.rules)
+    if options.trainer is None and (options.trainer_only or options.trainer_max_length is not None):
+        raise ConfigError("the trainer view needs a trainer: pass --trainer specforge[:TEMPLATE] or --trainer speculators")
+    rule_set = load_rule_set(
+        options.rules,
+        options=frozenset({"trainer"}) if options.trainer else frozenset(),
+        only="trainer" if options.trainer_only else None,
+    )
     generation = target.generation
 
     tokenizer_dir = options.tokenizer or generation.tokenizer_path
@@ -134,9 +146,14 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     if options.prompts is not None:
         prompt_summary = PromptSummary(options.prompts)
         prompts = load_prompts(options.prompts, summary=prompt_summary)
+    trainer = None
+    if options.trainer is not None:
+        trainer = resolve_trainer(
+            options.trainer, profile=profile.name, thinking=thinking, max_length=options.trainer_max_length
+        )
     return Session(
         target=target,
-        context=AuditContext(profile, tokenizer, prompts=prompts),
+        context=AuditContext(profile, tokenizer, prompts=prompts, trainer=trainer),
         rule_set=rule_set,
         options=options,
         prompt_summary=prompt_summary,

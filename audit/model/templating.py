@@ -78,10 +78,18 @@ def thinking_kwargs(thinking: bool) -> dict[str, Any]:
 def _render_chat_template(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
 ) -> str:
+    return _render_any_argument_form(tokenizer, messages, tools, extra, add_generation_prompt=True)
+
+
+def _render_any_argument_form(
+    tokenizer: Tokenizer, messages: Messages, tools: Tools, extra: dict[str, Any], *, add_generation_prompt: bool
+) -> str:
     def render(conversation: Messages) -> str:
         # As transformers' apply_chat_template(..., tokenize=False), without importing
         # transformers where the tokenizer can (see `Tokenizer.render_chat`).
-        return tokenizer.render_chat(conversation, tools or None, **extra)
+        return tokenizer.render_chat(
+            conversation, tools or None, add_generation_prompt=add_generation_prompt, **extra
+        )
 
     try:
         return render(messages)
@@ -101,6 +109,30 @@ def _render_chat_template(
             except Exception:  # noqa: BLE001, S112 (the first refusal is the one to report)
                 continue
         raise refused from None
+
+
+def render_conversations(
+    tokenizer: Tokenizer,
+    messages_list: Sequence[Messages],
+    tools_list: Sequence[Tools],
+    template_kwargs: Sequence[dict[str, Any]],
+) -> list[str | RenderFailure]:
+    """Whole conversations through the tokenizer's chat template, with no generation prompt (as
+    a trainer renders the turns it trains), tool-call arguments in the form the template takes;
+    a conversation the template refuses is a `RenderFailure` in its place."""
+    texts: list[str | RenderFailure] = []
+    for messages, tools, kwargs in zip(messages_list, tools_list, template_kwargs, strict=True):
+        try:
+            texts.append(_render_any_argument_form(tokenizer, messages, tools, kwargs, add_generation_prompt=False))
+        except Exception as exc:  # jinja raises many types; each means "cannot render"
+            texts.append(RenderFailure(failure_reason(exc)))
+    return texts
+
+
+def failure_reason(exc: BaseException) -> str:
+    """`Type: first line` of why a renderer refused, for a finding's message."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def other_argument_form(messages: Messages, to_objects: bool | None = None) -> Messages | None:
@@ -271,10 +303,7 @@ def render_prompts(
         try:
             texts.append(render(tokenizer, messages, tools, thinking, {**switch, **(extra or {})}))
         except Exception as exc:  # jinja and encoders raise many types; each means "cannot render"
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            texts.append(
-                RenderFailure(f"{type(exc).__name__}: {first}" if first else type(exc).__name__)
-            )
+            texts.append(RenderFailure(failure_reason(exc)))
     return texts
 
 

@@ -185,17 +185,28 @@ class Tokenizer:
             return None
         return verified_chat_template(self.hf)
 
-    def render_chat(self, messages: list[Any], tools: list[Any] | None = None, **template_kwargs: Any) -> str:
-        """The chat template's rendering of a conversation, generation prompt added, as text:
-        what transformers' `apply_chat_template(..., tokenize=False)` gives."""
+    def render_chat(
+        self,
+        messages: list[Any],
+        tools: list[Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        **template_kwargs: Any,
+    ) -> str:
+        """The chat template's rendering of a conversation, as text: what transformers'
+        `apply_chat_template(..., tokenize=False)` gives; the generation prompt added unless
+        `add_generation_prompt=False` (a whole conversation, as trainers render it)."""
         template = self._chat_template
         if template is not None:
             try:
-                return template.render(messages, tools or None, add_generation_prompt=True, **template_kwargs)
+                return template.render(
+                    messages, tools or None, add_generation_prompt=add_generation_prompt, **template_kwargs
+                )
             except UnsupportedInput:
                 pass  # transformers renders it, or says why not in its own words
         return self.hf.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=False, **template_kwargs
+            messages, tools=tools or None, add_generation_prompt=add_generation_prompt, tokenize=False,
+            **template_kwargs,
         )
 
     @cached_property

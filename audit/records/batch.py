@@ -14,6 +14,7 @@ import polars as pl
 from audit.model.flat_ids import FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
+from audit.model.trainer_rules import Trainer
 from audit.records.contract import all_in_vocabulary, contract_failures, record_contract
 
 if TYPE_CHECKING:
@@ -31,6 +32,8 @@ class AuditContext:
     tokenizer: Tokenizer
     # Source prompts by sample id (`--prompts FILE`), for the template-fidelity rule.
     prompts: dict[str, dict[str, Any]] | None = None
+    # The trainer whose preprocessing the trainer view models (`--trainer`), or None: no view.
+    trainer: Trainer | None = None
     contract: pa.DataFrameSchema = field(init=False)
 
     def __post_init__(self) -> None:

@@ -10,6 +10,7 @@ import orjson
 import polars as pl
 
 from audit.model.call_elements import elements_error, elements_literal
+from audit.model.call_json import elements_object, parameters_object
 from audit.model.call_readers import ToolCall
 from audit.model.call_values import (
     parameter_literal,
@@ -36,6 +37,9 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "problem_at": pl.Int64(),  # token index where it breaks it (null: at the call's start)
     "arguments_error": pl.String(),  # why the arguments do not read, or null
     "literal": pl.String(),  # an argument written as a Python literal, not JSON (TCL005), or null
+    # Parameters written as text or elements, as the JSON object a server's tool parser returns
+    # (audit.model.call_json); null for formats whose `arguments` are JSON already.
+    "values": pl.String(),
 }
 
 
@@ -66,6 +70,7 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
             # Every format names the function it calls; Kimi's name is inside its call id (TCL003).
             call = replace(call, malformed="a call with no function name")
         literal: str | None = None
+        values = None
         error: str | None
         if call.arguments_error is not None:
             error = call.arguments_error
@@ -73,6 +78,7 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
             schema = tool_parameters(declared.get(row), call.name)
             error = elements_error(call.elements, schema) if schema is not None else None
             literal = elements_literal(call.elements, schema) if schema is not None and error is None else None
+            values = _json_text(elements_object(call.elements, schema))
         elif call.parameters is None:
             error = _json_error(call.arguments)
             if error is not None and (kind := python_literal(call.arguments)) is not None:
@@ -83,14 +89,22 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
             types = parameter_types(declared.get(row), call.name)
             error = _parameters_error(call, types)
             literal = None if error is not None else _parameters_literal(call, types, fmt.python_scalars)
+            values = _json_text(parameters_object(call.parameters, tool_parameters(declared.get(row), call.name)))
         for name, value in (
             ("row", row), ("start", start), ("end", end), ("head_at", head_at), ("body_at", body_at),
             ("name", call.name), ("call_id", call.call_id), ("arguments", call.arguments),
             ("malformed", call.malformed), ("problem_at", problem_token), ("arguments_error", error),
-            ("literal", literal),
+            ("literal", literal), ("values", values),
         ):
             columns[name].append(value)
     return pl.DataFrame(columns, schema=CALLS_SCHEMA)
+
+
+def _json_text(value: Any) -> str | None:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError):  # a value JSON cannot hold (an integer past 64 bits)
+        return None
 
 
 def _declared_tools(batch: Batch, rows: set[int]) -> dict[int, Any]:

@@ -27,6 +27,7 @@ from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog
 from audit.engine.isolation import InternalError
 from audit.engine.runner import FileAudit
 from audit.report.distributions import summarize
+from audit.report.trainer_summary import trainer_summary
 
 SCHEMA_VERSION = 1
 EXAMPLE_LINES = 5
@@ -90,6 +91,8 @@ class Report:
     cached: bool = False
     # Records a rule raised on (audit.engine.isolation): each an ERR001 finding; the run exits 2.
     internal_errors: list[InternalError] = field(default_factory=list)
+    # The trainer view's summary (`--trainer`: audit.report.trainer_summary), else None.
+    trainer_view: dict[str, Any] | None = None
 
     @property
     def judgement(self) -> Verdict:
@@ -154,6 +157,8 @@ class Report:
             },
             "results": [r.to_json() for r in self.results],
             "internal_errors": [error.to_json() for error in self.internal_errors],
+            # Only in a run with a trainer view: a report without one reads as before.
+            **({"trainer_view": self.trainer_view} if self.trainer_view is not None else {}),
         }
 
     def json_chunks(self, *, indent: bool = True) -> Iterator[bytes]:
@@ -215,6 +220,7 @@ class Report:
             seconds=data.get("seconds", 0.0),
             distributions=data.get("distributions"),
             internal_errors=[InternalError.from_json(e) for e in data.get("internal_errors", [])],
+            trainer_view=data.get("trainer_view"),
         )
 
 
@@ -225,8 +231,10 @@ def build_report(
     *,
     profile: dict[str, Any],
     tokenizer: dict[str, Any],
+    trainer: dict[str, Any] | None = None,
 ) -> Report:
-    """Count each rule's failing records and judge them against the rule set's thresholds."""
+    """Count each rule's failing records and judge them against the rule set's thresholds;
+    with `trainer` (the run's trainer view), its summary too."""
     # One lazy aggregate over the log: failing records and the first lines of each rule.
     per_rule = {
         rule: (failing, lines)
@@ -276,4 +284,7 @@ def build_report(
         distributions=summarize(audited.stats),
         cached=audited.cached,
         internal_errors=audited.internal_errors,
+        trainer_view=(
+            None if trainer is None else trainer_summary(audited.log, rule_set, trainer, audited.stats.height)
+        ),
     )

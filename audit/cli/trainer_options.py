@@ -1,0 +1,33 @@
+"""The `--trainer` options `check` and `trainer-view` share, and the options they set."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+import typer
+
+TrainerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--trainer",
+        metavar="NAME[:TEMPLATE]",
+        help="Also show what a trainer fed text would train on instead of each record's exact ids "
+        "(TRN rules): specforge[:TEMPLATE] (SpecForge 0.2.0; TEMPLATE a name of its registry, default "
+        "by profile) or speculators (0.9.0). See docs/trainer-view.md.",
+    ),
+]
+TrainerMaxLengthOption = Annotated[
+    int | None,
+    typer.Option(
+        "--trainer-max-length",
+        min=1,
+        metavar="N",
+        help="The max_length the trainer cuts sequences at (default: its own, SpecForge 2048, speculators 8192).",
+    ),
+]
+
+
+def with_trainer(options: Any, trainer: str | None, max_length: int | None, *, only: bool = False) -> Any:
+    """`options` (the core's CheckOptions) with the trainer view's settings."""
+    return dataclasses.replace(options, trainer=trainer, trainer_max_length=max_length, trainer_only=only)

@@ -1,0 +1,184 @@
+"""The conversation a trainer is given for each record: its `messages` and the output as a reply.
+
+Teams that feed a trainer text build it from what they saved: the record's `messages` and
+`tools`, and the output as the assistant message an OpenAI-compatible server returns when it
+runs the family's reasoning and tool-call parsers (as SGLang's do):
+
+* `reasoning_content`: the reasoning (`audit.records.response`) as the model wrote it between
+  its markers, absent when the output has none;
+* `content`: the answer without the stop token, leading whitespace removed (the space between
+  `</think>` and the answer: servers and templates both drop it); before tool calls, the text
+  before the first call, stripped as the tool parsers strip it, without the calls' markup;
+  "" when the reasoning never ended;
+* `tool_calls`: `[{id, type: "function", function: {name, arguments: JSON string}}]` from the
+  tool-call view (`audit.records.call_view`), the call's own id where the format writes one
+  (Kimi), else `call_N`; arguments as written for JSON formats, parameters and elements
+  converted as the server's parser converts them (`audit.model.call_json`).
+
+Otherwise the texts are kept as the model wrote them: SGLang's parsers also strip an answer's
+trailing whitespace, which the view keeps, so that a record is never blamed for what a server
+alone would change (the templates strip what they re-write themselves). An answer
+whose calls do not read (markers out of grammar, a malformed call) comes back as the server
+leaves text it cannot parse: the whole answer as `content`, no `tool_calls`. Everything is
+decoded in one batched call per block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from audit.model.flat_ids import FlatIds
+from audit.records.batch import Batch
+from audit.records.call_view import tool_call_view
+from audit.records.response import response_bounds
+
+# Formats whose call is one JSON object, name and arguments together (Qwen3's
+# `{"name": ..., "arguments": {...}}`): a tool parser that cannot parse it sees no call at all
+# and leaves the text in `content`; where the arguments are text of their own (Kimi, DeepSeek),
+# the parser hands them on as written, and it is the trainer that must read them.
+_WHOLE_JSON_CALLS = {"qwen3"}
+
+
+@dataclass
+class TrainerInput:
+    """One record as a trainer is given it, and where its output's parts sit in `output_ids`."""
+
+    messages: list[Any]  # the record's messages, as saved
+    tools: Any
+    reply: dict[str, Any]  # the output as the server's assistant message
+    reasoning: tuple[int, int] | None = None  # [start, end) of the reasoning in output_ids
+    calls: list[tuple[int, str]] = field(default_factory=list)  # (start in output_ids, name) per call
+
+    @property
+    def conversation(self) -> list[Any]:
+        return [*self.messages, self.reply]
+
+
+@dataclass(frozen=True)
+class NotViewed:
+    """A record the view cannot give a trainer (no messages; ids it cannot decode), and why."""
+
+    reason: str
+
+
+def trainer_inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
+    """Every record of the batch as a trainer is given it (see the module docs), once per batch."""
+    return batch.shared(_inputs)
+
+
+def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
+    found: list[TrainerInput | NotViewed | None] = [None] * batch.height
+    prompts: dict[int, dict[str, Any]] = {}
+    has_source = batch.context.prompts is not None or batch.records["source"].null_count() < batch.height
+    readable = _readable_ids(batch)
+    for row in range(batch.height):
+        prompt = batch.source_prompt(row) if has_source else None
+        messages = prompt.get("messages") if prompt else None
+        if messages is None:
+            found[row] = NotViewed("the record carries no `messages`: a trainer fed text has nothing to build")
+        elif not isinstance(messages, list):
+            found[row] = NotViewed(f"its `messages` is a {type(messages).__name__}, not a list of messages")
+        elif not readable[row]:
+            found[row] = NotViewed("its ids are missing or outside the vocabulary (the INT rules name them)")
+        else:
+            prompts[row] = prompt or {}
+    rows = sorted(prompts)
+    if not rows:
+        return [item or NotViewed("not viewed") for item in found]
+    bounds = response_bounds(batch)
+    frame = pl.concat([batch.records.select(pl.col("output_ids").list.len().alias("length")), bounds], how="horizontal")
+    calls: dict[int, list[dict[str, Any]]] = {}
+    if batch.profile.tool_calls is not None:
+        view = tool_call_view(batch)
+        frame = frame.with_columns(first_marker=view.first_marker)
+        whole_json = batch.profile.tool_calls.format.name in _WHOLE_JSON_CALLS
+        calls = _readable_calls(view.calls, view.grammar_ok, whole_json)
+    else:
+        frame = frame.with_columns(first_marker=pl.lit(None, dtype=pl.Int64))
+    spans = _spans(frame[rows])
+    output = batch.records["output_ids"].gather(rows)
+    flat = FlatIds.from_series(output)
+    base = flat.offsets[:-1]
+    starts = np.array([s for r in spans for s in (r["reasoning"][0], r["answer"][0], r["raw"][0])], dtype=np.int64)
+    ends = np.array([e for r in spans for e in (r["reasoning"][1], r["answer"][1], r["raw"][1])], dtype=np.int64)
+    texts = batch.tokenizer.decode_flat(FlatIds.slices(flat.values, np.repeat(base, 3) + starts, np.repeat(base, 3) + ends))
+    for k, row in enumerate(rows):
+        reasoning_text, answer_text, raw_text = texts[3 * k : 3 * k + 3]
+        span = spans[k]
+        reply: dict[str, Any] = {"role": "assistant"}
+        if span["has_reasoning"]:
+            reply["reasoning_content"] = reasoning_text
+        row_calls = calls.get(row)
+        if row_calls:
+            reply["content"] = answer_text.strip()
+            reply["tool_calls"] = [_call_message(call, i) for i, call in enumerate(row_calls)]
+        else:
+            reply["content"] = raw_text.lstrip() if span["closed"] or not span["has_reasoning"] else ""
+        prompt = prompts[row]
+        found[row] = TrainerInput(
+            messages=prompt["messages"],
+            tools=prompt.get("tools"),
+            reply=reply,
+            reasoning=span["reasoning"] if span["has_reasoning"] else None,
+            calls=[(int(call["start"]), str(call["name"] or "")) for call in row_calls or []],
+        )
+    return [item or NotViewed("not viewed") for item in found]
+
+
+def _readable_calls(calls: pl.DataFrame, grammar_ok: pl.Series, whole_json: bool) -> dict[int, list[dict[str, Any]]]:
+    """Per record, its calls, when every one of them reads (in grammar, well formed, named;
+    `whole_json`: the format writes each call as one JSON object, which must parse)."""
+    by_row: dict[int, list[dict[str, Any]]] = {}
+    for call in calls.iter_rows(named=True):
+        by_row.setdefault(call["row"], []).append(call)
+    return {
+        row: items for row, items in by_row.items()
+        if grammar_ok[row]
+        and all(
+            item["malformed"] is None and item["name"] and not (whole_json and item["arguments_error"])
+            for item in items
+        )
+    }
+
+
+def _readable_ids(batch: Batch) -> np.ndarray:
+    """Per record: are both id lists present, and every id one the tokenizer has?"""
+    present = batch.output_present & batch.records["input_ids"].is_not_null().to_numpy()
+    prompts = FlatIds.from_series(batch.records["input_ids"])
+    unknown = np.concatenate([[0], np.cumsum(~batch.tokenizer.knows(prompts.values))])
+    prompt_ok = unknown[prompts.offsets[1:]] == unknown[prompts.offsets[:-1]]
+    return present & prompt_ok & batch.decodable.to_numpy()
+
+
+def _spans(frame: pl.DataFrame) -> list[dict[str, Any]]:
+    """Per viewed record: the reasoning, the answer before its calls, and the whole answer."""
+    spans = []
+    for row in frame.iter_rows(named=True):
+        length, end = row["length"], row["answer_end"] if row["answer_end"] is not None else row["length"]
+        has_reasoning = row["reasoning_start"] is not None
+        r_start = row["reasoning_start"] if has_reasoning else 0
+        r_end = row["reasoning_end"] if row["reasoning_end"] is not None else r_start
+        a_start = row["answer_start"] if row["answer_start"] is not None else length
+        first_marker = row["first_marker"]
+        before_calls = first_marker if first_marker is not None and first_marker >= a_start else end
+        spans.append({
+            "has_reasoning": has_reasoning,
+            "closed": row["answer_start"] is not None,
+            "reasoning": (int(r_start), int(max(r_end, r_start))),
+            "answer": (int(a_start), int(max(min(before_calls, end), a_start))),
+            "raw": (int(a_start), int(max(end, a_start))),
+        })
+    return spans
+
+
+def _call_message(call: dict[str, Any], index: int) -> dict[str, Any]:
+    arguments = call["values"] if call["values"] is not None else call["arguments"].strip()
+    return {
+        "id": call["call_id"] or f"call_{index}",
+        "type": "function",
+        "function": {"name": call["name"], "arguments": arguments},
+    }
