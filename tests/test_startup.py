@@ -203,7 +203,7 @@ def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monke
     rule_set = load_rule_set(rules)
 
     def run(threshold: int):
-        monkeypatch.setattr("audit.model.tokenizer.FAST_ENCODER_AFTER_CHARS", threshold)
+        monkeypatch.setattr("audit.model.tokenizer_fast_paths.FAST_ENCODER_AFTER_CHARS", threshold)
         fresh = load_tokenizer(directory)
         context = AuditContext(load_profile("deepseek-v3.1").resolve(fresh), fresh)
         plain_calls: list[int] = []  # batches the plain `tokenizers` encoder was given
