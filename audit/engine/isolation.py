@@ -98,7 +98,7 @@ def isolated(
     failures: list[tuple[int, str, str]] = []
     half = batch.height // 2
     for start, length in ((0, half), (half, batch.height - half)):
-        part = Batch(batch.records.slice(start, length), batch.context)
+        part = Batch(batch.records.slice(start, length), batch.context, batch.source_prompts)
         done, failed = isolated(compute, part, budget)
         results.extend((start + offset, value) for offset, value in done)
         failures.extend((start + row, error, trace) for row, error, trace in failed)

@@ -142,7 +142,7 @@ def audit_blocks(
         read += block.nbytes
         records += parsed.records.height + len(parsed.rejected)
         found_here = [_rejected_findings(parsed.rejected, rule_set)]
-        batch = Batch(parsed.records, context)
+        batch = Batch(parsed.records, context, parsed.source_prompts)
         raised: list[InternalError] = []
         for configured in record_rules:
             # A rule that raises costs the records it raises on, not the block (audit.engine.isolation).

@@ -48,11 +48,19 @@ class Batch:
     through `shared` (the parsed tool calls, the harmony messages).
     """
 
-    def __init__(self, records: pl.DataFrame, context: AuditContext):
+    def __init__(
+        self,
+        records: pl.DataFrame,
+        context: AuditContext,
+        source_prompts: dict[int, dict[str, Any]] | None = None,
+    ):
         self.records = records
         self.context = context
         self._memo: dict[Callable[[Batch], Any], Any] = {}
         self._prompts: dict[int, dict[str, Any] | None] = {}
+        # The prompts the reader parsed, by line (`ParsedBlock.source_prompts`): the `source`
+        # column's objects, not read from its JSON again. Without them, that JSON is read.
+        self.source_prompts = source_prompts
 
     def source_prompt(self, row: int) -> dict[str, Any] | None:
         """The source prompt of a record (`messages`, `tools`, `chat_template_kwargs`), or None.
@@ -67,6 +75,10 @@ class Batch:
 
     def _read_prompt(self, row: int) -> dict[str, Any] | None:
         source = self.records["source"][row]
+        if source is not None and self.source_prompts is not None:
+            prompt = self.source_prompts.get(self.records["line"][row])
+            if prompt is not None:
+                return prompt
         if source is not None:
             try:
                 value = orjson.loads(source)

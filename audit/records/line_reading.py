@@ -209,9 +209,14 @@ def id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:
     return None
 
 
-def source_prompt(value: dict[str, Any]) -> str | None:
-    """The record's source prompt as JSON (`messages`, `tools`, `chat_template_kwargs`), if any."""
-    if value.get("messages") is None and value.get("tools") is None:
+def prompt_fields(value: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's source prompt (`messages`, `tools`, `chat_template_kwargs`), if it has one."""
+    if not isinstance(value.get("messages"), list) and not isinstance(value.get("tools"), list):
         return None
-    prompt = {key: value[key] for key in ("messages", "tools", "chat_template_kwargs") if key in value}
-    return orjson.dumps(prompt).decode()
+    return {key: value[key] for key in ("messages", "tools", "chat_template_kwargs") if key in value}
+
+
+def source_prompt(value: dict[str, Any]) -> str | None:
+    """The record's source prompt as JSON, if it has one (see `prompt_fields`)."""
+    prompt = prompt_fields(value)
+    return None if prompt is None else orjson.dumps(prompt).decode()

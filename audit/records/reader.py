@@ -35,6 +35,7 @@ from audit.records.line_reading import (
     TOKEN_ID_LIMIT,
     RejectedLine,
     id_list_problem,
+    prompt_fields,
     read_strictly,
     source_prompt,
 )
@@ -66,6 +67,9 @@ class ParsedBlock:
     records: pl.DataFrame
     rejected: list[RejectedLine] = field(default_factory=list)
     blank_lines: int = 0
+    # The source prompts the reading gave (`messages`, `tools`, `chat_template_kwargs`), by
+    # line: what the `source` column holds as JSON, kept so that no rule parses it again.
+    source_prompts: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
@@ -97,11 +101,14 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
         lines.append(line)
         values.append(value)
     records = _records_frame(lines, values, rejected, keep_source=keep_source)
+    prompts = {}
+    if keep_source:
+        prompts = {line: prompt for line, value in zip(lines, values, strict=True) if (prompt := prompt_fields(value))}
     del values
     records, refused = _apply_id_policy(records)
     rejected.extend(refused)
     blank = len(block.lines) - records.height - len(rejected)
-    return ParsedBlock(records=records, rejected=rejected, blank_lines=blank)
+    return ParsedBlock(records=records, rejected=rejected, blank_lines=blank, source_prompts=prompts)
 
 
 def _hold_boolean_literals(lines: list[bytes]) -> list[bool]:
