@@ -84,7 +84,7 @@ def _prepare(target, data_root, profile, tokenizer, trust_remote_code, thinking,
     return open_source(target, root, options), samples
 
 
-@app.command(short_help="Write the clean records as training samples (input_ids, loss_mask).")
+@app.command(short_help="Write the clean records as training samples (ids, loss mask).")
 def export(
     target: TargetArgument,
     out: Annotated[str, typer.Option("--out", metavar="DIR|URL", help="Directory (or object storage URL prefix) for the samples and export.json.")],
