@@ -30,7 +30,7 @@ from audit.base.storage import AnyPath
 DEFAULT_BLOCK_BYTES = 4 << 20
 # At most this many lines per block, however short they are: what the rules hold per record
 # (decoded texts, findings) is then what bounds memory.
-MAX_BLOCK_LINES = 65_536
+MAX_BLOCK_LINES = 16_384
 
 
 def is_blank(raw: bytes) -> bool:

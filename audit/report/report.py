@@ -68,6 +68,10 @@ class RuleResult:
         }
 
 
+# Findings encoded to JSON at a time: a block of short records may hold hundreds of thousands.
+_JSON_ROWS = 16_384
+
+
 @dataclass
 class Report:
     """One audited input: what was read, with what, and what every rule concluded.
@@ -172,11 +176,13 @@ class Report:
         yield head[:-1].rstrip() + b"," + newline + pad + b'"findings": ['
         separator = b"," + newline + pad + pad
         first = True
-        for batch in self.log.batches():
-            # Encoded by polars a part at a time: the same objects as `to_json()`, key for key.
-            rows = batch.select(pl.struct(pl.all()).struct.json_encode()).to_series().to_list()
-            yield (newline + pad + pad if first else separator) + separator.join(r.encode() for r in rows)
-            first = False
+        for part in self.log.batches():
+            # Encoded by polars a slice at a time: the same objects as `to_json()`, key for key.
+            for start in range(0, part.height, _JSON_ROWS):
+                batch = part.slice(start, _JSON_ROWS)
+                rows = batch.select(pl.struct(pl.all()).struct.json_encode()).to_series().to_list()
+                yield (newline + pad + pad if first else separator) + separator.join(r.encode() for r in rows)
+                first = False
         distributions = orjson.dumps(self.distributions, option=orjson.OPT_NON_STR_KEYS)
         yield newline + pad + b"]," + newline + pad + b'"distributions": ' + distributions + newline + b"}\n"
 
