@@ -126,6 +126,28 @@ class FindingsLog:
         if taken < extra.height:
             yield extra.slice(taken)
 
+    def per_rule(self, example_lines: int) -> dict[str, tuple[int, list[int]]]:
+        """Per rule: how many lines it flags, and the first `example_lines` of them.
+
+        Counted batch by batch (all findings of a line are in one batch, so the counts add up
+        exactly): memory holds one part, however many findings the file has.
+        """
+        counts: dict[str, int] = {}
+        examples: dict[str, list[int]] = {}
+        for batch in self.batches():
+            found = batch.group_by("rule").agg(
+                pl.col("line").n_unique().alias("failing"),
+                pl.col("line").unique().bottom_k(example_lines).sort().alias("lines"),
+            )
+            for rule, failing, lines in found.iter_rows():
+                counts[rule] = counts.get(rule, 0) + failing
+                examples[rule] = sorted({*examples.get(rule, []), *lines})[:example_lines]
+        return {rule: (counts[rule], examples[rule]) for rule in counts}
+
+    def lines_with(self, severity: str) -> int:
+        """How many lines have a finding of `severity`, counted batch by batch."""
+        return sum(batch.filter(pl.col("severity") == severity)["line"].n_unique() for batch in self.batches())
+
     def scan(self) -> pl.LazyFrame:
         """All findings as one lazy frame (not in line order across parts): for aggregates."""
         frames = [part.scan() for part in self.parts]

@@ -121,8 +121,7 @@ class Report:
     @cached_property
     def failing_records(self) -> int:
         """Records with at least one error-severity finding: the ones a gate would quarantine."""
-        errors = self.log.scan().filter(pl.col("severity") == "error")
-        return int(errors.select(pl.col("line").n_unique()).collect(engine="streaming")[0, 0] or 0)
+        return self.log.lines_with("error")
 
     @property
     def internal_error_records(self) -> int:
@@ -241,18 +240,8 @@ def build_report(
 ) -> Report:
     """Count each rule's failing records and judge them against the rule set's thresholds;
     with `trainer` (the run's trainer view), its summary too."""
-    # One lazy aggregate over the log: failing records and the first lines of each rule.
-    per_rule = {
-        rule: (failing, lines)
-        for rule, failing, lines in audited.log.scan()
-        .group_by("rule")
-        .agg(
-            pl.col("line").n_unique().alias("failing"),
-            pl.col("line").unique().bottom_k(EXAMPLE_LINES).sort().alias("lines"),
-        )
-        .collect(engine="streaming")  # the parts are read as they are needed, not all at once
-        .iter_rows()
-    }
+    # Failing records and the first lines of each rule, counted a part of the log at a time.
+    per_rule = audited.log.per_rule(EXAMPLE_LINES)
     results = []
     for configured in rule_set.rules:
         failing, example_lines = per_rule.get(configured.code, (0, []))
