@@ -9,14 +9,16 @@ the workers do is `audit.flows.parallel`'s; here is only how they are started an
 from __future__ import annotations
 
 import atexit
-import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 from audit.base.memory import configure_allocators
 from audit.base.offline import configure_offline
+
+if TYPE_CHECKING:  # imported when a pool is started: a run without --jobs never needs them
+    from concurrent.futures import Future, ProcessPoolExecutor
 
 # Environment a worker needs the parent's value of (the cache and backend switches, thread limits).
 _INHERITED = ("AUDIT_", "HF_", "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "TOKENIZERS_PARALLELISM")
@@ -47,6 +49,13 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     # Each process gets its share of the cores: N processes x all cores would only thrash.
     os.environ.update({name: threads for name in _THREAD_VARIABLES})
     try:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        # multiprocessing's exit handler joins the worker processes: it must run after ours
+        # (which stops them first), and exit handlers run last registered first.
+        atexit.unregister(stop_workers)
+        atexit.register(stop_workers)
         pool = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
