@@ -63,6 +63,16 @@ def test_the_check_tables_cut_nothing_at_any_width(glaive: audit.Report, width: 
         assert message.replace(" ", "") in cells.replace(" ", ""), (width, message)
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_a_passing_check_keeps_every_header_whole_at_any_width(width: int) -> None:
+    # Nothing fails, so no column has content as wide as its header: the headers set the width.
+    clean = audit.check_target("B0_clean", data_root=PREPARED, cache=False)
+    text = rendered(width, report_table(clean, width))
+    assert max(len(line) for line in text.splitlines()) <= width
+    header = next(line for line in text.splitlines() if line.startswith("code"))
+    assert header.split() == ["code", "rule", "severity", "failing", "threshold", "verdict", "lines"]
+
+
 def test_the_rule_table_keeps_thresholds_on_one_line_when_there_is_room(glaive: audit.Report) -> None:
     assert "warn >0, fail >10%" in rendered(100, report_table(glaive, 100))
     narrow = rendered(80, report_table(glaive, 80))

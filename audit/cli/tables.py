@@ -59,6 +59,7 @@ def report_table(report: Report, width: int | None = None) -> Table:
         "verdict": 7,
         "lines": max((len(lines) for _, _, lines in rows), default=5),
     }
+    natural = {name: max(width, len(name)) for name, width in natural.items()}  # the header's too
     gaps = 2 * (len(natural) - 1)
     narrow = width is not None and sum(natural.values()) + gaps > width
     fixed: dict[str, int | None] = {name: None for name in natural}
