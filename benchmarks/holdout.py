@@ -54,6 +54,7 @@ from audit.model.call_values import parameter_types
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.templating import CHAT_TEMPLATE, render_prompts
 from audit.model.tokenizer import Tokenizer
+from benchmarks import holdout_calls
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,
@@ -425,6 +426,24 @@ EXTRA: dict[str, tuple[Corruption, Callable[[ResolvedProfile, FamilySpec], bool]
 }
 
 
+def _calls(profile: ResolvedProfile, spec: FamilySpec) -> bool:
+    return profile.tool_calls is not None and "call" in spec.shapes
+
+
+# Inside the calls (benchmarks/holdout_calls.py): the call grammar and the arguments' form.
+CALL_EXTRA: dict[str, tuple[Corruption, Callable[[ResolvedProfile, FamilySpec], bool]]] = {
+    "call-closer-missing": (Corruption("call", holdout_calls.closer_missing, catches=("TCL001", "TCL002")), _calls),
+    "call-closer-repeated": (Corruption("call", holdout_calls.closer_repeated, catches=("TCL001", "TCL002")), _calls),
+    "call-text-between-tags": (Corruption("call", holdout_calls.text_between_tags, catches=("TCL001",)), _calls),
+    "argument-python-literal": (
+        Corruption("call", holdout_calls.argument_python_literal, catches=("TCL005", "TCL002")), _calls),
+    "call-id-outside-vocabulary": (
+        Corruption("call", holdout_calls.id_outside_vocabulary_in_call, catches=("INT003",)), _calls),
+    "call-markers-reversed": (Corruption("call", holdout_calls.call_markers_reversed, catches=("TCL001",)), _calls),
+}
+EXTRA.update(CALL_EXTRA)
+
+
 # -- building and judging ----------------------------------------------------------------------
 
 
@@ -443,10 +462,14 @@ def corruption_kinds(profile: ResolvedProfile, spec: FamilySpec) -> dict[str, Co
 
 
 def build(spec: FamilySpec, tokenizer: Tokenizer, profile: ResolvedProfile, records: int, seed: int,
-          workdir: Path) -> list[Labelled]:
+          workdir: Path, only: set[str] | None = None) -> list[Labelled]:
     rng = random.Random(seed)
     builder = Builder(spec, tokenizer, profile, rng, workdir)
     kinds = corruption_kinds(profile, spec)
+    if only:
+        kinds = {kind: c for kind, c in kinds.items() if kind in only}
+        if not kinds:
+            return []
     out: list[Labelled] = []
     while len(out) < records:
         kind = rng.choice(sorted(kinds)) if rng.random() < 0.33 else None
@@ -546,6 +569,8 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=2000, help="records per family and thinking mode")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", type=Path, help="write the partitions (and labels.json) here to look at them")
+    parser.add_argument("--kinds", nargs="+", metavar="KIND",
+                        help="only these corruption kinds ('calls': those inside tool calls)")
     args = parser.parse_args()
     ok = True
     with tempfile.TemporaryDirectory(prefix="holdout-") as tmp:
@@ -559,7 +584,12 @@ def main() -> int:
             tokenizer = load_cached_tokenizer(directory, False)
             for thinking in spec.thinking:
                 profile = load_profile(spec.profile).resolve(tokenizer, thinking=thinking)
-                labelled = build(spec, tokenizer, profile, args.records, args.seed, workdir)
+                only = None if not args.kinds else {
+                    k for kind in args.kinds for k in (CALL_EXTRA if kind == "calls" else [kind])}
+                labelled = build(spec, tokenizer, profile, args.records, args.seed, workdir, only)
+                if not labelled:
+                    print(f"{name}: none of the kinds asked for fits this family")
+                    continue
                 result = judge(spec, directory, thinking, labelled, workdir)
                 ok &= result["recall"] == 1.0 and result["fpr"] == 0.0
                 mode = "on" if thinking else "off"
