@@ -336,6 +336,23 @@ def test_exit_codes_follow_the_gate(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "b" / "export.json").read_text())["counts"]["rows"] == 51
 
 
+def test_the_same_export_again_replaces_its_own_earlier_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert cli("export", "B0_clean", "--out", str(out), "--format", "parquet", "--rows-per-shard", "4").exit_code == 0
+    assert len(list(out.glob("part-*.parquet"))) == 8
+    again = cli("export", "B0_clean", "--out", str(out), "--format", "parquet", "--rows-per-shard", "40")
+    assert again.exit_code == 0, again.output
+    assert sorted(p.name for p in out.iterdir()) == ["export.json", "part-00000.parquet"]
+    # A summary that lists files it does not hold, or a file it does not list, is not ours alone.
+    summary = json.loads((out / "export.json").read_text())
+    (out / "part-00007.parquet").write_bytes(b"someone's")
+    refused = cli("export", "B0_clean", "--out", str(out), "--format", "parquet")
+    assert refused.exit_code == 2 and "not empty" in refused.output
+    (out / "part-00007.parquet").unlink()
+    (out / "export.json").write_text(json.dumps({**summary, "tool": {"name": "other"}}))
+    assert cli("export", "B0_clean", "--out", str(out), "--format", "parquet").exit_code == 2
+
+
 def test_a_non_empty_output_is_refused_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

@@ -164,7 +164,23 @@ def test_ci_runs_the_readme_set_up_commands_as_written() -> None:
 
 
 def _copy_of_the_repository(destination: Path) -> Path:
-    shutil.copytree(ROOT, destination, ignore=NOT_COPIED, symlinks=True)
+    """The repository as a fresh clone has it: git's files (tracked, or new and not ignored), so
+    that what earlier runs of the examples wrote (`exported/`, `vocab/`, ...) is not there."""
+    listed = None
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        found = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                               cwd=ROOT, capture_output=True, check=False)
+        listed = found.stdout.decode().split("\0") if found.returncode == 0 else None
+    if listed is None:  # not a git checkout: everything but what runs and tools leave behind
+        shutil.copytree(ROOT, destination, ignore=NOT_COPIED, symlinks=True)
+        return destination
+    for name in filter(None, listed):
+        source = ROOT / name
+        if not source.is_file() and not source.is_symlink():
+            continue  # deleted in the working tree
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target, follow_symlinks=False)
     return destination
 
 

@@ -200,8 +200,14 @@ def test_the_api_and_the_target_vocabulary(tmp_path: Path) -> None:
     small = runner.invoke(app, ["vocab", "B0_clean", "--out", str(tmp_path / "w"), "--draft-vocab", "10",
                                 "--target-vocab", "100", "--data-root", str(PREPARED)])
     assert small.exit_code == 2 and "outside the target vocabulary" in small.output, small.output
+    # The same command again replaces its own earlier output (a whole one, nothing else there)...
     again = runner.invoke(app, ["vocab", "B0_clean", "--out", str(tmp_path / "v"), "--draft-vocab", "10", "--data-root", str(PREPARED)])
-    assert again.exit_code == 2 and "not empty" in again.output
+    assert again.exit_code == 0, again.output
+    assert np.load(tmp_path / "v" / "d2t.npy").shape == (10,)
+    # ...but not a directory that also holds someone else's file.
+    (tmp_path / "v" / "notes.txt").write_text("mine")
+    refused = runner.invoke(app, ["vocab", "B0_clean", "--out", str(tmp_path / "v"), "--draft-vocab", "10", "--data-root", str(PREPARED)])
+    assert refused.exit_code == 2 and "not empty" in refused.output
 
 
 def test_coverage_and_safetensors_by_hand() -> None:

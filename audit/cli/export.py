@@ -66,7 +66,7 @@ MaxLengthOption = Annotated[
 LongOption = Annotated[
     Long, typer.Option("--long", help="What rows longer than --max-length become: kept whole, dropped, or cut to N (rows left with no trained token are dropped).")
 ]
-ForceOption = Annotated[bool, typer.Option("--force", help="Write into --out even if it is not empty.")]
+ForceOption = Annotated[bool, typer.Option("--force", help="Write into --out even if it holds more than an earlier output of this command.")]
 
 
 def _prepare(target, data_root, profile, tokenizer, trust_remote_code, thinking, rules, jobs, no_cache,

@@ -281,11 +281,26 @@ class ExportDirectory:
         )
 
     def refuse_unless(self, force: bool, what: str) -> None:
-        """An output holding anything is someone's: write there only with `force`."""
+        """An output holding anything is someone's: write there only with `force`; unless it
+        holds an earlier output of this kind and nothing else (its summary and the files the
+        summary lists): running the same command again replaces it, as `audit gate` does."""
         present = self.entries()
-        if present and not force:
+        if present and not force and not self._earlier_output(present):
             shown = ", ".join(present[:3]) + (", ..." if len(present) > 3 else "")
             raise InputError(f"--out {self.out} is not empty ({shown}): pass --force to write the {what} there anyway, or choose another --out")
+
+    def _earlier_output(self, present: list[str]) -> bool:
+        """Does the directory hold exactly a whole earlier output of this kind (read as untrusted:
+        anything unexpected in the summary means no)?"""
+        if self.summary_name not in present:
+            return False
+        try:
+            summary = json.loads((self.out / self.summary_name).read_bytes())
+            listed = {entry["path"] for entry in summary["files"]}
+            ours = summary["tool"]["name"] == "audit"
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        return ours and all(isinstance(name, str) for name in listed) and set(present) <= listed | {self.summary_name}
 
     def stage(self, name: str) -> Staged:
         if isinstance(self.out, ObjectPath):
