@@ -10,6 +10,7 @@ endpoint), on the conversations the view builds from the shipped samples.
 from __future__ import annotations
 
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from audit.cli import app
@@ -396,3 +399,69 @@ def test_the_speculators_rules_map_every_other_role_to_the_assistant() -> None:
     assert [t["role"] for t in turns] == ["user", "assistant", "assistant"]
     assert turns[1] == {"role": "assistant", "content": "x"}  # `name` is not kept
     assert turns[2]["thinking"] == turns[2]["reasoning_content"] == "r" and turns[2]["content"] == ""
+
+
+# -- hostile conversations --------------------------------------------------------------------------
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=True), _TEXT)
+_JSONISH = st.recursive(_SCALAR, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                         st.dictionaries(_TEXT, inner, max_size=3)), max_leaves=6)
+_ROLE = st.one_of(st.sampled_from(["system", "user", "assistant", "tool", "developer", "function", "human", "gpt",
+                                   "ipython", "", "ASSISTANT"]), _TEXT, st.integers(), st.none())
+_CALL = st.one_of(
+    st.fixed_dictionaries(
+        {"function": st.fixed_dictionaries({"name": st.one_of(_TEXT, st.integers(), st.none()),
+                                            "arguments": st.one_of(_TEXT, _JSONISH, st.just('{"a": 1'),
+                                                                   st.just("{'a': True}"))})},
+        optional={"id": _SCALAR, "type": st.sampled_from(["function", "other"])}),
+    _JSONISH,
+)
+_OBJECT_MESSAGE = (
+    st.fixed_dictionaries(
+        {"role": _ROLE},
+        optional={
+            "content": st.one_of(_TEXT, st.none(), st.integers(), st.lists(st.one_of(
+                st.fixed_dictionaries({"type": st.sampled_from(["text", "image", "x"]), "text": _SCALAR}), _JSONISH),
+                max_size=2), st.dictionaries(_TEXT, _SCALAR, max_size=2)),
+            "reasoning_content": st.one_of(_TEXT, st.none(), st.integers()),
+            "tool_calls": st.one_of(st.lists(_CALL, max_size=2), _JSONISH),
+            "tool_call_id": _SCALAR,
+            "name": _SCALAR,
+            "from": _ROLE,
+            "value": _SCALAR,
+        },
+    )
+)
+# Mostly objects (a message that is not one is the record contract's, INT002: the view never sees it).
+_MESSAGE = st.one_of(_OBJECT_MESSAGE, _OBJECT_MESSAGE, _OBJECT_MESSAGE, _OBJECT_MESSAGE, _JSONISH)
+_TOOLS = st.one_of(st.none(), _JSONISH, st.lists(st.one_of(
+    st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.one_of(_TEXT, st.integers())}, optional={"parameters": _JSONISH, "description": _SCALAR})}),
+    _JSONISH), max_size=2))
+
+
+@settings(max_examples=int(os.environ.get("TRAINER_VIEW_EXAMPLES", "6")), deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(conversations=st.lists(st.tuples(st.lists(_MESSAGE, max_size=5), _TOOLS), min_size=8, max_size=8))
+def test_any_conversation_a_record_may_carry_is_viewed_or_refused_never_an_error(
+    tmp_path_factory: pytest.TempPathFactory, real_tokenizer_dirs, conversations: list[tuple[list[Any], Any]]
+) -> None:
+    # The record's own ids are clean (a shipped Qwen3 record); only what the trainer is given
+    # (its messages and tools) is hostile. Every record is judged, none raises.
+    directory, _ = real_tokenizer(real_tokenizer_dirs, "qwen3")
+    good = json.loads(_partition_file("qwen3").read_text().splitlines()[0])
+    records = []
+    for index, (messages, tools) in enumerate(conversations):
+        record = {**good, "id": f"hostile-{index}", "messages": messages}
+        record.pop("tools", None)
+        if tools is not None:
+            record["tools"] = tools
+        records.append(json.dumps(record, ensure_ascii=False, allow_nan=True))
+    path = write_jsonl(tmp_path_factory.mktemp("hostile-view") / "raw_responses.jsonl", list(records))
+    from audit import check_target
+
+    for trainer in ("specforge:qwen3-thinking", "specforge:qwen", "speculators"):
+        report = check_target(path, tokenizer=directory, profile="qwen3", trainer=trainer, cache=False)
+        assert report.records == len(records)
+        assert "ERR001" not in set(report.findings["rule"]), report.findings.filter(pl.col("rule") == "ERR001")
