@@ -413,7 +413,8 @@ _CALL = st.one_of(
     st.fixed_dictionaries(
         {"function": st.fixed_dictionaries({"name": st.one_of(_TEXT, st.integers(), st.none()),
                                             "arguments": st.one_of(_TEXT, _JSONISH, st.just('{"a": 1'),
-                                                                   st.just("{'a': True}"))})},
+                                                                   st.just("{'a': True}"),
+                                                                   st.just('{"a": "\\ud800"}'))})},
         optional={"id": _SCALAR, "type": st.sampled_from(["function", "other"])}),
     _JSONISH,
 )
