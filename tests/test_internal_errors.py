@@ -225,3 +225,33 @@ def test_a_rule_that_raises_on_everything_costs_a_bounded_number_of_runs(kimi_co
     assert done == [] and sorted(row for row, _, _ in failed) == list(range(500))  # every record accounted for
     # the budget, then one run of each part left (one a level of the halving: log2(500) < 9)
     assert len(runs) <= 20 + 9
+
+
+def test_a_line_the_reading_raises_on_is_an_internal_error_of_the_reader_and_the_rest_is_judged(
+        data, tmp_path, monkeypatch):
+    # Every line should read or be refused (INT001/INT002); one the reading still raises on (a
+    # bug) costs that line: ERR001 naming the reader, quarantined, exit 2; every other line judged.
+    import audit.records.reader as reader
+
+    healthy = audit.check_target(data, profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
+    strict = reader.read_strictly
+
+    def faulty(line: int, text: bytes, **kwargs):
+        if b"boom-" in text:
+            raise RecursionError("maximum recursion depth exceeded")
+        return strict(line, text, **kwargs)
+
+    monkeypatch.setattr(reader, "read_strictly", faulty)
+    report = audit.check_target(data, profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
+    assert report.exit_code() == 2 and report.records == healthy.records
+    assert [(e.line, e.rule) for e in report.internal_errors] == [(line, "reader") for line in BAD_LINES]
+    assert "RecursionError" in report.internal_errors[0].error and "Traceback" in report.internal_errors[0].traceback
+    errors = report.findings.filter(pl.col("rule") == INTERNAL_ERROR)
+    assert errors["line"].to_list() == BAD_LINES and set(errors["severity"]) == {"error"}
+    others = report.findings.filter(pl.col("rule") != INTERNAL_ERROR)
+    assert others.equals(healthy.findings.filter(~pl.col("line").is_in(BAD_LINES)))
+    gated = audit.gate(data, tmp_path / "gated", profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False)
+    quarantined = {entry["line"] for entry in audit.iter_quarantine(tmp_path / "gated" / "quarantine.jsonl")}
+    clean = (tmp_path / "gated" / "clean.jsonl").read_text().splitlines()
+    assert gated.report.exit_code() == 2 and set(BAD_LINES) <= quarantined
+    assert len(clean) + len(quarantined) == 30 and not any("boom-" in line for line in clean)  # nothing lost

@@ -16,7 +16,9 @@ class InternalError(Rule):
         contract admits; when one still raises (an exception, or a panic in a native
         library), the engine runs it again on each half of the block, down to the records it
         raises on alone. Each such record gets this finding, naming the rule and the
-        exception; every other record keeps its findings and the report is written. The run
+        exception; every other record keeps its findings and the report is written. A line
+        the reading itself raises on (rather than reading it or refusing it as INT001/INT002)
+        gets it too, naming `reader`. The run
         then exits 2 (the tool broke), whatever the verdict, and says how many records hit an
         internal error. Always on: a rule set cannot select it away or change its severity.
 

@@ -140,10 +140,11 @@ def audit_blocks(
         parsed = parse_block(block, keep_source=keep_source)
         lines = block.last_line
         read += block.nbytes
-        records += parsed.records.height + len(parsed.rejected)
+        records += parsed.records.height + len(parsed.rejected) + len(parsed.raised)
         found_here = [_rejected_findings(parsed.rejected, rule_set)]
         batch = Batch(parsed.records, context, parsed.source_prompts)
-        raised: list[InternalError] = []
+        # Lines the reading raised on (a bug): internal errors of the reader's, as a rule's are.
+        raised = [InternalError(line, None, "reader", error, trace) for line, error, trace in parsed.raised]
         for configured in record_rules:
             # A rule that raises costs the records it raises on, not the block (audit.engine.isolation).
             done, failed = isolated(configured.rule.check, batch)

@@ -23,6 +23,7 @@ is still read.
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +71,9 @@ class ParsedBlock:
     # The source prompts the reading gave (`messages`, `tools`, `chat_template_kwargs`), by
     # line: what the `source` column holds as JSON, kept so that no rule parses it again.
     source_prompts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # Lines the reading itself raised on (a bug: every line should read or be rejected), as
+    # (line, the exception on one line, its traceback): the engine makes each an internal error.
+    raised: list[tuple[int, str, str]] = field(default_factory=list)
 
 
 def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
@@ -88,13 +92,19 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     last_unterminated = block.last_line if block.last_unterminated else None
     booleans = _hold_boolean_literals(block.lines)
     id_lists = IdLists()
+    raised: list[tuple[int, str, str]] = []
     for line, raw in block.record_lines():
         text = raw.rstrip(b"\r")
-        value, problem = read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)
-        if problem is None and booleans[line - block.first_line]:
-            # A boolean inside an id list reads as 0 or 1 in an integer column: found here, where
-            # the line can hold one at all (its text has the literal), before the frame is built.
-            problem = _bad_id_line(line, value)
+        try:
+            value, problem = read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)
+            if problem is None and booleans[line - block.first_line]:
+                # A boolean inside an id list reads as 0 or 1 in an integer column: found here, where
+                # the line can hold one at all (its text has the literal), before the frame is built.
+                problem = _bad_id_line(line, value)
+        except Exception as exc:  # noqa: BLE001 - one line the reading cannot take costs that line
+            said = " ".join(str(exc).split())
+            raised.append((line, f"{type(exc).__name__}: {said}"[:300], traceback.format_exc()))
+            continue
         if problem is not None:
             rejected.append(problem)
             continue
@@ -107,8 +117,8 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     del values
     records, refused = _apply_id_policy(records)
     rejected.extend(refused)
-    blank = len(block.lines) - records.height - len(rejected)
-    return ParsedBlock(records=records, rejected=rejected, blank_lines=blank, source_prompts=prompts)
+    blank = len(block.lines) - records.height - len(rejected) - len(raised)
+    return ParsedBlock(records=records, rejected=rejected, blank_lines=blank, source_prompts=prompts, raised=raised)
 
 
 def _hold_boolean_literals(lines: list[bytes]) -> list[bool]:
