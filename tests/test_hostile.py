@@ -1109,6 +1109,20 @@ def test_escaped_colons_alone_are_not_a_repeated_key(tmp_path):
     assert findings_of(data_file(tmp_path, line)) == []
 
 
+@pytest.mark.parametrize("depth", [300, 1000])
+@pytest.mark.parametrize("field", ["tools", "note"])
+def test_a_line_nested_deeper_than_orjson_writes_is_int001_not_an_internal_error(tmp_path, depth, field):
+    # orjson reads 1,023 levels but writes 254: a line in between once stopped the run
+    # (`TypeError: Recursion limit reached` from the repeated-key test).
+    line = json.dumps(record())[:-1] + f', "{field}": [' + "[" * depth + "]" * depth + "]}"
+    path = data_file(tmp_path, line)
+    result = cli("check", str(path), *TOKENIZER_ARGS, "--format", "json", "--no-cache")
+    assert result.exit_code == 1, result.output
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["line"], finding["rule"]) == (2, "INT001")
+    assert "nested too deeply" in finding["message"]
+
+
 # == 7. The cache cannot lie ======================================================================
 
 

@@ -269,6 +269,33 @@ def test_deepseek_prompts_are_rendered_by_the_built_in_encoders(real_tokenizer_d
     assert isinstance(refused, RenderFailure) and "EncoderError" in refused.reason
 
 
+def test_arguments_that_parse_to_a_lone_surrogate_are_a_refusal_to_render_never_a_crash(real_tokenizer_dirs):
+    # The encoders parse a call's arguments with Python's json, which takes "\\ud800": the
+    # rendering then held a lone surrogate, and encoding it raised UnicodeEncodeError in TPL001
+    # (ERR001 on the record, exit 2).
+    from audit.checks.ruleset import load_rule_set
+    from audit.engine.runner import audit_blocks
+    from audit.model.profiles import load_profile
+    from audit.records.batch import AuditContext
+    from audit.records.sources import memory_blocks
+    from tests.conftest import real_tokenizer
+
+    call = {**CALL, "function": {"name": "get_weather", "arguments": '{"city": "\\ud800"}'}}
+    messages = [*AGENTIC[:2], {**AGENTIC[2], "tool_calls": [call]}, AGENTIC[3]]
+    for name in ("deepseek-v3.2", "deepseek-v4"):
+        _, tokenizer = real_tokenizer(real_tokenizer_dirs, name)
+        [refused] = render_prompts(tokenizer, [messages], [[WEATHER]], thinking=True, renderer=name)
+        assert isinstance(refused, RenderFailure) and "U+D800, a lone surrogate" in refused.reason
+        [ids] = prompt_ids(tokenizer, [AGENTIC], [[WEATHER]], thinking=True, renderer=name)
+        output = tokenizer.encode_text("Snowy.<｜end▁of▁sentence｜>")
+        record = {"id": "s", "input_ids": ids, "output_ids": output, "messages": messages, "tools": [WEATHER]}
+        context = AuditContext(load_profile(name).resolve(tokenizer), tokenizer)
+        shard = audit_blocks(memory_blocks([json.dumps(record).encode()]), context, load_rule_set())
+        assert shard.internal_errors == []
+        rules = {rule for part in shard.parts for rule in part.read()["rule"].to_list()}
+        assert "TPL001" in rules and "ERR001" not in rules
+
+
 def test_the_generator_sends_and_tpl001_expects_the_encoders_prompt(tmp_path, real_tokenizer_dirs):
     """DeepSeek-V3.2 end to end: `audit generate` renders with the built-in encoder (agentic
     continuations included), and the audit of what it wrote passes; a prompt with the tools

@@ -421,6 +421,24 @@ def test_minimax_elements_out_of_order_do_not_read() -> None:
     assert spaced[0].elements == (Element("a", "1"),) and spaced[0].malformed is None
 
 
+@pytest.mark.parametrize("depth", [300, 1000, 20000])
+def test_arguments_nested_past_what_json_writes_are_tcl002_never_an_internal_error(tmp_path_factory, depth) -> None:
+    # orjson reads 1,023 levels and writes 254; the element checks recurse. Qwen3's call object
+    # was written again with orjson (TypeError), MiniMax-M3's elements walked past Python's
+    # recursion limit (RecursionError): ERR001 on the record, exit 2.
+    ns = "]<]minimax[>["
+    nested_json = '{"name": "create_issue", "arguments": {"meta": ' + "[" * depth + "]" * depth + "}}"
+    elements = f"{ns}<meta>" + f"{ns}<k>" * depth + "1" + f"{ns}</k>" * depth + f"{ns}</meta>"
+    cases = [
+        ("qwen3", f"Call.\n</think>\n\n<tool_call>\n{nested_json}\n</tool_call><|im_end|>"),
+        ("minimax-m3", f'Call.</mm:think>{ns}<tool_call>\n{ns}<invoke name="create_issue">{elements}'
+                       f"{ns}</invoke>\n{ns}</tool_call>[e~["),
+    ]
+    for spec_name, output in cases:
+        found = findings(_context(spec_name, tmp_path_factory), tmp_path_factory.mktemp(spec_name), output)
+        assert [rule for rule, _, _ in found if rule.startswith(("ERR", "TCL"))] == ["TCL002"], (spec_name, found)
+
+
 # -- Kimi call ids ------------------------------------------------------------------------------
 
 

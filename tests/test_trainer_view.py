@@ -315,6 +315,28 @@ def test_messages_of_odd_shapes_give_findings_never_an_error(tmp_path: Path) -> 
             assert "TRN005" in rules[8]  # a leading tool message is dropped
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"n": ' + "9" * 5000 + "}", "[" * 5000 + "]" * 5000, '{"city": "\\ud800"}'],
+    ids=["digits", "nesting", "surrogate"],
+)
+def test_arguments_json_loads_cannot_take_are_a_trainer_refusal_never_an_error(tmp_path: Path, arguments: str) -> None:
+    # Python's json raises ValueError past 4,300 digits and RecursionError past its nesting limit
+    # (SpecForge catches only JSONDecodeError), and decodes "\\ud800" to a lone surrogate that
+    # no tokenizer encodes: each stopped the trainer view with ERR001.
+    good = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
+    call = {"id": "functions.f:0", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    history = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "functions.f:0", "content": "done"}]
+    path = write_jsonl(tmp_path / "args.jsonl", [{**good, "id": "args", "messages": history}])
+    for trainer in ("specforge:kimi-k2-thinking", "speculators"):
+        done = runner.invoke(app, ["check", str(path), "--tokenizer", str(KIMI_TOKENIZER), "--profile", "kimi-k2.5",
+                                   "--trainer", trainer, "--format", "jsonl", "--no-cache"])
+        assert done.exit_code in (0, 1), done.output
+        rules = {json.loads(line)["rule"] for line in done.stdout.splitlines() if line.startswith("{")}
+        assert "ERR001" not in rules and "TRN008" in rules, (trainer, rules)
+
+
 def test_the_summary_names_the_share_and_its_causes() -> None:
     from audit.report.trainer_summary import _sentence
 

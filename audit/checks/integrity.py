@@ -19,8 +19,9 @@ class UnreadableLine(Rule):
         Every non-blank line of the file parses as one JSON value for a strict parser (no
         NaN, Infinity, byte order mark or lone surrogate), with no object holding a key twice:
         polars keeps the first value and json/orjson the last, so such a line has no single
-        reading. The reader reports the line and the reason; the rest of the file is still
-        audited.
+        reading; and no deeper than 253 levels of arrays and objects, beyond which orjson,
+        which reads up to 1,023, cannot write the record again. The reader reports the line
+        and the reason; the rest of the file is still audited.
 
     Why it matters:
         A line nobody can read is a sample silently missing from training, and often the

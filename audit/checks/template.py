@@ -19,6 +19,7 @@ import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.model.templating import (
+    CHAT_TEMPLATE,
     RenderFailure,
     encode_prompts,
     get_renderer,
@@ -56,7 +57,8 @@ class TemplateMismatch(RecordRule):
         project's own copy of it, as SGLang prepares the request; a conversation it refuses
         is a finding. A renderer's other real renderings are accepted too, and nothing else:
         DeepSeek-V3.2's tools preamble as SGLang and vLLM copy it, and as DeepSeek's release
-        file has it (a blank line between paragraphs).
+        file has it (a blank line between paragraphs). A template of the record's own (a
+        `chat_template` in its `chat_template_kwargs`) is never run: the record is a finding.
 
     Why it matters:
         The drafter is trained on `input_ids + output_ids` and served behind the real
@@ -209,6 +211,14 @@ class TemplateMismatch(RecordRule):
                 missing.setdefault(key, prompt)
         if not missing:
             return
+        renders_jinja = batch.profile.prompt_renderer == CHAT_TEMPLATE
+        for key, prompt in list(missing.items()):
+            extra = prompt.get("chat_template_kwargs")
+            if renders_jinja and isinstance(extra, dict) and "chat_template" in extra:
+                self._rendered[key] = OWN_TEMPLATE
+                del missing[key]
+        if not missing:
+            return
         prompts = list(missing.values())
         extras = [p.get("chat_template_kwargs") for p in prompts]
         texts = render_prompts(
@@ -240,6 +250,11 @@ class TemplateMismatch(RecordRule):
             rendered = self._rendered.pop(next(iter(self._rendered)))
             if not isinstance(rendered, str):
                 self._rendered_ids -= len(rendered)
+
+
+# A record's `chat_template_kwargs` are template variables; one named `chat_template` would make
+# transformers render the record's own template: code from the data, run with no bound on its time.
+OWN_TEMPLATE = "its chat_template_kwargs name a chat_template of its own, which the audit never runs"
 
 
 def _compared(

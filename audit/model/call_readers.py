@@ -112,7 +112,13 @@ def qwen3_call(head: str, body: str) -> list[ToolCall]:
     arguments = call.get("arguments", {})
     if isinstance(arguments, str):  # some pipelines double-encode; the model writes an object
         return [ToolCall(name=name, arguments=arguments)]
-    return [ToolCall(name=name, arguments=orjson.dumps(arguments).decode())]
+    try:
+        return [ToolCall(name=name, arguments=orjson.dumps(arguments).decode())]
+    except orjson.JSONEncodeError:  # orjson reads 1,023 levels of nesting but writes 254
+        return [ToolCall(name=name, arguments=head, arguments_error=TOO_DEEP)]
+
+
+TOO_DEEP = "are nested too deeply to be written again (over 253 levels of arrays and objects)"
 
 
 # -- parameters as text ------------------------------------------------------------------------
@@ -280,6 +286,11 @@ _MINIMAX_INVOKE = re.compile(
 )
 
 
+# Deeper than JSON's writer goes (`TOO_DEEP`), and than Python's recursion limit lets the
+# element checks walk.
+MAX_ELEMENT_DEPTH = 253
+
+
 class _Malformed(ValueError):
     """Elements out of the format, and how."""
 
@@ -342,6 +353,8 @@ def _minimax_elements(inner: str) -> tuple[Element, ...]:
                 raise _Malformed(f"<{opened}> holds both text and elements")
             stack[-1][2].append(Element(opened, value, tuple(children)))
         elif piece.startswith("<") and ">" in piece:
+            if len(stack) > MAX_ELEMENT_DEPTH:  # the checks that walk the elements recurse
+                raise _Malformed(f"elements nested more than {MAX_ELEMENT_DEPTH} levels deep")
             close = piece.index(">")
             stack.append((piece[1:close].strip(), piece[close + 1 :], []))
         else:

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.model.templating import failure_reason
+from audit.model.templating import failure_reason, utf8_text
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import PatternRules, TemplateRules, Trainer
 
@@ -97,6 +97,15 @@ def plan_conversation(
     parse kept as written): what the trainer view compares ids and masks on, so that each of
     those changes is named by itself and only the rest counts as re-tokenisation.
     """
+    try:
+        return _plan(conversation, tools, trainer, undone=undone)
+    except (ValueError, RecursionError) as exc:
+        # json.loads past its limits (an integer of over 4,300 digits, arguments nested past the
+        # recursion limit) raises what SpecForge catches not (it catches JSONDecodeError only).
+        return Refusal(f"SpecForge's parser raises on it ({failure_reason(exc)})", stops=True)
+
+
+def _plan(conversation: Any, tools: Any, trainer: Trainer, *, undone: bool) -> SpecForgePlan | Refusal:
     template, parser = trainer.template, trainer.parser
     assert template is not None and parser is not None
     if not conversation:
@@ -204,14 +213,25 @@ def render_plans(tokenizer: Tokenizer, plans: list[SpecForgePlan], trainer: Trai
     texts: list[str | Refusal] = []
     for plan in plans:
         try:
-            texts.append(
-                tokenizer.render_chat(plan.messages, plan.tools, add_generation_prompt=False, **kwargs)
-            )
+            text = tokenizer.render_chat(plan.messages, plan.tools, add_generation_prompt=False, **kwargs)
         except (ValueError, TypeError):
-            texts.append(_fallback_text(tokenizer, plan, trainer))
+            texts.append(_encodable(_fallback_text(tokenizer, plan, trainer)))
         except Exception as exc:  # jinja's TemplateError and the like: SpecForge does not catch them
             texts.append(Refusal(f"the chat template raises on it ({failure_reason(exc)}): SpecForge stops", stops=True))
+        else:
+            texts.append(_encodable(text))
     return texts
+
+
+def _encodable(text: str | Refusal) -> str | Refusal:
+    """The text, unless its tokenizer cannot encode it (a lone surrogate, from arguments that
+    json.loads decoded): SpecForge's tokenizer call raises then."""
+    if isinstance(text, Refusal):
+        return text
+    try:
+        return utf8_text(text)
+    except ValueError as exc:
+        return Refusal(f"its tokenizer raises on the rendering ({exc}): SpecForge stops", stops=True)
 
 
 def _fallback_text(tokenizer: Tokenizer, plan: SpecForgePlan, trainer: Trainer) -> str | Refusal:

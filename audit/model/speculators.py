@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from audit.model.specforge import Refusal
-from audit.model.templating import failure_reason
+from audit.model.templating import failure_reason, utf8_text
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import Trainer
 
@@ -160,7 +160,9 @@ def _tools(tools: Any) -> list[Any] | None:
 
 def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[Any] | None, gen: bool) -> str:
     try:
-        return tokenizer.render_chat(vllm_messages(messages), tools, add_generation_prompt=gen)
+        # A text its tokenizer cannot encode (a lone surrogate, from arguments json.loads decoded)
+        # raises ValueError: refused as the template's error.
+        return utf8_text(tokenizer.render_chat(vllm_messages(messages), tools, add_generation_prompt=gen))
     except RenderRefused:
         raise
     except Exception as exc:  # the template raises: vLLM answers 400

@@ -123,7 +123,7 @@ def render_conversations(
     texts: list[str | RenderFailure] = []
     for messages, tools, kwargs in zip(messages_list, tools_list, template_kwargs, strict=True):
         try:
-            texts.append(_render_any_argument_form(tokenizer, messages, tools, kwargs, add_generation_prompt=False))
+            texts.append(utf8_text(_render_any_argument_form(tokenizer, messages, tools, kwargs, add_generation_prompt=False)))
         except Exception as exc:  # jinja raises many types; each means "cannot render"
             texts.append(RenderFailure(failure_reason(exc)))
     return texts
@@ -133,6 +133,19 @@ def failure_reason(exc: BaseException) -> str:
     """`Type: first line` of why a renderer refused, for a finding's message."""
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def utf8_text(text: str) -> str:
+    """`text`, when it can be encoded: a rendering that holds a lone surrogate (a `\\ud800` escape
+    in a JSON string the renderer parsed, such as a call's arguments, which Python's json takes)
+    is no UTF-8 text, and no tokenizer encodes it. Raises ValueError, a refusal to render."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as bad:
+            code = ord(text[bad.start])
+            raise ValueError(f"the rendering holds U+{code:04X}, a lone surrogate, which is not UTF-8") from None
+    return text
 
 
 def other_argument_form(messages: Messages, to_objects: bool | None = None) -> Messages | None:
@@ -271,7 +284,7 @@ def render_variants(
     texts = []
     for render in get_renderer(renderer).variants:
         try:
-            texts.append(render(tokenizer, messages, tools, thinking, {**switch, **(extra_kwargs or {})}))
+            texts.append(utf8_text(render(tokenizer, messages, tools, thinking, {**switch, **(extra_kwargs or {})})))
         except Exception:  # noqa: BLE001, S112 (a variant that refuses is simply not one)
             continue
     return texts
@@ -301,7 +314,7 @@ def render_prompts(
     texts: list[str | RenderFailure] = []
     for messages, tools, extra in zip(messages_list, tools_list, extras, strict=True):
         try:
-            texts.append(render(tokenizer, messages, tools, thinking, {**switch, **(extra or {})}))
+            texts.append(utf8_text(render(tokenizer, messages, tools, thinking, {**switch, **(extra or {})})))
         except Exception as exc:  # jinja and encoders raise many types; each means "cannot render"
             texts.append(RenderFailure(failure_reason(exc)))
     return texts

@@ -35,6 +35,9 @@ class RejectedLine:
 
 # -- the strict reading of one line ------------------------------------------------------------
 
+# Why a line whose arrays and objects nest deeper than a JSON writer goes is no record.
+TOO_DEEP = "arrays and objects nested too deeply to be written again (over 253 levels)"
+
 # A JSON escape that decodes to ":" (see `_may_repeat_keys`).
 _ESCAPED_COLONS = (b"\\u003a", b"\\u003A")
 
@@ -58,7 +61,13 @@ def read_strictly(
             return None, _not_json(line, text, err, last_unterminated=last_unterminated)
     if not isinstance(value, dict):
         return None, RejectedLine(line, f"a JSON {json_type(value)}, expected an object", CONTRACT)
-    if _may_repeat_keys(text, value) and (repeated := _repeated_key(text)) is not None:
+    try:
+        may_repeat = _may_repeat_keys(text, value)
+    except orjson.JSONEncodeError:
+        # orjson reads 1,023 levels but writes 254: such a value could not be written again
+        # (the source prompt, the gate's outputs), so it is no record.
+        return None, RejectedLine(line, TOO_DEEP, UNREADABLE)
+    if may_repeat and (repeated := _repeated_key(text)) is not None:
         return None, RejectedLine(line, repeated, UNREADABLE)
     problem = _field_problem(value)
     if problem is not None:
