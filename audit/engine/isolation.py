@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from audit.base.errors import one_line
 from audit.checks.internal import InternalError as InternalErrorRule
 from audit.records.batch import Batch
 
@@ -62,12 +63,6 @@ def is_failure(exc: BaseException) -> bool:
     """An exception a rule may raise: any `Exception`, and the panics of Rust extensions
     (polars, tokenizers, fastokens), which derive from BaseException; never an interrupt."""
     return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
-
-
-def one_line(exc: BaseException) -> str:
-    """`Type: message` on one line, at most 300 characters."""
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
 
 
 # Runs of a rule one block may spend finding the records it raises on: enough to single out a

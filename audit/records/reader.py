@@ -29,6 +29,7 @@ from typing import Any
 
 import polars as pl
 
+from audit.base.errors import one_line
 from audit.records.id_lists import IdLists, ids_column
 from audit.records.line_reading import (
     CONTRACT,
@@ -102,8 +103,7 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
                 # the line can hold one at all (its text has the literal), before the frame is built.
                 problem = _bad_id_line(line, value)
         except Exception as exc:  # noqa: BLE001 - one line the reading cannot take costs that line
-            said = " ".join(str(exc).split())
-            raised.append((line, f"{type(exc).__name__}: {said}"[:300], traceback.format_exc()))
+            raised.append((line, one_line(exc), traceback.format_exc()))
             continue
         if problem is not None:
             rejected.append(problem)
