@@ -85,15 +85,14 @@ def _view(batch: Batch) -> pl.DataFrame:
     if trainer is None or batch.height == 0:
         return pl.DataFrame(columns, schema=VIEW_SCHEMA)
     rows: list[_Row] = []
-    inputs = trainer_inputs(batch)
-    for row, item in enumerate(inputs):
+    prompts, outputs = batch.records["input_ids"], batch.records["output_ids"]
+    for row, item in enumerate(trainer_inputs(batch)):
         if isinstance(item, NotViewed):
             columns["not_viewed"][row] = f"{trainer.label} view: {item.reason}"
             continue
-        exact = np.concatenate([
-            batch.records["input_ids"][row].to_numpy(), batch.records["output_ids"][row].to_numpy()
-        ]).astype(np.int64)
-        rows.append(_Row(row, item, exact, len(batch.records["input_ids"][row]), {}))
+        prompt = prompts[row].to_numpy()
+        exact = np.concatenate([prompt, outputs[row].to_numpy()]).astype(np.int64)
+        rows.append(_Row(row, item, exact, len(prompt), {}))
     if trainer.template is not None:
         _specforge(batch, trainer, rows)
     else:
@@ -270,8 +269,8 @@ def _compare(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         at = comparison.first
         windows.append(r.exact[max(0, at - _CONTEXT) : at + _CONTEXT])
         windows.append(core[max(0, at - _CONTEXT) : at + _CONTEXT])
-        early = _early_start(comparison.extra, r.prompt_length)
-        for index in (comparison.missing[:1], early, comparison.extra[:1]):
+        early, _ = _early_and_history(comparison.extra, r.prompt_length)
+        for index in (comparison.missing[:1], early[:1], comparison.extra[:1]):
             windows.append(r.exact[index[0] : index[0] + 3] if len(index) else r.exact[:0])
     texts = iter(batch.tokenizer.decode_batch([w.tolist() for w in windows]))
     for r, comparison, tail in results:
@@ -314,13 +313,8 @@ def _ids_fact(trainer: Trainer, r: _Row, comparison: Comparison, exact_text: str
 
 def _mask_fact(trainer: Trainer, r: _Row, comparison: Comparison, texts: list[str]) -> None:
     """The mask over the record's own turn (TRN003), and over the prompt's earlier turns (TRN009)."""
-    missing, extra = comparison.missing, comparison.extra
-    # Prompt tokens trained right before the output: the mask starts early (the trainer's
-    # assistant header ends before the generation prompt does). Others are earlier turns.
-    run = 0
-    while run < len(extra) and extra[len(extra) - 1 - run] == r.prompt_length - 1 - run:
-        run += 1
-    early, history = extra[len(extra) - run :], extra[: len(extra) - run]
+    missing = comparison.missing
+    early, history = _early_and_history(comparison.extra, r.prompt_length)
     parts = []
     if len(missing):
         at = missing[0] - r.prompt_length
@@ -343,14 +337,14 @@ def _mask_fact(trainer: Trainer, r: _Row, comparison: Comparison, texts: list[st
         )
 
 
-def _early_start(extra: np.ndarray, prompt_length: int) -> np.ndarray:
-    """The first of the trained prompt tokens that run up to the output, as a one-item array."""
-    at = prompt_length
-    for index in extra[::-1]:
-        if index != at - 1:
-            break
-        at = int(index)
-    return np.array([at]) if at < prompt_length else extra[:0]
+def _early_and_history(extra: np.ndarray, prompt_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt tokens a trainer trains (`extra`, ascending), split: those that run up to the
+    output (the mask starts early: its assistant header ends before the generation prompt
+    does), and the rest (earlier turns)."""
+    run = 0
+    while run < len(extra) and extra[len(extra) - 1 - run] == prompt_length - 1 - run:
+        run += 1
+    return extra[len(extra) - run :], extra[: len(extra) - run]
 
 
 def _blank_ids(batch: Batch, tails: list[np.ndarray]) -> set[int]:
