@@ -68,26 +68,25 @@ def _edit_answer_text(b: Builder, d: Draft, edit: Any) -> None:
     d.finish = {"type": "stop", "matched": d.output_ids[-1]}
 
 
-def closer_missing(b: Builder, d: Draft) -> None:
-    """One closing tag of the calls lost."""
+def _edit_a_closer(b: Builder, d: Draft, times: int) -> None:
+    """One closing tag of the calls, chosen at random, written `times` times (0: lost)."""
     def edit(text: str) -> str:
         found = list(_CLOSER.finditer(text))
         if not found:
             raise ValueError("no closing tag written as text")
         hit = b.rng.choice(found)
-        return text[: hit.start()] + text[hit.end() :]
+        return text[: hit.start()] + hit.group() * times + text[hit.end() :]
     _edit_answer_text(b, d, edit)
+
+
+def closer_missing(b: Builder, d: Draft) -> None:
+    """One closing tag of the calls lost."""
+    _edit_a_closer(b, d, 0)
 
 
 def closer_repeated(b: Builder, d: Draft) -> None:
     """One closing tag of the calls written twice."""
-    def edit(text: str) -> str:
-        found = list(_CLOSER.finditer(text))
-        if not found:
-            raise ValueError("no closing tag written as text")
-        hit = b.rng.choice(found)
-        return text[: hit.end()] + hit.group() + text[hit.end() :]
-    _edit_answer_text(b, d, edit)
+    _edit_a_closer(b, d, 2)
 
 
 def text_between_tags(b: Builder, d: Draft) -> None:
