@@ -509,3 +509,60 @@ def test_a_first_load_stores_what_it_found_and_a_large_audit_adds_the_rest(tmp_p
     monkeypatch.setenv(BACKEND_ENV, "tokenizers")
     reference = load_tokenizer(directory)
     assert reference.encode_batch(texts) == plain.encode_batch(texts) == ids
+
+
+def _as_loaded(hf) -> dict:
+    """What the audit takes from a transformers tokenizer, comparable across two loads."""
+    return {
+        "class": type(hf).__name__,
+        "backend": hf.backend_tokenizer.to_str(),
+        "special_tokens_map": hf.special_tokens_map,
+        "all_special_ids": hf.all_special_ids,
+        "added_tokens_decoder": {i: (t.content, t.special) for i, t in hf.added_tokens_decoder.items()},
+        "chat_template": hf.chat_template,
+        "rendered": _outcome(hf.apply_chat_template, _CONVERSATIONS[1][0], add_generation_prompt=True, tokenize=False),
+    }
+
+
+def test_a_first_load_without_autotokenizer_loads_what_autotokenizer_loads(
+        real_tokenizer_dirs: dict[str, Path | None]) -> None:
+    """A first load skips AutoTokenizer's model registry only where AutoTokenizer is left no
+    choice: on every tokenizer at hand where it does, the two loads give the same tokenizer
+    (class, backend, special tokens, template), and where the shortcut does not apply (a model
+    config, remote code, a Llama class over a Metaspace tokenizer) AutoTokenizer still loads."""
+    from transformers import AutoTokenizer
+
+    from audit.model.tokenizer_files import _plain_backend_class
+
+    dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER, *(d for d in real_tokenizer_dirs.values() if d is not None)]
+    shortcut = 0
+    for directory in dirs:
+        backend_class = _plain_backend_class(directory)
+        if backend_class is None:
+            continue
+        shortcut += 1
+        direct = backend_class.from_pretrained(str(directory), local_files_only=True)
+        auto = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        assert _as_loaded(direct) == _as_loaded(auto), directory
+    assert shortcut >= 3, "the shortcut applied to too few tokenizers to be tested"
+
+
+def test_the_shortcut_leaves_autotokenizer_every_choice_it_could_make(tmp_path: Path) -> None:
+    from audit.model.tokenizer_files import _plain_backend_class
+
+    def directory(name: str, config: dict, *, model_config: bool = False) -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        (path / "tokenizer.json").write_bytes((DEEPSEEK_TOKENIZER / "tokenizer.json").read_bytes())
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+        if model_config:
+            (path / "config.json").write_text('{"model_type": "llama"}')
+        return path
+
+    assert _plain_backend_class(directory("plain", {"tokenizer_class": "PreTrainedTokenizerFast"})) is not None
+    assert _plain_backend_class(directory("llama", {"tokenizer_class": "LlamaTokenizerFast"})) is not None  # byte-level
+    assert _plain_backend_class(directory("model", {"tokenizer_class": "PreTrainedTokenizerFast"}, model_config=True)) is None
+    assert _plain_backend_class(directory("code", {"tokenizer_class": "PreTrainedTokenizerFast",
+                                                   "auto_map": {"AutoTokenizer": ["x.Y", None]}})) is None
+    assert _plain_backend_class(directory("qwen", {"tokenizer_class": "Qwen2Tokenizer"})) is None
+    assert _plain_backend_class(directory("none", {})) is None

@@ -9,6 +9,7 @@ directory can be unusable.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,18 +108,59 @@ def checked_directory(directory: str | Path) -> Path:
     return path
 
 
+# The classes a tokenizer_config.json may name for a tokenizer that is its tokenizer.json alone.
+_PLAIN_CLASSES = frozenset({"TokenizersBackend", "PreTrainedTokenizerFast"})
+
+
+def _plain_backend_class(path: Path) -> Any:
+    """transformers' `TokenizersBackend` when AutoTokenizer is sure to choose it for `path`, else
+    None (then AutoTokenizer chooses).
+
+    AutoTokenizer reads the model's registry of tokenizer classes first (a third of a second,
+    most of a first run on a small partition) and asks it about the model's type (`config.json`)
+    and any code the tokenizer names (`auto_map`). Without either, a tokenizer_config.json that
+    names the plain class, or a Llama class over a byte-level tokenizer.json (which
+    transformers loads as the plain class: Llama's own class is Metaspace), leaves it nothing to
+    choose. `tests/test_startup.py` checks the two loads agree on every real tokenizer at hand.
+    """
+    if (path / "config.json").exists() or not (path / "tokenizer.json").is_file():
+        return None
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_bytes())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "auto_map" in config:
+        return None
+    declared = config.get("tokenizer_class")
+    if not isinstance(declared, str):
+        return None
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    if declared in _PLAIN_CLASSES:
+        return TokenizersBackend
+    byte_level = getattr(TokenizersBackend, "_tokenizer_json_has_byte_level", None)
+    if declared.removesuffix("Fast") == "LlamaTokenizer" and byte_level is not None and byte_level(str(path)):
+        return TokenizersBackend
+    return None
+
+
 def load_with_transformers(path: Path, trust_remote_code: bool) -> Any:
     """The transformers tokenizer in `path`, or a ConfigError saying why it cannot be used."""
     try:
-        from transformers import AutoTokenizer
         from transformers.utils import logging as hf_logging
 
         hf_logging.set_verbosity_error()
         if trust_remote_code:
             _provide_moved_names()
-        hf = AutoTokenizer.from_pretrained(
-            str(path), trust_remote_code=trust_remote_code, local_files_only=True
-        )
+        backend_class = None if trust_remote_code else _plain_backend_class(path)
+        if backend_class is not None:  # what AutoTokenizer would pick, without its model registry
+            hf = backend_class.from_pretrained(str(path), local_files_only=True)
+        else:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(
+                str(path), trust_remote_code=trust_remote_code, local_files_only=True
+            )
     except Exception as exc:  # transformers raises many types; all mean "cannot use this"
         hint = ""
         if not trust_remote_code and (path / "tiktoken.model").exists():
