@@ -566,3 +566,28 @@ def test_the_shortcut_leaves_autotokenizer_every_choice_it_could_make(tmp_path: 
                                                    "auto_map": {"AutoTokenizer": ["x.Y", None]}})) is None
     assert _plain_backend_class(directory("qwen", {"tokenizer_class": "Qwen2Tokenizer"})) is None
     assert _plain_backend_class(directory("none", {})) is None
+
+
+def test_the_first_load_stores_the_skipped_ids_the_backend_json_gives(
+        real_tokenizer_dirs: dict[str, Path | None], tmp_path: Path, monkeypatch) -> None:
+    """The ids `skip_special_tokens` drops, found from the backend the first load built, are
+    those the serialized backend gives (read only for a state stored without them), on every
+    tokenizer at hand and on a Unigram one (none: the backend answers); and they are stored
+    with the first state, so a large audit never reads the vocabulary for them."""
+    import tokenizers
+    from tokenizers.models import Unigram
+
+    from audit.model.tokenizer_cache import StoredVocabulary
+
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
+    dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER, *(d for d in real_tokenizer_dirs.values() if d is not None)]
+    for directory in dirs:
+        backend = tokenizers.Tokenizer.from_file(str(directory / "tokenizer.json"))
+        found = StoredVocabulary.skipped_of(backend)
+        assert found is not None and found == StoredVocabulary.skipped_in(backend.to_str()), directory
+    load_tokenizer(DEEPSEEK_TOKENIZER)
+    stored = tokenizer_cache.load_state(load_tokenizer(DEEPSEEK_TOKENIZER)._cache_key)
+    assert stored is not None and stored.extra["skipped_ids"] == StoredVocabulary.skipped_in(stored.backend_json)
+    unigram = tokenizers.Tokenizer(Unigram([("<unk>", 0.0), ("a", -1.0)], unk_id=0))
+    unigram.add_special_tokens(["<s>"])
+    assert StoredVocabulary.skipped_of(unigram) is None and StoredVocabulary.skipped_in(unigram.to_str()) is None

@@ -162,8 +162,9 @@ class StoredVocabulary:
 
     The skipped ids: those `decode(skip_special_tokens=True)` drops, whose token (added tokens
     first, then the model's) is the content of an added token marked special, as the backend
-    tests each id's token. Found when the state is stored (`skipped_in`) and kept in it, so a
-    run knows them without reading the JSON (`skipped`). `token_ids`: a token's id as
+    tests each id's token. Found when the state is first stored (`skipped_of` the backend the
+    first load built; `skipped_in` its JSON for a state stored without them) and kept in it, so
+    a run knows them without reading the JSON (`skipped`). `token_ids`: a token's id as
     `token_to_id` finds it (added tokens over the model's vocabulary), read from the JSON on
     first use only: as a dict a 128k vocabulary holds ~17 MB, which a large audit (whose
     look-ups are remembered, `RememberedAnswers`) never needs.
@@ -181,6 +182,23 @@ class StoredVocabulary:
         id map (a Unigram model's list: the backend itself answers then)."""
         read = _read_vocabulary(backend_json)
         return None if read is None else sorted(read[1])
+
+    @staticmethod
+    def skipped_of(backend: Any) -> list[int] | None:
+        """The skipped ids of a built backend, as `skipped_in` finds them in its JSON (found by
+        the first load, which holds the backend: a few hundred look-ups, where reading the JSON
+        again builds the whole vocabulary). None when its model's vocabulary is not a token -> id
+        map (Unigram's is a list)."""
+        if type(backend.model).__name__ not in ("BPE", "WordPiece", "WordLevel"):
+            return None
+        added = backend.get_added_tokens_decoder()
+        special = {token.content for token in added.values() if token.special}
+        skipped = {token_id for token_id, token in added.items() if token.content in special}
+        for content in special:
+            token_id = backend.model.token_to_id(content)
+            if token_id is not None and token_id not in added:
+                skipped.add(token_id)
+        return sorted(skipped)
 
     @cached_property
     def token_ids(self) -> dict[str, int]:

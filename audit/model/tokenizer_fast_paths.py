@@ -27,7 +27,12 @@ from audit.model.fastcodec import (
     fast_encoder_for_backend,
     fast_paths_enabled,
 )
-from audit.model.tokenizer_cache import TokenizerState, compact_backend_json, store_state
+from audit.model.tokenizer_cache import (
+    StoredVocabulary,
+    TokenizerState,
+    compact_backend_json,
+    store_state,
+)
 
 
 class FastPaths:
@@ -128,6 +133,8 @@ class FastPaths:
         decoder = self.__dict__.get("byte_table")
         if decoder is None and self._state is not None:
             decoder = self._state.byte_decoder()
+        if "skipped_ids" not in self._extra and self.__dict__.get("_fast") is not None:
+            self._extra["skipped_ids"] = StoredVocabulary.skipped_of(self._fast)
         kept = dict(self._extra)
         kept["special_ids"] = sorted(self.special_ids)
         if template is not None:
