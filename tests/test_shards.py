@@ -144,3 +144,41 @@ def test_the_workers_started_early_are_the_ones_the_check_uses(tmp_path) -> None
     assert run.returncode == 1, run.stderr
     assert outcome["pools"] == 1 and outcome["calls"] >= 2, run.stderr
     assert json.loads(report.read_text())["summary"]["records"] > 0
+
+
+def test_a_worker_is_given_its_next_shard_only_once_it_has_finished_the_last() -> None:
+    """The hand-out keeps every shard no process has begun where this process can still take
+    it: a worker holds one shard at a time (a shard queued in a worker could not be taken back,
+    and this process would idle at the end of the file while the worker audits it)."""
+    from concurrent.futures import Future
+
+    submitted: list[tuple[int, Future]] = []
+
+    def submit(index: int) -> Future:
+        future: Future = Future()
+        future.set_running_or_notify_cancel()
+        submitted.append((index, future))
+        return future
+
+    handout = parallel._Handout(submit, workers=1)
+    for index in range(5):
+        handout.add(index)
+    assert [i for i, _ in submitted] == [0]  # the worker's first shard; the others wait
+    assert handout.take_last() == 4  # this process takes from the end
+    submitted[0][1].set_result("shard 0")  # the worker came free: it is given the next
+    assert [i for i, _ in submitted] == [0, 1]
+    assert handout.take_last() == 3 and handout.take_last() == 2
+    submitted[1][1].set_result("shard 1")
+    assert handout.take_last() is None and len(submitted) == 2  # nothing left to give
+    assert set(handout.given().values()) == {0, 1}
+
+
+def test_a_pool_that_cannot_take_a_shard_leaves_it_to_this_process() -> None:
+    def broken(index: int):
+        raise RuntimeError("the pool is broken")
+
+    handout = parallel._Handout(broken, workers=2)
+    handout.add(0)
+    handout.add(1)
+    assert handout.given() == {}
+    assert [handout.take_last(), handout.take_last(), handout.take_last()] == [1, 0, None]
