@@ -18,6 +18,7 @@ import orjson
 import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
+from audit.model.flat_ids import FlatIds
 from audit.model.templating import (
     CHAT_TEMPLATE,
     RenderFailure,
@@ -115,6 +116,8 @@ class TemplateMismatch(RecordRule):
         self._render_missing(batch, keyed, thinking)
 
         input_ids = batch.records["input_ids"]
+        saved_flat = FlatIds.from_series(input_ids)
+        offsets = saved_flat.offsets
         suffixes = batch.profile.prompt_suffixes
         encoder = batch.profile.profile.encoder
         what = f"{encoder} encoder" if encoder else "chat template"
@@ -122,17 +125,20 @@ class TemplateMismatch(RecordRule):
         positions: list[int | None] = []
         messages: list[str] = []
         mismatched: list[tuple[int, list[int], list[int], int]] = []
+        missing = input_ids.is_null().to_numpy()
         for row, key, prompt in keyed:
             rendered = self._rendered[key]
-            saved = input_ids[row]
-            if saved is None:
+            if missing[row]:
                 continue
             if isinstance(rendered, str):  # the renderer refused these messages
                 rows.append(row)
                 positions.append(None)
                 messages.append(f"the {what} cannot render this record's messages: {rendered}")
                 continue
-            saved_list = saved.to_list()
+            saved = saved_flat.values[offsets[row] : offsets[row + 1]]
+            if len(saved) == len(rendered) and np.array_equal(saved, rendered):
+                continue  # nearly every record: the same ids, nothing more to compare
+            saved_list = saved.tolist()
             compared = _compared(saved_list, rendered.tolist(), suffixes)
             if compared[0] != compared[1] and not any(
                 _same(*_compared(saved_list, variant, suffixes))
