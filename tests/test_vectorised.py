@@ -350,3 +350,23 @@ def test_an_added_token_that_spells_byte_level_characters_decodes_as_the_backend
     sequence = backend.encode("a  b<tool>→").ids + [backend.token_to_id("<|ĠendĠ|>")]
     joined = b"".join(table.piece_bytes(i) for i in sequence).decode("utf-8", "replace")
     assert joined == backend.decode(sequence, skip_special_tokens=False)
+
+
+@given(ids=st.lists(st.one_of(st.none(), st.sampled_from(["a", "b", "c", "d", "", "ü-7"]), st.text(max_size=14)), max_size=60))
+def test_duplicate_ids_are_the_lines_whose_id_an_earlier_line_used(ids) -> None:
+    """INT004 over a whole file's ids (found by sorting their hashes): exactly the lines whose
+    id an earlier line already had, each naming the first; a missing id is never a duplicate."""
+    from audit.checks.integrity import DuplicateSampleId
+
+    identities = pl.DataFrame({"line": list(range(1, len(ids) + 1)), "id": ids},
+                              schema={"line": pl.UInt32(), "id": pl.String()})
+    found = DuplicateSampleId().check_file(identities)
+    first: dict[str, int] = {}
+    expected = []
+    for line, sample_id in enumerate(ids, start=1):
+        if sample_id is None:
+            continue
+        if sample_id in first:
+            expected.append((line, f"id {sample_id} was already used on line {first[sample_id]}"))
+        first.setdefault(sample_id, line)
+    assert found.select("line", "message").rows() == expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import polars as pl
 
 from audit.checks.base import RecordRule, Rule, empty_findings
@@ -223,10 +224,18 @@ class DuplicateSampleId(Rule):
         """Findings over the whole file's `line`, `id` columns: `line`, `position`, `message`.
 
         The ids are grouped by a 64-bit hash first (a million ids as strings take ~100 MB to
-        group); only the lines whose hash repeats are compared by their ids, exactly."""
-        with_id = identities.filter(pl.col("id").is_not_null())
-        hashed = with_id.select(pl.col("id").hash(seed=0x5EED).alias("hash"))["hash"]
-        repeated = with_id.filter(hashed.is_duplicated())
+        group), and the hashes by sorting a copy of them (a hash table of a million takes ~50
+        MB more, at the end of the run, when its memory is highest); only the lines whose hash
+        repeats are compared by their ids, exactly."""
+        present = identities["id"].is_not_null().to_numpy()
+        hashes = identities["id"].hash(seed=0x5EED).to_numpy()[present]
+        ordered = np.sort(hashes)
+        repeats = ordered[1:][ordered[1:] == ordered[:-1]]
+        del ordered
+        repeated_hash = np.zeros(len(present), dtype=bool)
+        repeated_hash[np.flatnonzero(present)[np.isin(hashes, repeats)]] = True
+        del hashes
+        repeated = identities.filter(pl.Series(repeated_hash))
         first = repeated.group_by("id").agg(pl.col("line").min().alias("first_line"))
         return (
             repeated.join(first, on="id")
