@@ -26,8 +26,9 @@ them), as an installed package has them.
     python benchmarks/bench_check.py --bad-records 1000000      # memory under many findings
 
 measures instead peak RSS and time of `audit check` and `audit gate` over N short records that
-each break several rules (a million make ~54 MB and three million findings): memory must follow
-the input, not the findings (judged: under 1.5 GB for a million).
+each break several rules (a million make ~54 MB and three million findings), and of a check of
+their first 3 lines: memory must follow the input, not the findings; each peak is also given
+as a ratio to the 3-line check's.
 """
 
 from __future__ import annotations
@@ -151,19 +152,26 @@ def bad_records(count: int) -> None:
                 out.write(f'{{"id":"r{n}","input_ids":[1,2],"output_ids":[3,4]}}\n')
     tokenizer = ROOT / "fixtures" / "tokenizers" / "kimi-k2.5-mini"
     common = ["--profile", "kimi-k2.5", "--tokenizer", str(tokenizer), "--no-cache"]
+    small = directory / "head3.jsonl"
+    if not small.is_file():
+        with data.open("rb") as lines:
+            small.write_bytes(b"".join(next(lines) for _ in range(min(3, count))))
     print(f"{count:,} short bad records, {data.stat().st_size / 1e6:.0f} MB", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         env = _env(AUDIT_CACHE_DIR=str(Path(tmp) / "cache"))
         runs = {
+            "check, 3 records": ["check", str(small), "--report", str(Path(tmp) / "small.json")],
             "audit check": ["check", str(data), "--report", str(Path(tmp) / "report.json")],
             "audit gate": ["gate", str(data), "--out", str(Path(tmp) / "gated")],
         }
-        print(f"{'what':14s} {'seconds':>8s} {'peak RSS':>9s}  (judged: < 1500 MB)")
+        print(f"{'what':16s} {'seconds':>8s} {'peak RSS':>9s}  {'/ 3 records':>11s}")
+        baseline = 0
         for name, argv in runs.items():
             seconds, rss, result = _child([PYTHON, "-m", "audit", *argv, *common], env)
             if result.returncode != 1:
                 raise SystemExit(f"{name} exited {result.returncode}, expected 1:\n{result.stderr}")
-            print(f"{name:14s} {seconds:8.1f} {rss / 1024:7.0f} MB", flush=True)
+            baseline = baseline or rss
+            print(f"{name:16s} {seconds:8.1f} {rss / 1024:7.0f} MB  {rss / baseline:11.2f}", flush=True)
 
 
 def _fastest(runs: list[dict]) -> dict:
