@@ -13,9 +13,9 @@ thread pools that a fork would copy in an unknown state.
 
 Shards are small (`SHARD_BYTES`) and taken as the processes come free (`_Handout`): the
 workers from the start of the file, each given its next shard only once it has finished the
-last, this process from the end, so all finish within a shard of each other. The shards are joined in file order (`join_shards`), which
-runs the file-level rules (duplicate ids) over the whole file: the findings are exactly those
-of a single process. Another executor (a cluster's tasks) does the same with the same calls.
+last, this process from the end, so all finish within a shard of each other. The shards are
+joined in file order (`join_shards`), which runs the file-level rules (duplicate ids) over the
+whole file: the findings are exactly those of a single process. Another executor (a cluster's tasks) does the same with the same calls.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def _plain_backend_class(path: Path) -> Any:
         return None
     try:
         config = json.loads((path / "tokenizer_config.json").read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # AutoTokenizer says what is wrong with it
         return None
     if not isinstance(config, dict) or "auto_map" in config:
         return None
