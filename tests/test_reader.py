@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -202,3 +203,33 @@ def test_the_native_reading_is_taken_for_plain_lines_and_keeps_their_ids(monkeyp
     parsed = parse_block(block)
     assert natively == [True, True, True]
     assert parsed.records["output_ids"].to_list() == [json.loads(line)["output_ids"] for line in SAMPLE[:3]]
+
+
+_KEY_NAMES = st.sampled_from(["id", "text", "meta_info", "note", "t:x"])
+_VALUES = st.one_of(
+    st.text(alphabet=st.sampled_from("ab: \"\\é"), max_size=8),
+    st.integers(-5, 5),
+    st.none(),
+    st.dictionaries(st.sampled_from(["k", "k:2"]), st.text(alphabet="a:", max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.lists(st.tuples(_KEY_NAMES, _VALUES), min_size=1, max_size=5), escape=st.booleans())
+def test_the_cheap_repeated_key_test_flags_every_repeat_and_nothing_else(pairs, escape) -> None:
+    """`_may_repeat_keys` (":" counted, the decoded `text` counted where it is) is True for every
+    line whose object repeats a key, whatever the strings hold; without escaped colons, it is
+    False for every line that repeats none."""
+    from audit.records.line_reading import _may_repeat_keys
+
+    def written(value) -> str:
+        text = json.dumps(value, ensure_ascii=False)
+        return text.replace(":", "\\u003a") if escape and isinstance(value, str) else text
+
+    line = ("{" + ", ".join(f"{json.dumps(key)}: {written(value)}" for key, value in pairs) + "}").encode()
+    repeats = len({key for key, _ in pairs}) < len(pairs)
+    flagged = _may_repeat_keys(line, orjson.loads(line))
+    if repeats:
+        assert flagged
+    elif b"\\u003" not in line:
+        assert not flagged

@@ -104,7 +104,14 @@ def _may_repeat_keys(text: bytes, value: dict[str, Any]) -> bool:
     escaped = sum(text.count(escape) for escape in _ESCAPED_COLONS) if b"\\u003" in text else 0
     rest = {key: item for key, item in value.items() if key not in ID_LIST_FIELDS}
     keys_of_id_lists = len(value) - len(rest)
-    return orjson.dumps(rest).count(b":") + keys_of_id_lists != text.count(b":") + escaped
+    # The decoded `text`, a tenth of a line, is counted where it is, not written again: written,
+    # a string holds its ":" as they are (orjson escapes none), plus its key's.
+    decoded = rest.get("text")
+    in_text = 0
+    if isinstance(decoded, str):
+        del rest["text"]
+        in_text = decoded.count(":") + 1
+    return orjson.dumps(rest).count(b":") + in_text + keys_of_id_lists != text.count(b":") + escaped
 
 
 def _repeated_key(text: bytes) -> str | None:
