@@ -528,8 +528,7 @@ def test_a_first_load_without_autotokenizer_loads_what_autotokenizer_loads(
         real_tokenizer_dirs: dict[str, Path | None]) -> None:
     """A first load skips AutoTokenizer's model registry only where AutoTokenizer is left no
     choice: on every tokenizer at hand where it does, the two loads give the same tokenizer
-    (class, backend, special tokens, template), and where the shortcut does not apply (a model
-    config, remote code, a Llama class over a Metaspace tokenizer) AutoTokenizer still loads."""
+    (class, backend, special tokens, template). (Where it does not: the test below.)"""
     from transformers import AutoTokenizer
 
     from audit.model.tokenizer_files import _plain_backend_class
@@ -566,6 +565,14 @@ def test_the_shortcut_leaves_autotokenizer_every_choice_it_could_make(tmp_path: 
                                                    "auto_map": {"AutoTokenizer": ["x.Y", None]}})) is None
     assert _plain_backend_class(directory("qwen", {"tokenizer_class": "Qwen2Tokenizer"})) is None
     assert _plain_backend_class(directory("none", {})) is None
+    # A Llama class over a Metaspace (SentencePiece-style) tokenizer.json is Llama's own class.
+    import tokenizers
+
+    metaspace = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={"▁a": 0, "a": 1, "▁": 2}, merges=[("▁", "a")]))
+    metaspace.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    llama = directory("metaspace", {"tokenizer_class": "LlamaTokenizerFast"})
+    metaspace.save(str(llama / "tokenizer.json"))
+    assert _plain_backend_class(llama) is None
 
 
 def test_the_first_load_stores_the_skipped_ids_the_backend_json_gives(

@@ -18,7 +18,6 @@ import orjson
 import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.model.flat_ids import FlatIds
 from audit.model.templating import (
     CHAT_TEMPLATE,
     RenderFailure,
@@ -116,7 +115,7 @@ class TemplateMismatch(RecordRule):
         self._render_missing(batch, keyed, thinking)
 
         input_ids = batch.records["input_ids"]
-        saved_flat = FlatIds.from_series(input_ids)
+        saved_flat = batch.input_flat
         offsets = saved_flat.offsets
         suffixes = batch.profile.prompt_suffixes
         encoder = batch.profile.profile.encoder

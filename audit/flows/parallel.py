@@ -277,8 +277,8 @@ def _run(
 ) -> dict[int, ShardAudit]:
     """Every shard of `plan`, audited by the workers (from the first, as `handout` gives them)
     and this process (from the last no worker has begun)."""
-    # The workers have their first shards (they idled ~0.8 s while this process built its
-    # encoder first): this process now prepares its encoder for its own share.
+    # The workers have their first shards: this process now prepares its encoder for its own
+    # share (the workers built theirs while it read and hashed the file).
     if any(c.rule.encodes_text for c in session.rule_set.rules):
         session.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
     results: dict[int, ShardAudit] = {}

@@ -133,8 +133,6 @@ class FastPaths:
         decoder = self.__dict__.get("byte_table")
         if decoder is None and self._state is not None:
             decoder = self._state.byte_decoder()
-        if "skipped_ids" not in self._extra and self.__dict__.get("_fast") is not None:
-            self._extra["skipped_ids"] = StoredVocabulary.skipped_of(self._fast)
         kept = dict(self._extra)
         kept["special_ids"] = sorted(self.special_ids)
         if template is not None:
@@ -158,6 +156,10 @@ class FastPaths:
         """Note what this run built (`extra`), and store the state again with it (when the
         tokenizer has a place in the cache)."""
         self._extra.update(extra)
+        if "skipped_ids" not in self._extra and self.__dict__.get("_fast") is not None:
+            # Found from the backend at hand (a first load holds it), so that no run reads the
+            # vocabulary JSON for them (`StoredVocabulary`).
+            self._extra["skipped_ids"] = StoredVocabulary.skipped_of(self._fast)
         if self._cache_key is not None:
             store_state(self._cache_key, self.state(backend_json))
 

@@ -125,6 +125,11 @@ class Batch:
         return FlatIds.from_series(self.records["output_ids"])
 
     @cached_property
+    def input_flat(self) -> FlatIds:
+        """`input_ids` of every row as one flat array (a missing list is empty)."""
+        return FlatIds.from_series(self.records["input_ids"])
+
+    @cached_property
     def output_present(self) -> np.ndarray:
         """Per row: does the record have `output_ids` at all?"""
         return self.records["output_ids"].is_not_null().to_numpy()

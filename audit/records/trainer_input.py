@@ -148,7 +148,7 @@ def _readable_calls(calls: pl.DataFrame, grammar_ok: pl.Series, whole_json: bool
 def _readable_ids(batch: Batch) -> np.ndarray:
     """Per record: are both id lists present, and every id one the tokenizer has?"""
     present = batch.output_present & batch.records["input_ids"].is_not_null().to_numpy()
-    prompts = FlatIds.from_series(batch.records["input_ids"])
+    prompts = batch.input_flat
     unknown = np.concatenate([[0], np.cumsum(~batch.tokenizer.knows(prompts.values))])
     prompt_ok = unknown[prompts.offsets[1:]] == unknown[prompts.offsets[:-1]]
     return present & prompt_ok & batch.decodable.to_numpy()

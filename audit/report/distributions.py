@@ -92,7 +92,8 @@ def _counts(values: pl.Series, *, label: Callable[[Any], str] = str, numeric: bo
     """How many values have each label (`label` of the value)."""
     rows: dict[str, int] = {}
     for value, n in values.value_counts().iter_rows():
-        rows[label(value)] = rows.get(label(value), 0) + int(n)
+        name = label(value)
+        rows[name] = rows.get(name, 0) + int(n)
     if numeric:  # 0, 1, 2, ... 8+ in order, not by frequency
         return dict(sorted(rows.items(), key=lambda kv: int(kv[0].rstrip("+"))))
     return dict(sorted(rows.items(), key=lambda kv: (-kv[1], kv[0])))
