@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -241,6 +242,18 @@ def test_cache_key_covers_rule_thresholds(tmp_path: Path, kimi_context) -> None:
     assert cache.key(data, kimi_context, load_rule_set()) == cache.key(data, kimi_context, load_rule_set())
     # The key must not depend on where objects sit in memory: another process must find it.
     assert "0x" not in json.dumps(_describe_context(kimi_context))
+
+
+def test_cache_key_covers_the_key_order_of_source_prompts(kimi_context) -> None:
+    """A template writes tools with `tojson`, in their keys' order: prompts that differ only in
+    that order render to other ids, so they must not share a cached result."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    reordered = {key: tool[key] for key in reversed(list(tool))}
+    messages = [{"role": "user", "content": "hi"}]
+    first = dataclasses.replace(kimi_context, prompts={"a": {"messages": messages, "tools": [tool]}})
+    second = dataclasses.replace(kimi_context, prompts={"a": {"messages": messages, "tools": [reordered]}})
+    assert _describe_context(first)["prompts"] != _describe_context(second)["prompts"]
+    assert _describe_context(first)["prompts"] == _describe_context(dataclasses.replace(first))["prompts"]
 
 
 def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import audit
 from audit.checks import RULES
 from audit.checks.base import DOC_SECTIONS
 from audit.cli import app
+from audit.model.templating import prompt_ids
 from tests.conftest import KIMI_TOKENIZER, PREPARED, write_jsonl
 
 NEW_RULES = ["TPL001", "DEG001", "DEG002", "CHN001", "CHN002", "CHN003"]
@@ -115,3 +116,20 @@ def test_fingerprint_vocab_size_in_generation_json(tmp_path: Path) -> None:
                                       str(KIMI_TOKENIZER), "--report", str(tmp_path / "r.json")])
     assert result.exit_code == 2
     assert "records a vocabulary of 128815 ids" in result.output
+
+
+def test_prompts_alike_but_for_key_order_are_each_rendered_as_written(tmp_path: Path, kimi_tokenizer) -> None:
+    """The template writes tools with `tojson`, which keeps their keys' order: two records whose
+    tools differ only in that order have different prompt ids, and each is judged by its own
+    rendering (a rendering kept for one is not reused for the other)."""
+    clean = _clean_record()
+    assert clean.get("tools"), "the sample record declares tools"
+    reordered_tools = [{key: tool[key] for key in reversed(list(tool))} for tool in clean["tools"]]
+    reordered = dict(clean, id="reordered", tools=reordered_tools)
+    reordered["input_ids"] = prompt_ids(kimi_tokenizer, [clean["messages"]], [reordered_tools], thinking=True)[0]
+    assert reordered["input_ids"] != clean["input_ids"], "the template keeps the tools' key order"
+    reordered["meta_info"] = dict(clean["meta_info"], prompt_tokens=len(reordered["input_ids"]))
+    assert _audit(tmp_path, [clean, reordered]) == []
+    assert [(line, rule) for line, rule, _ in _audit(tmp_path, [clean, dict(reordered, tools=clean["tools"])])] == [
+        (2, "TPL001")
+    ]

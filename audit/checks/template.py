@@ -22,6 +22,7 @@ from audit.model.templating import (
     CHAT_TEMPLATE,
     RenderFailure,
     encode_prompts,
+    encode_prompts_flat,
     get_renderer,
     render_prompts,
     render_variants,
@@ -107,8 +108,7 @@ class TemplateMismatch(RecordRule):
                     prompt.get("chat_template_kwargs"),
                     batch.profile.template_kwargs,
                 ],
-                option=orjson.OPT_SORT_KEYS,
-            )
+            )  # keys in their own order: a template's `tojson` writes them so (not sorted)
             digest = hashlib.blake2b(rendered_from, digest_size=16).digest()
             key = (id(batch.tokenizer), batch.profile.prompt_renderer, thinking, digest)
             keyed.append((row, key, prompt))
@@ -243,9 +243,15 @@ class TemplateMismatch(RecordRule):
             else:
                 completed[key] = _complete_suffix(text, suffixes)
         if completed:
-            encoded = encode_prompts(batch.tokenizer, list(completed.values()))
-            self._rendered.update((key, np.array(ids, dtype=np.int32)) for key, ids in zip(completed, encoded, strict=True))
-            self._rendered_ids += sum(map(len, encoded))
+            # One flat array for the block's prompts, each kept as its own int32 copy (a view
+            # would keep the whole block's array alive while any of its prompts is kept).
+            encoded = encode_prompts_flat(batch.tokenizer, list(completed.values()))
+            values = encoded.values.astype(np.int32, copy=False)
+            cuts = encoded.offsets.tolist()
+            self._rendered.update(
+                (key, values[start:end].copy()) for key, start, end in zip(completed, cuts[:-1], cuts[1:], strict=True)
+            )
+            self._rendered_ids += len(values)
 
     def _forget_oldest(self) -> None:
         """Drop the oldest renderings beyond the kept budget (between blocks, never within one)."""

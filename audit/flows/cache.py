@@ -86,9 +86,9 @@ def _describe_context(context: AuditContext) -> dict[str, str]:
         if item.name == "tokenizer":
             described[item.name] = json.dumps(value.fingerprint.to_dict(), sort_keys=True)
         elif item.name == "prompts" and value is not None:
-            described[item.name] = hashlib.sha256(
-                json.dumps(value, sort_keys=True, default=str).encode()
-            ).hexdigest()
+            # Keys in their own order: a template's `tojson` writes them so, and the prompts'
+            # ids depend on it (sorted, two files rendering differently would share a result).
+            described[item.name] = hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()
         else:
             # Reprs name functions by address (a profile's call reader): drop what moves between runs.
             described[item.name] = _ADDRESS.sub("", repr(value))

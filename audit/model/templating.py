@@ -30,6 +30,7 @@ from typing import Any
 
 from audit.base.errors import ConfigError
 from audit.model.encoders import ENCODERS, deepseek_v32
+from audit.model.flat_ids import FlatIds
 from audit.model.tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "chat_template"
@@ -326,9 +327,14 @@ def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]
     Nothing is added because the rendering already holds every special token (a BOS added
     here would be doubled).
     """
-    # The round trip's flat encoder: the same ids, from fastokens once a run has built it.
-    flat = tokenizer.encode_flat(list(texts))
+    flat = encode_prompts_flat(tokenizer, texts)
     return [flat.sequence(i) for i in range(len(flat))]
+
+
+def encode_prompts_flat(tokenizer: Tokenizer, texts: Sequence[str]) -> FlatIds:
+    """`encode_prompts` as one flat array (no Python list per prompt)."""
+    # The round trip's flat encoder: the same ids, from fastokens once a run has built it.
+    return tokenizer.encode_flat(list(texts))
 
 
 def prompt_ids(
