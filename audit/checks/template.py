@@ -100,15 +100,24 @@ class TemplateMismatch(RecordRule):
             return empty_findings()
         thinking = batch.profile.thinking
         keyed: list[tuple[int, Key, dict[str, Any]]] = []
+        # What is rendered, as JSON with keys in their own order (a template's `tojson` writes
+        # them so: sorted, prompts that render differently would share a key). A line's own
+        # prompt is the reader's JSON of it (`source`), not written again.
+        own_json = batch.records["source"].to_list()
+        template_kwargs = orjson.dumps(batch.profile.template_kwargs)
         for row, prompt in sources:
-            rendered_from = orjson.dumps(
-                [
-                    prompt.get("messages"),
-                    prompt.get("tools"),
-                    prompt.get("chat_template_kwargs"),
-                    batch.profile.template_kwargs,
-                ],
-            )  # keys in their own order: a template's `tojson` writes them so (not sorted)
+            own = own_json[row]
+            if own is not None:
+                rendered_from = b"%s\n%s" % (own.encode(), template_kwargs)
+            else:  # from `--prompts`: a JSON array, never equal to a line's object
+                rendered_from = orjson.dumps(
+                    [
+                        prompt.get("messages"),
+                        prompt.get("tools"),
+                        prompt.get("chat_template_kwargs"),
+                        batch.profile.template_kwargs,
+                    ]
+                )
             digest = hashlib.blake2b(rendered_from, digest_size=16).digest()
             key = (id(batch.tokenizer), batch.profile.prompt_renderer, thinking, digest)
             keyed.append((row, key, prompt))
