@@ -370,3 +370,33 @@ def test_duplicate_ids_are_the_lines_whose_id_an_earlier_line_used(ids) -> None:
             expected.append((line, f"id {sample_id} was already used on line {first[sample_id]}"))
         first.setdefault(sample_id, line)
     assert found.select("line", "message").rows() == expected
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_decoded_column_built_from_bytes_holds_the_decoded_texts(data) -> None:
+    """`Batch.decoded_output` is built from the byte table's bytes, not from the texts: it must
+    hold exactly `decode_flat`'s texts, where the bytes are not UTF-8 (a cut multi-byte
+    character, ids the tokenizer lacks) too."""
+    from audit.records.batch import text_column
+
+    tokenizer = _deepseek_tokenizer()
+    decoder = tokenizer.byte_decoder
+    assert decoder is not None
+    broken = [i for i in range(decoder.lengths.size) if decoder.known[i] and not _valid_utf8(decoder.piece_bytes(i))]
+    assert broken, "the mini tokenizer has pieces that are not UTF-8 alone"
+    ids = st.one_of(st.integers(0, 400), st.sampled_from(broken), st.integers(-2, 10**6))
+    sequences = data.draw(st.lists(st.lists(ids, max_size=12), max_size=8))
+    flat = FlatIds.from_sequences(sequences)
+    texts, decoded = tokenizer.decode_flat_utf8(flat)
+    assert decoded is not None and texts == tokenizer.decode_flat(flat)
+    assert text_column("t", texts, decoded).to_list() == texts
+    assert text_column("t", texts, None).to_list() == texts
+
+
+def _valid_utf8(piece: bytes | None) -> bool:
+    try:
+        (piece or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

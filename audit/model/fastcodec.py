@@ -139,6 +139,11 @@ class ByteDecoder:
     def decode(self, flat: FlatIds) -> list[str | None]:
         """Each sequence's text; None where its bytes are not valid UTF-8 (the caller decodes
         those with the tokenizer itself, whose lossy replacement is then authoritative)."""
+        return self.decode_utf8(flat)[0]
+
+    def decode_utf8(self, flat: FlatIds) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+        """`decode`, and the bytes it read the texts from with their per-sequence offsets
+        (`decode_bytes`): a caller that wants the texts as a column builds it from these."""
         data, offsets = self.decode_bytes(flat)
         texts: list[str | None] = []
         view = memoryview(data.data)
@@ -147,7 +152,7 @@ class ByteDecoder:
                 texts.append(str(view[a:b], "utf-8"))
             except UnicodeDecodeError:
                 texts.append(None)
-        return texts
+        return texts, data, offsets
 
 
 # -- building the table ------------------------------------------------------------------------

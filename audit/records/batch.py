@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+import nanoarrow
 import numpy as np
 import orjson
 import polars as pl
 
 from audit.model.flat_ids import FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
-from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer import DecodedBytes, Tokenizer
 from audit.model.trainer_rules import Trainer
 from audit.records.contract import all_in_vocabulary, contract_failures, record_contract
 
@@ -160,18 +161,38 @@ class Batch:
         return FlatIds.from_series(self.records["output_ids"].gather(self.decodable_rows))
 
     @cached_property
+    def _decoded(self) -> tuple[list[str], DecodedBytes | None]:
+        if len(self.decodable_rows) == 0:
+            return [], None
+        return self.tokenizer.decode_flat_utf8(self.decodable_output)
+
+    @cached_property
     def decoded_texts(self) -> list[str]:
         """`decode(output_ids)` of each decodable row, special tokens kept (one batched call)."""
-        if len(self.decodable_rows) == 0:
-            return []
-        return self.tokenizer.decode_flat(self.decodable_output)
+        return self._decoded[0]
 
     @cached_property
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
+        texts = text_column("decoded_output", *self._decoded)
         if len(self.decodable_rows) == self.height:
-            return pl.Series("decoded_output", self.decoded_texts, dtype=pl.String)
+            return texts
         full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)
         if len(self.decodable_rows):
-            full = full.scatter(self.decodable_rows, pl.Series(self.decoded_texts, dtype=pl.String))
+            full = full.scatter(self.decodable_rows, texts)
         return full
+
+
+def text_column(name: str, texts: list[str], decoded: DecodedBytes | None) -> pl.Series:
+    """`texts` as a String column: from the bytes they were decoded from when those are all
+    UTF-8, so each text's very encoding (one buffer handed to polars, ~5x faster than reading
+    each Python string again); else from the texts (some are the tokenizer's lossy decoding)."""
+    if decoded is not None and not decoded.invalid:
+        array = nanoarrow.c_array_from_buffers(
+            nanoarrow.large_binary(), len(texts), [None, decoded.offsets, decoded.data]
+        )
+        try:
+            return pl.Series(array).cast(pl.String).alias(name)
+        except pl.exceptions.ComputeError:  # polars' UTF-8 check is Python's: not expected
+            pass
+    return pl.Series(name, texts, dtype=pl.String)
