@@ -10,13 +10,13 @@ evaluated in one query, are compared with pandera's own validation of the same s
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from types import SimpleNamespace
 
 import numpy as np
 import polars as pl
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from audit.checks import RULES
@@ -400,3 +400,87 @@ def _valid_utf8(piece: bytes | None) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+# Profiles whose tool calls the view reads from marker ids, one of each way it reads them:
+# calls between call begin and end (Kimi, DeepSeek), whitespace-only gaps between markers
+# (`blank_between`), the answer read whole (DSML).
+CALL_VIEW_PROFILES = [("kimi-k2.5", None), ("kimi-k2-thinking", None), ("deepseek-v3.1", None),
+                      ("deepseek-v3.2", "deepseek-v3.2"), ("deepseek-v4", "deepseek-v4"), ("glm-4.7", "glm-4.7-flash"),
+                      ("minimax-m3", "minimax-m3"), ("qwen3.6", "qwen-3.6"), ("qwen3", "qwen3")]
+
+
+@cache
+def _call_view_context(profile: str, tokenizer_dir: str) -> AuditContext:
+    tokenizer = load_tokenizer(tokenizer_dir)
+    return AuditContext(load_profile(profile).resolve(tokenizer, thinking=True), tokenizer)
+
+
+def _call_seeds(profile: str, context: AuditContext) -> list[list[int]]:
+    """The family's own output of one call and of two (tests/families: how its model writes them)."""
+    from fixtures.family_partitions import Sample, load_spec, output_text
+
+    spec = load_spec("kimi-k2.5" if profile.startswith("kimi") else profile)
+    arguments = {"city": "Paris", "days": 2, "options": {"units": "metric"}}
+    one = Sample([], None, "I should call the tool.", None, "Paris", arguments)
+    two = Sample([], None, "Two calls.", None, "Paris", arguments,
+                 calls=[("get_weather", arguments), ("get_time", {"zone": "CET"})])
+    stop = list(context.profile.stop_ids[:1])
+    return [context.tokenizer.encode_text(output_text(spec, context.profile, sample)) + stop for sample in (one, two)]
+
+
+def _edit(drawn: tuple[list[int], list[tuple[str, int, int]]], markers: set[int]) -> list[int]:
+    """A seed with ids dropped or put in anywhere, or put right after a tool marker ("wedge":
+    text between two markers where the format writes none)."""
+    ids, edits = list(drawn[0]), drawn[1]
+    for kind, at, token_id in edits:
+        if kind == "wedge":
+            places = [i + 1 for i, token in enumerate(ids) if token in markers]
+            if places:
+                ids.insert(places[at % len(places)], token_id)
+            continue
+        at %= len(ids) + 1
+        if kind == "drop" and at < len(ids):
+            del ids[at]
+        elif kind == "put":
+            ids.insert(at, token_id)
+    return ids
+
+
+@pytest.mark.parametrize(("profile", "real"), CALL_VIEW_PROFILES)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_tool_call_view_equals_the_list_expressions(real_tokenizer_dirs, profile, real, data) -> None:
+    """The answers' markers, the calls read between them and the stray text come from the
+    batch's marker index; the reference reads each answer as a list (tests/reference_call_view.py)."""
+    from polars.testing import assert_frame_equal, assert_series_equal
+
+    from audit.records.call_view import tool_call_view
+    from tests.conftest import real_tokenizer
+    from tests.reference_call_view import reference_view
+
+    if real is None:
+        directory = KIMI_TOKENIZER if profile.startswith("kimi") else DEEPSEEK_TOKENIZER
+    else:
+        directory, _ = real_tokenizer(real_tokenizer_dirs, real)
+    context = _call_view_context(profile, str(directory))
+    if context.profile.tool_call_spec.format.unit == "text":
+        pytest.skip("this tokenizer spells the markers as text")
+    text_ids = context.tokenizer.encode_text(' get_weather {"city": "Paris"}\n ')
+    alphabet = [*context.profile.marker_ids, *text_ids]
+    # Outputs with real calls (the family's own writing of one or two calls), edited at random:
+    # ids dropped, markers and text put in, so that every way of reading calls is met.
+    seeds = _call_seeds(profile, context)
+    edited = st.tuples(st.sampled_from(seeds), st.lists(
+        st.tuples(st.sampled_from(["drop", "put", "wedge"]), st.integers(0, 200), st.sampled_from(alphabet)),
+        max_size=3))
+    markers = set(context.profile.tool_markers.values())
+    outputs = data.draw(st.lists(st.one_of(edited.map(lambda drawn: _edit(drawn, markers)), outputs_strategy(alphabet, max_size=30).map(lambda o: o[0])),
+                                 min_size=1, max_size=8))
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    view, expected = tool_call_view(batch), reference_view(Batch(batch.records, context))
+    for name in ("letters", "grammar_ok", "prefix_ok", "empty_head", "first_marker"):
+        assert_series_equal(getattr(view, name), getattr(expected, name), check_names=False)
+    assert_frame_equal(view.calls, expected.calls)
+    assert_frame_equal(view.stray, expected.stray)
+    event(f"calls {min(view.calls.height, 2)} stray {min(view.stray.height, 1)} grammar {view.grammar_ok.sum()>0}")

@@ -31,7 +31,7 @@ import polars as pl
 
 from audit.model.call_formats import ROLE_LETTERS
 from audit.model.call_readers import ToolCall
-from audit.model.flat_ids import FlatIds
+from audit.model.flat_ids import ABSENT, FlatIds, absent_as_null
 from audit.model.token_text import tokens_at
 from audit.records.batch import Batch
 from audit.records.call_arguments import CALLS_SCHEMA, ReadCall, judge_calls
@@ -70,17 +70,42 @@ def tool_call_view(batch: Batch) -> ToolCallView:
     return batch.shared(_view)
 
 
-def _answer_frame(batch: Batch) -> pl.DataFrame:
-    """Per record: the answer's ids (empty when there is none) and where the answer starts."""
+@dataclass(frozen=True)
+class _AnswerMarkers:
+    """The tool markers of every answer, in order: taken from the batch's marker index (one
+    look-up over the flat output ids), with no list per record."""
+
+    row: np.ndarray  # the record of each marker
+    position: np.ndarray  # its index in the record's output_ids
+    id: np.ndarray
+    answer_from: np.ndarray  # per record: where its answer starts (its length when it has none)
+    answer_length: np.ndarray  # per record: the answer's ids before the trailing stop token(s)
+
+    def of(self, rows: np.ndarray) -> _AnswerMarkers:
+        """Only the markers of `rows`."""
+        keep = np.isin(self.row, rows)
+        return replace(self, row=self.row[keep], position=self.position[keep], id=self.id[keep])
+
+    def group_starts(self) -> np.ndarray:
+        """Index of each record's first marker (markers are in record order)."""
+        return np.flatnonzero(np.r_[True, self.row[1:] != self.row[:-1]]) if len(self.row) else self.row
+
+
+def _answer_markers(batch: Batch) -> _AnswerMarkers:
     bounds = response_bounds(batch)
-    length = pl.col("output_ids").list.len().cast(pl.Int64)
-    start = pl.col("answer_start").fill_null(length)
-    return pl.concat(
-        [batch.records.select("output_ids"), bounds.select("answer_start", "answer_end")], how="horizontal"
-    ).select(
-        start.alias("answer_from"),
-        (pl.col("answer_end").fill_null(length) - start).clip(lower_bound=0).alias("answer_length"),
-        pl.col("output_ids").list.slice(start, length - start).alias("answer"),
+    length = batch.output_flat.lengths
+    answer_from = bounds["answer_start"].fill_null(pl.Series(length)).to_numpy().astype(np.int64)
+    answer_end = bounds["answer_end"].fill_null(pl.Series(length)).to_numpy().astype(np.int64)
+    index = batch.markers
+    tool_ids = np.array(list(batch.profile.tool_markers.values()), dtype=np.int64)
+    keep = np.isin(index.id, tool_ids)
+    keep[keep] = index.position[keep] >= answer_from[index.row[keep]]
+    return _AnswerMarkers(
+        row=index.row[keep],
+        position=index.position[keep],
+        id=index.id[keep],
+        answer_from=answer_from,
+        answer_length=np.clip(answer_end - answer_from, 0, None),
     )
 
 
@@ -90,93 +115,69 @@ def _view(batch: Batch) -> ToolCallView:
     if fmt.unit == "text":
         return _text_view(batch)
     markers = profile.tool_markers
-    answers = _answer_frame(batch)
-    element = pl.element()
-    letters = (
-        pl.col("answer")
-        .list.eval(
-            element.replace_strict(
-                list(markers.values()), [ROLE_LETTERS[r] for r in markers], default=None, return_dtype=pl.String
-            )
-        )
-        .list.drop_nulls()
-        .list.join("")
-        .fill_null("")
-    )
-    if "call_begin" in markers:
-        others = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
-        empty_head = (
-            pl.col("answer")
-            .list.eval(((element == markers["call_begin"]) & element.shift(-1).is_in(others)).any())
-            .list.first()
-            .fill_null(False)
-        )
-    else:
-        empty_head = pl.lit(False)
-    wanted = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
-    first_marker = pl.col("answer_from") + pl.col("answer").list.eval(
-        pl.arg_where(element.is_in(wanted)).first()
-    ).list.first().cast(pl.Int64)
-    judged = answers.select(
-        letters.alias("letters"), empty_head.alias("empty_head"), first_marker.alias("first_marker")
-    )
-    grammar_ok = judged["letters"].str.contains(f"^(?:{fmt.grammar})$") & ~judged["empty_head"]
-    prefix_ok = judged["letters"].str.contains(f"^(?:{fmt.cut_grammar})$") & ~judged["empty_head"]
+    found = _answer_markers(batch)
+    height = batch.height
+    # Each answer's markers as role letters, one string per record ("" when none).
+    letter_of = {token_id: ROLE_LETTERS[role] for role, token_id in markers.items()}
+    spelled = "".join(letter_of[token_id] for token_id in found.id.tolist())
+    starts = found.group_starts()
+    ends = np.append(starts[1:], len(found.row)) if len(starts) else starts
+    letters = [""] * height
+    for row, start, end in zip(found.row[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
+        letters[row] = spelled[start:end]
+    # A call begin followed at once by another marker: a call with no name.
+    empty_head = np.zeros(height, dtype=bool)
+    if "call_begin" in markers and len(found.row) > 1:
+        next_marker = (found.row[1:] == found.row[:-1]) & (found.position[1:] == found.position[:-1] + 1)
+        empty_head[found.row[:-1][next_marker & (found.id[:-1] == markers["call_begin"])]] = True
+    first_marker = np.full(height, ABSENT, dtype=np.int64)
+    first_marker[found.row[starts]] = found.position[starts]
+    letter_series = pl.Series("letters", letters, dtype=pl.String)
+    empty_series = pl.Series("empty_head", empty_head, dtype=pl.Boolean)
+    grammar_ok = letter_series.str.contains(f"^(?:{fmt.grammar})$") & ~empty_series
+    prefix_ok = letter_series.str.contains(f"^(?:{fmt.cut_grammar})$") & ~empty_series
     view = ToolCallView(
-        letters=judged["letters"],
+        letters=letter_series,
         grammar_ok=grammar_ok.alias("grammar_ok"),
         prefix_ok=prefix_ok.alias("prefix_ok"),
-        empty_head=judged["empty_head"],
-        first_marker=judged["first_marker"],
+        empty_head=empty_series,
+        first_marker=absent_as_null(first_marker, "first_marker"),
         calls=pl.DataFrame(schema=CALLS_SCHEMA),
     )
     # A record holding an id the tokenizer lacks has no text to read (INT003 names the id); its
     # markers' order is judged above all the same.
-    with_calls = answers.with_row_index("row").filter(grammar_ok & (judged["letters"] != "") & batch.decodable)
-    if with_calls.is_empty():
+    with_calls = np.flatnonzero(grammar_ok.to_numpy() & (letter_series != "").to_numpy() & batch.decodable.to_numpy())
+    if not len(with_calls):
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
-    calls = read(batch, with_calls)
-    return replace(view, calls=judge_calls(batch, calls), stray=_stray_text(batch, with_calls))
+    called = found.of(with_calls)
+    return replace(view, calls=judge_calls(batch, read(batch, called)), stray=_stray_text(batch, called))
 
 
-def _stray_text(batch: Batch, frame: pl.DataFrame) -> pl.DataFrame:
+def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
     """Text between consecutive markers whose roles the format keeps apart by whitespace only
     (`ToolCallFormat.blank_between`): decoded in one batch, the gaps that hold more."""
     fmt = batch.profile.tool_call_spec.format
-    if not fmt.blank_between:
+    if not fmt.blank_between or len(found.row) < 2:
         return pl.DataFrame(schema=STRAY_SCHEMA)
-    markers = batch.profile.tool_markers
-    wanted = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
-    letter = pl.col("at_id").replace_strict(
-        list(markers.values()), [ROLE_LETTERS[r] for r in markers], return_dtype=pl.String
+    letter_of = {token_id: ROLE_LETTERS[role] for role, token_id in batch.profile.tool_markers.items()}
+    roles = [letter_of[token_id] for token_id in found.id.tolist()]
+    pairs = np.array([a + b for a, b in zip(roles[:-1], roles[1:], strict=True)])
+    gap = (
+        (found.row[1:] == found.row[:-1])
+        & (found.position[1:] - found.position[:-1] > 1)
+        & np.isin(pairs, list(fmt.blank_between))
     )
-    positions = (
-        frame.with_columns(
-            pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted))).alias("at"),
-            pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"),
-        )
-        .with_columns(pl.col("answer").list.gather(pl.col("at")).alias("at_id"))
-        .select("row", "sequence", "answer_from", "at", "at_id")
-        .explode("at", "at_id")
-        .with_columns(letter.alias("role"))
-    )
-    gaps = positions.with_columns(
-        pl.col("at").shift(-1).over("sequence").alias("next"),
-        (pl.col("role") + pl.col("role").shift(-1).over("sequence")).alias("pair"),
-    ).filter(pl.col("pair").is_in(list(fmt.blank_between)) & (pl.col("next") - pl.col("at") > 1))
-    if gaps.is_empty():
+    if not gap.any():
         return pl.DataFrame(schema=STRAY_SCHEMA)
-    flat = FlatIds.from_series(frame["answer"])
-    base = flat.offsets[gaps["sequence"].to_numpy()]
-    texts = batch.tokenizer.decode_flat(
-        FlatIds.slices(flat.values, base + gaps["at"].to_numpy() + 1, base + gaps["next"].to_numpy())
+    rows, after, before = found.row[:-1][gap], found.position[:-1][gap] + 1, found.position[1:][gap]
+    base = batch.output_flat.offsets[rows]
+    texts = batch.tokenizer.decode_flat(FlatIds.slices(batch.output_flat.values, base + after, base + before))
+    gaps = pl.DataFrame(
+        {"row": rows, "position": after, "text": texts},
+        schema=STRAY_SCHEMA,
     )
-    found = gaps.select(
-        pl.col("row").cast(pl.UInt32),
-        (pl.col("answer_from") + pl.col("at") + 1).cast(pl.Int64).alias("position"),
-    ).with_columns(pl.Series("text", texts, dtype=pl.String))
-    return found.filter(pl.col("text").str.strip_chars() != "").group_by("row", maintain_order=True).first()
+    return gaps.filter(pl.col("text").str.strip_chars() != "").group_by("row", maintain_order=True).first()
 
 
 def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndarray, int]]) -> int | None:
@@ -193,74 +194,66 @@ def _problem_token(batch: Batch, call: ToolCall, pieces: list[tuple[str, np.ndar
     return None
 
 
-def _read_calls(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
+def _read_calls(batch: Batch, found: _AnswerMarkers) -> list[ReadCall]:
     """Formats whose calls sit between call begin and call end ids: slice, decode, read."""
     markers = batch.profile.tool_markers
     fmt = batch.profile.tool_call_spec.format
     has_arguments = "argument_begin" in markers
 
-    def at(role: str) -> pl.Expr:
-        return pl.col("answer").list.eval(pl.arg_where(pl.element() == markers[role]))
+    def at(role: str) -> tuple[np.ndarray, np.ndarray]:
+        chosen = found.id == markers[role]
+        return found.row[chosen], found.position[chosen]
 
-    positions = {"c": at("call_begin"), "e": at("call_end")}
-    if has_arguments:
-        positions["a"] = at("argument_begin")
-    frame = frame.filter(pl.col("answer").list.count_matches(markers["call_begin"]) > 0)
-    # One flat copy of these answers; heads and bodies are slices of it, so memory follows the
-    # answers' length, not the outputs' (reasoning is never copied).
-    flat = FlatIds.from_series(frame["answer"])
-    calls = frame.select(
-        pl.int_range(pl.len(), dtype=pl.Int64).alias("sequence"), "row", "answer_from", **positions
-    ).explode(list(positions))
-    base = flat.offsets[calls["sequence"].to_numpy()]
-    call_begin = calls["c"].to_numpy().astype(np.int64)
-    call_end = calls["e"].to_numpy().astype(np.int64)
-    head_end = calls["a"].to_numpy().astype(np.int64) if has_arguments else call_end
-    heads = batch.tokenizer.decode_flat(FlatIds.slices(flat.values, base + call_begin + 1, base + head_end))
+    rows, call_begin = at("call_begin")
+    end_rows, call_end = at("call_end")
+    argument_rows, argument_begin = at("argument_begin") if has_arguments else (rows, call_end)
+    # The grammar holds one of each per call: the k-th of each role in a record is one call's.
+    if not (np.array_equal(rows, end_rows) and np.array_equal(rows, argument_rows)):
+        raise ValueError("a grammar-valid answer with unequal numbers of call begin, argument and call end markers")
+    head_end = argument_begin if has_arguments else call_end
+    values = batch.output_flat.values
+    base = batch.output_flat.offsets[rows]
+    # Heads and bodies are slices of the flat output ids: nothing copied per record.
+    heads = batch.tokenizer.decode_flat(FlatIds.slices(values, base + call_begin + 1, base + head_end))
     bodies = (
-        batch.tokenizer.decode_flat(FlatIds.slices(flat.values, base + head_end + 1, base + call_end))
+        batch.tokenizer.decode_flat(FlatIds.slices(values, base + head_end + 1, base + call_end))
         if has_arguments
-        else [""] * calls.height
+        else [""] * len(rows)
     )
-    offset = calls["answer_from"].to_numpy().astype(np.int64)
     read: list[ReadCall] = []
-    rows = calls["row"].to_list()
     for i, (head, body) in enumerate(zip(heads, bodies, strict=True)):
-        start = int(offset[i] + call_begin[i])
-        spans = (rows[i], start, int(offset[i] + call_end[i] + 1), start + 1, int(offset[i] + head_end[i] + 1))
+        start = int(call_begin[i])
+        spans = (int(rows[i]), start, int(call_end[i]) + 1, start + 1, int(head_end[i]) + 1)
         for call in fmt.read(head, body):
             problem_token = None
             if call.problem_at is not None:
-                first = base[i] + call_begin[i] + 1
-                pieces = [(head, flat.values[first : base[i] + head_end[i]], start + 1)]
+                pieces = [(head, values[base[i] + start + 1 : base[i] + head_end[i]], start + 1)]
                 if has_arguments:
-                    pieces.append((body, flat.values[base[i] + head_end[i] + 1 : base[i] + call_end[i]], spans[4]))
+                    pieces.append((body, values[base[i] + head_end[i] + 1 : base[i] + call_end[i]], spans[4]))
                 problem_token = _problem_token(batch, call, pieces)
             read.append(ReadCall(*spans, call, problem_token))
     return read
 
 
-def _read_answers(batch: Batch, frame: pl.DataFrame) -> list[ReadCall]:
+def _read_answers(batch: Batch, found: _AnswerMarkers) -> list[ReadCall]:
     """Formats whose calls are delimited by text (DSML): decode each answer with markers, read it."""
     fmt = batch.profile.tool_call_spec.format
-    wanted = pl.lit(pl.Series(list(batch.profile.tool_markers.values()), dtype=pl.Int64)).implode()
-    first = frame.select(
-        pl.col("answer").list.eval(pl.arg_where(pl.element().is_in(wanted)).first()).list.first()
-    ).to_series()
+    starts = found.group_starts()
+    rows = found.row[starts]
+    first = found.position[starts]
+    answer_from, lengths = found.answer_from[rows], found.answer_length[rows]
     # The answer without its trailing stop token(s): the end of turn is not the calls' text.
-    answers = frame.select(pl.col("answer").list.head(pl.col("answer_length"))).to_series()
-    flat = FlatIds.from_series(answers)
+    base = batch.output_flat.offsets[rows] + answer_from
+    flat = FlatIds.slices(batch.output_flat.values, base, base + lengths)
     texts = batch.tokenizer.decode_flat(flat)
     read: list[ReadCall] = []
-    lengths = frame["answer_length"].to_list()
-    for i, (row, answer_from, at, length, text) in enumerate(zip(
-        frame["row"].to_list(), frame["answer_from"].to_list(), first.to_list(), lengths, texts, strict=True
+    for i, (row, begin, start, length, text) in enumerate(zip(
+        rows.tolist(), answer_from.tolist(), first.tolist(), lengths.tolist(), texts, strict=True
     )):
-        start = answer_from + at
         ids = flat.values[flat.offsets[i] : flat.offsets[i + 1]]
         for call in fmt.read(text, ""):
-            problem = _problem_token(batch, call, [(text, ids, answer_from)])
-            read.append(ReadCall(row, start, answer_from + length, start, start, call, problem))
+            problem = _problem_token(batch, call, [(text, ids, begin)])
+            read.append(ReadCall(row, start, begin + length, start, start, call, problem))
     return read
 
 
