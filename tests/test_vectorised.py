@@ -484,3 +484,39 @@ def test_the_tool_call_view_equals_the_list_expressions(real_tokenizer_dirs, pro
     assert_frame_equal(view.calls, expected.calls)
     assert_frame_equal(view.stray, expected.stray)
     event(f"calls {min(view.calls.height, 2)} stray {min(view.stray.height, 1)} grammar {view.grammar_ok.sum()>0}")
+
+
+@pytest.mark.parametrize("profile", ["deepseek-v3.1", "kimi-k2.5", "qwen3"])
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_tokenizer_dirs, profile, data) -> None:
+    """TCL004 counts each marker's string only in outputs whose text holds the markers' common
+    prefix more often than their marker ids: the findings are those of counting everywhere,
+    on outputs where marker strings are spelled with plain pieces beside the real ids."""
+    import audit.checks.toolcalls as toolcalls
+    from tests.conftest import real_tokenizer
+
+    if profile == "qwen3":
+        directory, _ = real_tokenizer(real_tokenizer_dirs, "qwen3")
+    else:
+        directory = KIMI_TOKENIZER if profile.startswith("kimi") else DEEPSEEK_TOKENIZER
+    context = _call_view_context(profile, str(directory))
+    assert context.tokenizer.byte_decoder is not None  # built: the screen applies
+    batch_rule = RULES["TCL004"]()
+    strings = list(context.profile.tool_call_spec.markers.values())
+    prefix = toolcalls._screening_prefix(batch_of(context, [[]], [None]))
+    assert prefix, "these families' markers share a prefix"
+    # Plain pieces that spell the prefix and the rest of each marker string, apart.
+    pieces = [context.tokenizer.encode_text(prefix)] + [context.tokenizer.encode_text(s[len(prefix):]) for s in strings]
+    alphabet = [*context.profile.marker_ids, *[i for piece in pieces for i in piece], 5, 6]
+    spelled = st.lists(st.one_of(st.sampled_from(alphabet).map(lambda i: [i]), st.sampled_from(pieces)), max_size=14)
+    outputs = data.draw(st.lists(spelled.map(lambda chunks: [i for chunk in chunks for i in chunk]), min_size=1, max_size=8))
+    screened = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
+    prefixes = toolcalls._PREFIXES.copy()
+    try:
+        toolcalls._PREFIXES.update((key, None) for key in prefixes)
+        counted = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
+    finally:
+        toolcalls._PREFIXES.update(prefixes)
+    assert screened.equals(counted)
+    event(f"findings {min(counted.height, 2)}")

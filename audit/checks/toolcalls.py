@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import polars as pl
@@ -296,7 +297,7 @@ class ToolMarkerAsText(ToolCallRule):
         counted = batch.profile.tool_markers.get(spec.format.text_marker_role) if spec is not None else None
         if counted is not None:
             counts.append(pl.Series("_answer_calls", markers.count([counted], since=answer_from), dtype=pl.Int64))
-        return pl.concat(
+        frame = pl.concat(
             [
                 batch.records.with_columns(
                     batch.decoded_output.alias("decoded"),
@@ -306,13 +307,20 @@ class ToolMarkerAsText(ToolCallRule):
             ],
             how="horizontal",
         )
+        # The text the markers' strings are counted in: only where one can be there as text.
+        prefix = _screening_prefix(batch)
+        if prefix is None:
+            return frame.with_columns(pl.col("decoded").alias("_marker_text"))
+        ids = pl.sum_horizontal(f"_ids_{role}" for role in batch.profile.tool_markers)
+        unexplained = pl.col("decoded").str.count_matches(prefix, literal=True) > ids
+        return frame.with_columns(pl.when(unexplained).then(pl.col("decoded")).alias("_marker_text"))
 
     def _excess(self, batch: Batch) -> list[tuple[str, pl.Expr]]:
         spec = batch.profile.tool_call_spec
         excess = [
             (
                 spec.markers[role],
-                pl.col("decoded").str.count_matches(spec.markers[role], literal=True) > pl.col(f"_ids_{role}"),
+                pl.col("_marker_text").str.count_matches(spec.markers[role], literal=True) > pl.col(f"_ids_{role}"),
             )
             for role in batch.profile.tool_markers
         ]
@@ -342,3 +350,40 @@ class ToolMarkerAsText(ToolCallRule):
             "marker as plain text, not its token: {}",
             pl.concat_list(names).list.drop_nulls().list.join(", "),
         )
+
+
+def _screening_prefix(batch: Batch) -> str | None:
+    """A text every marker string starts with, when counting it first can tell the outputs in
+    which no marker string is there as text; None when it cannot (then every output is counted).
+
+    Each marker id decodes to its string, which starts with the prefix: an output whose text
+    holds the prefix no more often than it holds marker ids has every occurrence of the prefix
+    at one of those ids. A marker string found there is that id's own (no marker string starts
+    another), so none is there more often than its id. That holds when the prefix cannot
+    overlap itself (each occurrence is counted), no marker string is a prefix of another, and
+    each id is its string in any output: a byte-level tokenizer's decoding concatenates each
+    id's bytes, and the marker ids decode to their strings.
+    """
+    tokenizer = batch.tokenizer
+    if not tokenizer.has_byte_table():  # (a small audit, or not byte-level: everything counted)
+        return None
+    markers = batch.profile.tool_markers
+    strings = [batch.profile.tool_call_spec.markers[role] for role in markers]
+    key = (id(tokenizer), tuple(markers.items()), tuple(strings))
+    if key not in _PREFIXES:
+        prefix: str | None = os.path.commonprefix(strings)
+        if (
+            not prefix
+            or len(set(strings)) != len(strings)
+            or any(a != b and b.startswith(a) for a in strings for b in strings)
+            or any(prefix[-k:] == prefix[:k] for k in range(1, len(prefix)))
+            or tokenizer.decode_batch([[token_id] for token_id in markers.values()]) != strings
+        ):
+            prefix = None
+        _PREFIXES[key] = prefix
+    return _PREFIXES[key]
+
+
+# The screening prefix of each (tokenizer, markers): found once per process.
+_PREFIXES: dict[tuple, str | None] = {}
+

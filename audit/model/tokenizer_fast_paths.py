@@ -78,6 +78,14 @@ class FastPaths:
         on first use)."""
         return self.byte_table if fast_paths_enabled() else None
 
+    def has_byte_table(self) -> bool:
+        """Is the byte table at hand (built by this run, or stored by an earlier one)? Never
+        builds it. A tokenizer has one only when it is byte-level: each id decodes to its own
+        bytes, whatever surrounds it."""
+        if "byte_decoder" in self.__dict__:
+            return self.__dict__["byte_decoder"] is not None
+        return fast_paths_enabled() and self._state is not None and self._state.table is not None
+
     def _table_for(self, ids: int) -> ByteDecoder | None:
         """The byte table to decode `ids` more ids with: once it exists, or once the ids decoded
         without it have cost about what building it does (a small audit never builds it)."""
