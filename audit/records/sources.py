@@ -96,13 +96,12 @@ def chunk_blocks(
     for chunk in chunks:
         if digest is not None:
             digest.update(chunk)
-        data = carry + chunk if carry else chunk
-        cut = data.rfind(b"\n")
-        if cut == -1:
-            carry = data
-            continue
-        lines = data[:cut].split(b"\n")
-        carry = data[cut + 1 :]
+        # Split where the chunk is (no copy of it): the line it starts with continues the last
+        # chunk's, the part after its last newline waits for the next.
+        lines = chunk.split(b"\n")
+        if carry:
+            lines[0] = carry + lines[0]
+        carry = lines.pop()
         for begin in range(0, len(lines), MAX_BLOCK_LINES):
             part = lines[begin : begin + MAX_BLOCK_LINES]
             yield LineBlock(next_line, part)
