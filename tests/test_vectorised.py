@@ -141,6 +141,32 @@ def test_response_bounds_equal_the_list_expressions(contexts, setup, data) -> No
     assert response_bounds(batch).equals(reference_bounds(batch))
 
 
+@pytest.mark.parametrize("profile", ["deepseek-v3.1", "deepseek-r1"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_response_bounds_follow_each_prompts_ending(profile, data) -> None:
+    """Families whose accepted prompt endings leave the output in different states (the
+    generation prompt opens `<think>`, a tool result's turn is closed, R1's may open its own):
+    each record's state comes from its own prompt's ending, as the list expressions read it."""
+    context = _call_view_context(profile, str(DEEPSEEK_TOKENIZER))
+    assert len(set(context.profile.suffix_reasoning)) > 1
+    outputs = data.draw(outputs_strategy(alphabet_of(context)))
+    # Half of them open with the model's own `<think>` (what R1's may-open state looks at).
+    opens = data.draw(st.lists(st.booleans(), min_size=len(outputs), max_size=len(outputs)))
+    outputs = [[context.profile.think_start, *o] if o is not None and own else o for o, own in zip(outputs, opens, strict=True)]
+    ending = st.sampled_from([list(suffix) for suffix in context.profile.prompt_suffixes])
+    prompt = st.one_of(
+        st.none(),
+        st.lists(st.sampled_from(alphabet_of(context)), max_size=4),
+        st.tuples(st.lists(st.sampled_from([5, 6, 7]), max_size=3), ending).map(lambda p: p[0] + p[1]),
+    )
+    prompts = data.draw(st.lists(prompt, min_size=len(outputs), max_size=len(outputs)))
+    batch = batch_of(context, outputs, [None] * len(outputs))
+    batch = Batch(batch.records.with_columns(pl.Series("input_ids", prompts, dtype=pl.List(pl.Int64))), context)
+    assert response_bounds(batch).equals(reference_bounds(batch))
+    event("states " + ",".join(sorted(set(response_bounds(batch)["reasoning"].cast(pl.String).to_list()))))
+
+
 @settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_marker_index_answers_as_the_list_expressions(contexts, data) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import ABSENT, MarkerIndex, absent_as_null
+from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
 from audit.model.prompt_endings import REASONING_STATES
 from audit.records.batch import Batch
@@ -110,79 +110,87 @@ def stop_run(batch: Batch) -> np.ndarray:
 def _bounds(batch: Batch) -> pl.DataFrame:
     profile = batch.profile
     markers = batch.markers
-    null = pl.lit(None, dtype=pl.Int64)
     # The scans over every id come from the batch's marker index (one look-up over the flat
-    # ids); what follows is arithmetic on a few numbers per record.
-    lengths = pl.Series("length", batch.output_flat.lengths, dtype=pl.Int64)
-    scanned = pl.DataFrame(
-        [
-            lengths.set(pl.Series(~batch.output_present), None),
-            pl.Series("trailing", stop_run(batch), dtype=pl.Int64),
-            absent_as_null(_first(markers, [profile.think_end]), "close"),
-            absent_as_null(_first(markers, tool_entry_ids(profile)), "entry"),
-            absent_as_null(_first(markers, [profile.think_start]), "opened"),
-        ]
-    ).with_columns(
-        batch.records.select(
-            prompt_reasoning(profile).alias("reasoning"),
-            pl.col("output_ids").list.first().cast(pl.Int64).alias("first_id"),
-        )
-    )
-    end = pl.col("length") - pl.col("trailing")
-    close = pl.col("close")
-    entry = pl.col("entry")
+    # ids); what follows is arithmetic on a few numbers per record, in numpy: each value with a
+    # mask of where it is known (null where it is not).
+    present = batch.output_present
+    length = batch.output_flat.lengths
+    end = length - stop_run(batch)  # known where the output is present
+    close = _first(markers, [profile.think_end])
+    entry = _first(markers, tool_entry_ids(profile))
+    has_close, has_entry = close != ABSENT, entry != ABSENT
+    state = _reasoning_states(batch)
 
-    state = pl.col("reasoning")
+    start = np.zeros(batch.height, dtype=np.int64)
+    has_start = np.zeros(batch.height, dtype=bool)
     if profile.think_start is not None:
-        opened = pl.col("opened")
+        prompt_opens = state == REASONING_STATES.index("prompt_opens")
+        has_start |= prompt_opens
         # A `<think>` lost but its `</think>` kept: the reasoning still ran from the start.
-        model_start = (
-            pl.when(opened.is_not_null())
-            .then(opened + 1)
-            .when(close.is_not_null())
-            .then(0)
-            .otherwise(null)
-        )
-        own_think = pl.col("first_id") == profile.think_start
-        start = (
-            pl.when(state == "prompt_opens")
-            .then(pl.lit(0, dtype=pl.Int64))
-            .when(state == "model_opens")
-            .then(model_start)
-            .when(state == "may_open")
-            .then(pl.when(own_think.fill_null(False)).then(1).otherwise(0).cast(pl.Int64))
-            .otherwise(null)
-        )
-    else:  # a family without think tokens: everything is answer
-        start = null
+        opened = _first(markers, [profile.think_start])
+        model_opens = state == REASONING_STATES.index("model_opens")
+        start = np.where(model_opens & (opened != ABSENT), opened + 1, start)
+        has_start |= model_opens & ((opened != ABSENT) | has_close)
+        may_open = state == REASONING_STATES.index("may_open")
+        flat = batch.output_flat
+        own_think = np.zeros(batch.height, dtype=bool)
+        nonempty = flat.lengths > 0
+        own_think[nonempty] = flat.values[flat.offsets[:-1][nonempty]] == profile.think_start
+        start = np.where(may_open, own_think.astype(np.int64), start)
+        has_start |= may_open
 
     spec = profile.tool_calls
-    call_ends_reasoning = spec is not None and spec.may_end_reasoning
-    closed_by_call = (close.is_null() & entry.is_not_null()) if call_ends_reasoning else pl.lit(False)
-    reasoning_end = (
-        pl.when(start.is_null())
-        .then(null)
-        .when(close.is_not_null())
-        .then(close)
-        .when(closed_by_call)
-        .then(entry)
-        .otherwise(end)
+    closed_by_call = ~has_close & has_entry if spec is not None and spec.may_end_reasoning else np.zeros_like(has_close)
+    by_close, by_call = has_start & has_close, has_start & ~has_close & closed_by_call
+    by_end = has_start & ~has_close & ~closed_by_call
+    reasoning_end = np.select([by_close, by_call], [close, entry], end)
+    has_reasoning_end = by_close | by_call | (by_end & present)
+    answer_start = np.select([~has_start, by_close, by_call], [0, close + 1, entry], 0)
+    has_answer_start = ~has_start | by_close | by_call
+    # The greater of the two that are known (polars' max_horizontal).
+    answer_end = np.where(present & has_answer_start, np.maximum(end, answer_start), np.where(present, end, answer_start))
+    has_answer_end = present | has_answer_start
+    return pl.DataFrame(
+        [
+            pl.Series("reasoning", np.array(REASONING_STATES)[state], dtype=pl.String).cast(REASONING),
+            _known("reasoning_start", start, has_start),
+            _known("reasoning_end", reasoning_end, has_reasoning_end),
+            _known("response_at", close, has_close),
+            _known("tool_entry", entry, has_entry),
+            _known("answer_start", answer_start, has_answer_start),
+            _known("answer_end", answer_end, has_answer_end),
+        ]
     )
-    answer_start = (
-        pl.when(start.is_null())
-        .then(pl.lit(0, dtype=pl.Int64))
-        .when(close.is_not_null())
-        .then(close + 1)
-        .when(closed_by_call)
-        .then(entry)
-        .otherwise(null)
-    )
-    return scanned.select(
-        "reasoning",
-        start.alias("reasoning_start"),
-        reasoning_end.alias("reasoning_end"),
-        close.alias("response_at"),
-        entry.alias("tool_entry"),
-        answer_start.alias("answer_start"),
-        pl.max_horizontal(end, answer_start).alias("answer_end"),
-    ).cast(pl.Schema(BOUNDS_SCHEMA))
+
+
+def _known(name: str, values: np.ndarray, known: np.ndarray) -> pl.Series:
+    """An Int64 column of `values`, null where not `known`."""
+    series = pl.Series(name, values, dtype=pl.Int64)
+    return series if known.all() else series.set(pl.Series(~known), None)
+
+
+def _reasoning_states(batch: Batch) -> np.ndarray:
+    """Per record, the index in `REASONING_STATES` of the state its prompt leaves the output in
+    (`prompt_reasoning`, from the flat prompt ids)."""
+    profile = batch.profile
+    states = np.full(batch.height, REASONING_STATES.index(profile.reasoning), dtype=np.int64)
+    if len(set(profile.suffix_reasoning)) <= 1:
+        return states
+    decided = np.zeros(batch.height, dtype=bool)
+    endings = sorted(zip(profile.prompt_suffixes, profile.suffix_reasoning, strict=True), key=lambda p: -len(p[0]))
+    for suffix, state in endings:
+        matched = _ends_with(batch.input_flat, suffix) & ~decided
+        states[matched] = REASONING_STATES.index(state)
+        decided |= matched
+    return states
+
+
+def _ends_with(flat: FlatIds, suffix: Sequence[int]) -> np.ndarray:
+    """Per sequence: does it end with exactly these ids? (False for shorter ones.)"""
+    width = len(suffix)
+    matched = flat.lengths >= width
+    rows = np.flatnonzero(matched)
+    if width and len(rows):
+        tails = flat.values[flat.offsets[1:][rows, None] - width + np.arange(width)]
+        matched[rows] = (tails == np.asarray(suffix, dtype=np.int64)).all(axis=1)
+    return matched
