@@ -80,7 +80,8 @@ def test_a_warm_start_loads_neither_transformers_nor_fastokens_and_finds_the_sam
 
 def test_a_warm_cli_run_imports_only_what_the_audit_needs(tmp_path: Path) -> None:
     """`audit check` as a user runs it: after the first run, no transformers, no fastokens for a
-    small file, and not the hypothesis that pandera would pull in where it is installed."""
+    small file, not pandera (its schema is made only to validate with pandera itself), and not the
+    hypothesis that pandera would pull in where it is installed."""
     env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path / "cache")}
     argv = [sys.executable, "-X", "importtime", "-m", "audit", "check", str(PREPARED / "D1_deepseek"),
             "--report", str(tmp_path / "r.json"), "--no-cache", "--format", "json"]
@@ -93,7 +94,7 @@ def test_a_warm_cli_run_imports_only_what_the_audit_needs(tmp_path: Path) -> Non
         return {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")}
 
     assert "transformers" in imported(first)
-    assert {"transformers", "fastokens", "hypothesis"}.isdisjoint(imported(again))
+    assert {"transformers", "fastokens", "hypothesis", "pandera"}.isdisjoint(imported(again))
 
 
 def _state_file(cache: Path) -> Path:

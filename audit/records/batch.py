@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import nanoarrow
 import numpy as np
@@ -16,10 +16,12 @@ from audit.model.flat_ids import FlatIds, MarkerIndex
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import DecodedBytes, Tokenizer
 from audit.model.trainer_rules import Trainer
-from audit.records.contract import all_in_vocabulary, contract_failures, record_contract
-
-if TYPE_CHECKING:
-    import pandera.polars as pa
+from audit.records.contract import (
+    RecordContract,
+    all_in_vocabulary,
+    contract_failures,
+    record_contract,
+)
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
@@ -35,7 +37,7 @@ class AuditContext:
     prompts: dict[str, dict[str, Any]] | None = None
     # The trainer whose preprocessing the trainer view models (`--trainer`), or None: no view.
     trainer: Trainer | None = None
-    contract: pa.DataFrameSchema = field(init=False)
+    contract: RecordContract = field(init=False)
 
     def __post_init__(self) -> None:
         self.contract = record_contract(self.tokenizer)

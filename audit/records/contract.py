@@ -1,15 +1,23 @@
-"""The record contract as a pandera model on polars.
+"""The record contract: a pandera model on polars, its checks written as polars expressions.
 
 Parsing already fixes the column types; the contract adds what a type cannot say: a prompt
 that is present and non-empty, ids inside the tokenizer's vocabulary, and `meta_info` counts
 that equal the list lengths. Each check is named after the kind of problem it finds
 (`PROBLEMS`); the rule that reports a kind names it (`Rule.problem`), so a failure case maps
 straight onto a finding.
+
+The audit evaluates the checks in one polars query per block (`contract_failures`); the same
+checks make the pandera schema (`RecordContract.schema`), which validates exactly alike
+(`validated_by_pandera`, compared in the tests). pandera is imported only when a schema is
+made: its import (with pydantic's) is ~85 ms of every process's start that an audit does not
+need.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -20,8 +28,6 @@ from audit.records.line_reading import CONTRACT
 
 if TYPE_CHECKING:
     import pandera.polars as pa
-else:
-    pa = pandera_polars()  # pandera's polars API, without its pandas half (audit.base.lean_imports)
 
 # The kinds of problem the contract finds, beside the reader's (`audit.records.reader`).
 OUT_OF_VOCABULARY = "out_of_vocabulary"  # an id the tokenizer in use does not have
@@ -50,27 +56,61 @@ def all_in_vocabulary(tokenizer: Tokenizer, ids: pl.Expr) -> pl.Expr:
     return ids.list.eval(in_vocabulary(tokenizer).all()).list.first()
 
 
-class ExpressionCheck(pa.Check):
-    """A pandera check written as one polars expression over its column (True where it holds).
+@dataclass(frozen=True)
+class ContractCheck:
+    """One check of a column: an expression over it, True where the check holds."""
 
-    pandera runs it like any check (`schema.validate`); `contract_failures` evaluates all of a
-    schema's expressions in one query, without pandera's per-call validation machinery (~10 ms
-    a block, most of the contract's cost).
-    """
+    column: str
+    expression: Callable[[pl.Expr], pl.Expr]
+    problem: str  # the kind of problem a failure is (`PROBLEMS`)
 
-    def __init__(self, expression: Callable[[pl.Expr], pl.Expr], problem: str):
-        self.expression = expression
-        super().__init__(
-            lambda data: data.lazyframe.select(expression(pl.col(data.key))), name=problem, ignore_na=False
+
+@dataclass(frozen=True)
+class RecordContract:
+    """The contract's columns (type, nullable) and checks, in pandera's order of columns then
+    checks; `schema()` makes them the pandera model."""
+
+    columns: dict[str, tuple[pl.DataType, bool]]
+    checks: tuple[ContractCheck, ...]
+
+    def schema(self) -> pa.DataFrameSchema:
+        """The pandera model (pandera imported now, without its pandas half)."""
+        pa = pandera_polars()
+        check = _expression_check_class()
+        return pa.DataFrameSchema(
+            {
+                name: pa.Column(
+                    dtype,
+                    nullable=nullable,
+                    checks=[check(c.expression, c.problem) for c in self.checks if c.column == name] or None,
+                )
+                for name, (dtype, nullable) in self.columns.items()
+            },
+            strict=False,
         )
 
-    @classmethod
-    def get_backend(cls, check_obj: Any) -> Any:
-        # pandera keeps its backends per check class: this one runs as a plain `Check`.
-        return pa.Check.get_backend(check_obj)
+
+@cache
+def _expression_check_class() -> type:
+    """A pandera check written as one polars expression over its column (True where it holds)."""
+    pa = pandera_polars()
+
+    class ExpressionCheck(pa.Check):  # type: ignore[name-defined]
+        def __init__(self, expression: Callable[[pl.Expr], pl.Expr], problem: str):
+            self.expression = expression
+            super().__init__(
+                lambda data: data.lazyframe.select(expression(pl.col(data.key))), name=problem, ignore_na=False
+            )
+
+        @classmethod
+        def get_backend(cls, check_obj: Any) -> Any:
+            # pandera keeps its backends per check class: this one runs as a plain `Check`.
+            return pa.Check.get_backend(check_obj)
+
+    return ExpressionCheck
 
 
-def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
+def record_contract(tokenizer: Tokenizer) -> RecordContract:
     """The contract every parsed record must meet, for this tokenizer's vocabulary."""
 
     def present_and_nonempty(ids: pl.Expr) -> pl.Expr:
@@ -92,76 +132,63 @@ def record_contract(tokenizer: Tokenizer) -> pa.DataFrameSchema:
         # Any other type would slip past every termination rule, which test for these three.
         return kind.is_in(FINISH_TYPES).fill_null(True)
 
-    return pa.DataFrameSchema(
-        {
-            "line": pa.Column(pl.UInt32),
-            "id": pa.Column(pl.String, nullable=True),
-            "input_ids": pa.Column(
-                pl.List(pl.Int64),
-                nullable=True,
-                checks=[
-                    ExpressionCheck(present_and_nonempty, CONTRACT),
-                    ExpressionCheck(known_to_the_tokenizer, OUT_OF_VOCABULARY),
-                ],
-            ),
-            "output_ids": pa.Column(
-                pl.List(pl.Int64),
-                nullable=True,
-                checks=[
-                    ExpressionCheck(present, CONTRACT),
-                    ExpressionCheck(known_to_the_tokenizer, OUT_OF_VOCABULARY),
-                ],
-            ),
-            "finish_type": pa.Column(
-                pl.String, nullable=True, checks=[ExpressionCheck(known_finish_type, CONTRACT)]
-            ),
-            "prompt_tokens": pa.Column(
-                pl.Int64, nullable=True, checks=[ExpressionCheck(counts("input_ids"), COUNT_MISMATCH)]
-            ),
-            "completion_tokens": pa.Column(
-                pl.Int64, nullable=True, checks=[ExpressionCheck(counts("output_ids"), COUNT_MISMATCH)]
-            ),
+    return RecordContract(
+        columns={
+            "line": (pl.UInt32(), False),
+            "id": (pl.String(), True),
+            "input_ids": (pl.List(pl.Int64()), True),
+            "output_ids": (pl.List(pl.Int64()), True),
+            "finish_type": (pl.String(), True),
+            "prompt_tokens": (pl.Int64(), True),
+            "completion_tokens": (pl.Int64(), True),
         },
-        strict=False,
+        checks=(
+            ContractCheck("input_ids", present_and_nonempty, CONTRACT),
+            ContractCheck("input_ids", known_to_the_tokenizer, OUT_OF_VOCABULARY),
+            ContractCheck("output_ids", present, CONTRACT),
+            ContractCheck("output_ids", known_to_the_tokenizer, OUT_OF_VOCABULARY),
+            ContractCheck("finish_type", known_finish_type, CONTRACT),
+            ContractCheck("prompt_tokens", counts("input_ids"), COUNT_MISMATCH),
+            ContractCheck("completion_tokens", counts("output_ids"), COUNT_MISMATCH),
+        ),
     )
 
 
 FAILURES_SCHEMA = {"row": pl.UInt32, "problem": pl.String, "column": pl.String}
 
 
-def contract_failures(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.DataFrame:
+def contract_failures(contract: RecordContract, records: pl.DataFrame) -> pl.DataFrame:
     """Rows that break the contract's checks: columns `row` (index into `records`), `problem`,
-    `column`, in the schema's order of columns and checks, as pandera reports them.
+    `column`, in the contract's order of columns and checks, as pandera reports them.
 
-    The checks are the schema's `ExpressionCheck`s, evaluated in one polars query (a schema with
-    other checks is validated by pandera itself). The column types are the reader's to fix
+    The checks' expressions are evaluated in one polars query, without pandera's per-call
+    validation machinery (~10 ms a block). The column types are the reader's to fix
     (`audit.records.reader.RECORD_COLUMNS`): no rule reports them.
     """
     if records.is_empty():
         return pl.DataFrame(schema=FAILURES_SCHEMA)
-    checks = [(name, check) for name, column in schema.columns.items() for check in column.checks]
-    if not all(isinstance(check, ExpressionCheck) for _, check in checks):
-        return validated_by_pandera(schema, records)
     passed = records.select(
-        check.expression(pl.col(name)).fill_null(False).alias(str(index))
-        for index, (name, check) in enumerate(checks)
+        check.expression(pl.col(check.column)).fill_null(False).alias(str(index))
+        for index, check in enumerate(contract.checks)
     )
     found = [pl.DataFrame(schema=FAILURES_SCHEMA)]
-    for index, (name, check) in enumerate(checks):
+    for index, check in enumerate(contract.checks):
         rows = passed.get_column(str(index)).not_().arg_true()
         if len(rows):
             found.append(
                 pl.DataFrame(
-                    {"row": rows, "problem": [check.name] * len(rows), "column": [name] * len(rows)},
+                    {"row": rows, "problem": [check.problem] * len(rows), "column": [check.column] * len(rows)},
                     schema=FAILURES_SCHEMA,
                 )
             )
     return pl.concat(found, how="vertical").unique(maintain_order=True)
 
 
-def validated_by_pandera(schema: pa.DataFrameSchema, records: pl.DataFrame) -> pl.DataFrame:
-    """`contract_failures` as pandera's own `validate` finds them (the reference)."""
-    from pandera.errors import SchemaErrors  # pandera is imported by now (pandera_polars)
+def validated_by_pandera(contract: RecordContract, records: pl.DataFrame) -> pl.DataFrame:
+    """`contract_failures` as pandera's own `validate` of the contract's schema finds them (the
+    reference)."""
+    schema = contract.schema()
+    from pandera.errors import SchemaErrors  # imported by now (`RecordContract.schema`)
 
     if records.is_empty():
         return pl.DataFrame(schema=FAILURES_SCHEMA)
