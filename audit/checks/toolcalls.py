@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+import numpy as np
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, findings_frame
@@ -67,42 +68,44 @@ class ToolMarkerGrammar(ToolCallRule):
         expected = batch.profile.tool_call_spec.format.description
         # An output cut by the token limit or an abort may stop inside a call: the markers it
         # has must be a prefix of the grammar (the cut itself is TRM001's or TRM003's).
-        cut = batch.records.select(truncated()).to_series()
-        out_of_order = (
-            batch.records.with_row_index("row")
-            .with_columns(view.letters.alias("letters"), view.empty_head.alias("empty_head"))
-            .filter(~view.grammar_ok & ~(cut & view.prefix_ok))
-        )
+        cut = batch.records.select(truncated()).to_series().to_numpy()
+        out_of_order = np.flatnonzero(~view.grammar_ok.to_numpy() & ~(cut & view.prefix_ok.to_numpy()))
         rows: list[int] = []
         positions: list[int | None] = []
         messages: list[str] = []
-        for row, letters, empty_head, at in out_of_order.select(
-            "row", "letters", "empty_head", view.first_marker.gather(out_of_order["row"]).alias("at")
-        ).iter_rows():
-            rows.append(row)
-            positions.append(at)
-            messages.append(
-                "a call begins with no id or name before the next marker"
-                if empty_head
-                else "tool-call markers out of order: "
-                + " ".join(_ROLE_OF_LETTER[letter].replace("_", "-") for letter in letters)
-                + f"; expected {expected}"
-            )
+        if len(out_of_order):
+            for row, letters, empty_head, at in zip(
+                out_of_order.tolist(),
+                view.letters.gather(out_of_order).to_list(),
+                view.empty_head.gather(out_of_order).to_list(),
+                view.first_marker.gather(out_of_order).to_list(),
+                strict=True,
+            ):
+                rows.append(row)
+                positions.append(at)
+                messages.append(
+                    "a call begins with no id or name before the next marker"
+                    if empty_head
+                    else "tool-call markers out of order: "
+                    + " ".join(_ROLE_OF_LETTER[letter].replace("_", "-") for letter in letters)
+                    + f"; expected {expected}"
+                )
         # A call's text cut by the limit is unfinished, not malformed: the cut is TRM001's.
-        cut_rows = batch.records.with_row_index("row").filter(truncated())["row"]
-        malformed = (
-            view.calls.filter(
-                pl.col("malformed").is_not_null() & ~pl.col("row").is_in(cut_rows.implode())
+        cut_rows = pl.Series("row", np.flatnonzero(cut), dtype=pl.UInt32)
+        if view.calls["malformed"].null_count() < view.calls.height:
+            malformed = (
+                view.calls.filter(pl.col("malformed").is_not_null() & ~pl.col("row").is_in(cut_rows.implode()))
+                .group_by("row", maintain_order=True)
+                .first()
             )
-            .group_by("row", maintain_order=True)
-            .first()
-        )
-        at = pl.coalesce("problem_at", "start")
-        for row, start, problem in malformed.select("row", at, "malformed").iter_rows():
-            rows.append(row)
-            positions.append(start)
-            messages.append(f"tool call text out of the format ({problem}); expected {expected}")
-        stray = view.stray.filter(~pl.col("row").is_in(pl.Series(rows, dtype=pl.UInt32).append(cut_rows.cast(pl.UInt32)).implode()))
+            at = pl.coalesce("problem_at", "start")
+            for row, start, problem in malformed.select("row", at, "malformed").iter_rows():
+                rows.append(row)
+                positions.append(start)
+                messages.append(f"tool call text out of the format ({problem}); expected {expected}")
+        stray = view.stray
+        if stray.height:
+            stray = stray.filter(~pl.col("row").is_in(pl.Series(rows, dtype=pl.UInt32).append(cut_rows).implode()))
         for row, start, text in stray.iter_rows():
             rows.append(row)
             positions.append(start)
