@@ -171,6 +171,8 @@ def contract_failures(contract: RecordContract, records: pl.DataFrame) -> pl.Dat
         check.expression(pl.col(check.column)).fill_null(False).alias(str(index))
         for index, check in enumerate(contract.checks)
     )
+    if passed.select(pl.all_horizontal(pl.all()).all()).item():
+        return pl.DataFrame(schema=FAILURES_SCHEMA)  # nearly every block
     found = [pl.DataFrame(schema=FAILURES_SCHEMA)]
     for index, check in enumerate(contract.checks):
         rows = passed.get_column(str(index)).not_().arg_true()
