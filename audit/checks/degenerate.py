@@ -161,14 +161,22 @@ class SegmentTooShort(RecordRule):
             .filter(_finished() & reached)
         )
         minimum = self._minimum()
-        rows: dict[int, str] = {}
-        for name, (begin, stop_at) in segments.items():
-            limit = minimum[name] + _WHITESPACE_SLACK
-            # Only segments that may be short are cut out of the output (not every output copied):
-            # by their bounds, or whose end is open or past the output's.
-            maybe_short = begin.is_not_null() & (
+
+        def may_be_short(name: str) -> pl.Expr:
+            # Only segments that may be short are cut out of the output (not every output
+            # copied): by their bounds, or whose end is open or past the output's.
+            (begin, stop_at), limit = segments[name], minimum[name] + _WHITESPACE_SLACK
+            return begin.is_not_null() & (
                 stop_at.is_null() | (stop_at - begin < limit) | (stop_at > output.list.len())
             )
+
+        candidates = frame.select(may_be_short(name).any().alias(name) for name in segments).row(0, named=True)
+        rows: dict[int, str] = {}
+        for name, (begin, stop_at) in segments.items():
+            if not candidates[name]:
+                continue  # (nearly always: one query for both segments, nothing cut out)
+            limit = minimum[name] + _WHITESPACE_SLACK
+            maybe_short = may_be_short(name)
             short = (
                 frame.filter(maybe_short)
                 .select("row", output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name))
