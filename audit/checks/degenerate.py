@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import weakref
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import polars as pl
@@ -13,6 +14,9 @@ from audit.records.batch import Batch
 from audit.records.channels import harmony_messages
 from audit.records.expressions import truncated
 from audit.records.response import response_bounds
+
+if TYPE_CHECKING:
+    from audit.model.tokenizer import Tokenizer
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
 # only shorter ones are checked for whitespace-only tokens (a small decode).
@@ -229,10 +233,17 @@ def _content_counts(batch: Batch, segments: pl.Series) -> list[int]:
     """Per segment, how many of its tokens are not whitespace only (one small batched decode)."""
     sequences = segments.to_list()  # only short segments come here (see _WHITESPACE_SLACK)
     known = batch.tokenizer.known_ids
-    ids = sorted({i for segment in sequences for i in segment if i in known})
-    pieces = token_strings(batch.tokenizer, ids)
-    blank = {i for i, piece in zip(ids, pieces, strict=True) if not piece.strip()}
-    return [sum(1 for i in segment if i not in blank) for segment in sequences]
+    # Whether each id's piece is whitespace only, decoded once per tokenizer and kept.
+    blank = _BLANK_PIECES.setdefault(batch.tokenizer, {})
+    new = sorted({i for segment in sequences for i in segment if i in known and i not in blank})
+    if new:
+        pieces = token_strings(batch.tokenizer, new)
+        blank.update((i, not piece.strip()) for i, piece in zip(new, pieces, strict=True))
+    return [sum(1 for i in segment if not blank.get(i, False)) for segment in sequences]
+
+
+# Per tokenizer: id -> is its piece whitespace only (at most one entry per id of its vocabulary).
+_BLANK_PIECES: weakref.WeakKeyDictionary[Tokenizer, dict[int, bool]] = weakref.WeakKeyDictionary()
 
 
 def _describe(name: str, count: int, minimum: int) -> str:
