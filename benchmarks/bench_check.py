@@ -11,6 +11,8 @@ them, the fastest of interleaved rounds:
                    decode, fastokens encode, compare), one process pinned to one core, its loop only
   check --jobs 1   `audit check` with the full rule set as a user runs it (whole process: start-up,
                    tokenizer, report), pinned to the same core; judged against the floor
+  RTR001 only      the same with the round trip as its only rule: the floor's work as the tool does
+                   it; what the other rules add is the difference (not judged, where the time goes)
   check --jobs N   the same on N cores, unpinned; judged against the floor divided by N
   bare load        a whole Python process that loads the tokenizer.json with `tokenizers` and
                    parses the file's first 3 lines
@@ -174,6 +176,10 @@ def bad_records(count: int) -> None:
             print(f"{name:16s} {seconds:8.1f} {rss / 1024:7.0f} MB  {rss / baseline:11.2f}", flush=True)
 
 
+# `audit check` with the round trip (RTR001) as its only rule, pinned like `--jobs 1`.
+ROUND_TRIP_ROW = "check, RTR001 only (1 core)"
+
+
 def _fastest(runs: list[dict]) -> dict:
     """The fastest of repeated runs (on a shared machine the others measure the neighbours)."""
     return min(runs, key=lambda row: row["seconds"])
@@ -211,9 +217,15 @@ def main() -> None:
         state = Path(state_dir)
         # The tokenizer's state as a first large audit leaves it (byte table, compact backend).
         audit_check(full, cache_dir=state)
+        # The round trip alone: the floor's work as the tool does it, with its start-up, its
+        # reading of every field and its report, and no other rule (where the time goes).
+        round_trip_only = state / "round-trip-only.toml"
+        round_trip_only.write_text('select = ["RTR001"]\n')
         plan = [
             ("floor (1 core)", args.repeat_long, lambda: floor_run(data_file, tok)),
             ("check --jobs 1 (1 core)", args.repeat_long, lambda: audit_check(full, "--jobs", "1", cache_dir=state, pin=True)),
+            (ROUND_TRIP_ROW, args.repeat_long,
+             lambda: audit_check(full, "--jobs", "1", "--rules", str(round_trip_only), cache_dir=state, pin=True)),
             (jobs_row, args.repeat_long, lambda: audit_check(full, "--jobs", str(args.jobs), cache_dir=state)),
             ("bare load + parse, 3 records", args.repeat, lambda: bare_load(small_file, tok)),
             ("3 records, cold (empty cache)", args.repeat, lambda: audit_check(small)),
@@ -247,6 +259,10 @@ def main() -> None:
     ratio("3 records cold / bare load + parse", rows["3 records, cold (empty cache)"]["seconds"] / bare, "<= 6")
     ratio("3 records warm / bare load + parse", rows["3 records, warm"]["seconds"] / bare, "<= 3")
     ratio("peak RSS, whole file / 3 records warm", one["rss_kib"] / rows["3 records, warm"]["rss_kib"], "<= 1.5")
+    alone = rows[ROUND_TRIP_ROW]["seconds"]
+    print("\nwhere the time goes (not judged)")
+    ratio("round trip only / floor, one core", alone / floor["seconds"], "start-up, every field read, report")
+    ratio("the other rules / floor, one core", (one["seconds"] - alone) / floor["seconds"], "what the rules add")
     print(f"\ncheck found {one['findings']} findings, {one['records_with_errors']} records with errors; "
           f"the floor found {floor['differ']} outputs whose round trip differs")
 
