@@ -540,7 +540,7 @@ def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_
     screened = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
     prefixes = toolcalls._PREFIXES.copy()
     try:
-        toolcalls._PREFIXES.update((key, None) for key in prefixes)
+        toolcalls._PREFIXES.update((tokenizer, dict.fromkeys(found, None)) for tokenizer, found in prefixes.items())
         counted = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
     finally:
         toolcalls._PREFIXES.update(prefixes)

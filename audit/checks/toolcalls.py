@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
@@ -14,6 +16,9 @@ from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.expressions import truncated
 from audit.records.response import answer_text, response_bounds
+
+if TYPE_CHECKING:
+    from audit.model.tokenizer import Tokenizer
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
 
@@ -372,8 +377,9 @@ def _screening_prefix(batch: Batch) -> str | None:
         return None
     markers = batch.profile.tool_markers
     strings = [batch.profile.tool_call_spec.markers[role] for role in markers]
-    key = (id(tokenizer), tuple(markers.items()), tuple(strings))
-    if key not in _PREFIXES:
+    known = _PREFIXES.setdefault(tokenizer, {})
+    key = (tuple(markers.items()), tuple(strings))
+    if key not in known:
         prefix: str | None = os.path.commonprefix(strings)
         if (
             not prefix
@@ -383,10 +389,10 @@ def _screening_prefix(batch: Batch) -> str | None:
             or tokenizer.decode_batch([[token_id] for token_id in markers.values()]) != strings
         ):
             prefix = None
-        _PREFIXES[key] = prefix
-    return _PREFIXES[key]
+        known[key] = prefix
+    return known[key]
 
 
-# The screening prefix of each (tokenizer, markers): found once per process.
-_PREFIXES: dict[tuple, str | None] = {}
+# Per tokenizer, the screening prefix of each set of markers: found once.
+_PREFIXES: weakref.WeakKeyDictionary[Tokenizer, dict[tuple, str | None]] = weakref.WeakKeyDictionary()
 

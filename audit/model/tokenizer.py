@@ -30,6 +30,7 @@ from audit.model.tokenizer_files import (
 
 configure_offline()
 
+
 @dataclass(frozen=True)
 class DecodedBytes:
     """The bytes the byte table decoded sequences to: sequence i's are `data[offsets[i]:offsets[i + 1]]`.

@@ -109,6 +109,12 @@ def _answer_markers(batch: Batch) -> _AnswerMarkers:
     )
 
 
+def _role_letters(batch: Batch, found: _AnswerMarkers) -> list[str]:
+    """The role letter of each marker found (`ROLE_LETTERS`)."""
+    letter_of = {token_id: ROLE_LETTERS[role] for role, token_id in batch.profile.tool_markers.items()}
+    return [letter_of[token_id] for token_id in found.id.tolist()]
+
+
 def _view(batch: Batch) -> ToolCallView:
     profile = batch.profile
     fmt = profile.tool_call_spec.format
@@ -118,8 +124,7 @@ def _view(batch: Batch) -> ToolCallView:
     found = _answer_markers(batch)
     height = batch.height
     # Each answer's markers as role letters, one string per record ("" when none).
-    letter_of = {token_id: ROLE_LETTERS[role] for role, token_id in markers.items()}
-    spelled = "".join(letter_of[token_id] for token_id in found.id.tolist())
+    spelled = "".join(_role_letters(batch, found))
     starts = found.group_starts()
     ends = np.append(starts[1:], len(found.row)) if len(starts) else starts
     letters = [""] * height
@@ -160,8 +165,7 @@ def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
     fmt = batch.profile.tool_call_spec.format
     if not fmt.blank_between or len(found.row) < 2:
         return pl.DataFrame(schema=STRAY_SCHEMA)
-    letter_of = {token_id: ROLE_LETTERS[role] for role, token_id in batch.profile.tool_markers.items()}
-    roles = [letter_of[token_id] for token_id in found.id.tolist()]
+    roles = _role_letters(batch, found)
     pairs = np.array([a + b for a, b in zip(roles[:-1], roles[1:], strict=True)])
     gap = (
         (found.row[1:] == found.row[:-1])
@@ -206,11 +210,11 @@ def _read_calls(batch: Batch, found: _AnswerMarkers) -> list[ReadCall]:
 
     rows, call_begin = at("call_begin")
     end_rows, call_end = at("call_end")
-    argument_rows, argument_begin = at("argument_begin") if has_arguments else (rows, call_end)
+    # The name ends at the argument begin, or at the call end in formats without one.
+    head_rows, head_end = at("argument_begin") if has_arguments else (rows, call_end)
     # The grammar holds one of each per call: the k-th of each role in a record is one call's.
-    if not (np.array_equal(rows, end_rows) and np.array_equal(rows, argument_rows)):
+    if not (np.array_equal(rows, end_rows) and np.array_equal(rows, head_rows)):
         raise ValueError("a grammar-valid answer with unequal numbers of call begin, argument and call end markers")
-    head_end = argument_begin if has_arguments else call_end
     values = batch.output_flat.values
     base = batch.output_flat.offsets[rows]
     # Heads and bodies are slices of the flat output ids: nothing copied per record.

@@ -121,6 +121,7 @@ def _bounds(batch: Batch) -> pl.DataFrame:
     has_close, has_entry = close != ABSENT, entry != ABSENT
     state = _reasoning_states(batch)
 
+    # Where the reasoning starts; never known in a family without think tokens (all answer).
     start = np.zeros(batch.height, dtype=np.int64)
     has_start = np.zeros(batch.height, dtype=bool)
     if profile.think_start is not None:
