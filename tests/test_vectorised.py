@@ -46,6 +46,13 @@ def contexts() -> dict[tuple[str, bool], AuditContext]:
     }
 
 
+@cache
+def _profile_context(profile: str, tokenizer_dir: str) -> AuditContext:
+    tokenizer = load_tokenizer(tokenizer_dir)
+    """A profile resolved against a tokenizer directory, thinking on (loaded once per test run)."""
+    return AuditContext(load_profile(profile).resolve(tokenizer, thinking=True), tokenizer)
+
+
 def batch_of(context: AuditContext, outputs: list[list[int] | None], finish: list[str | None]) -> Batch:
     columns = {name: [None] * len(outputs) for name in RECORD_COLUMNS}
     columns["line"] = list(range(1, len(outputs) + 1))
@@ -148,7 +155,7 @@ def test_response_bounds_follow_each_prompts_ending(profile, data) -> None:
     """Families whose accepted prompt endings leave the output in different states (the
     generation prompt opens `<think>`, a tool result's turn is closed, R1's may open its own):
     each record's state comes from its own prompt's ending, as the list expressions read it."""
-    context = _call_view_context(profile, str(DEEPSEEK_TOKENIZER))
+    context = _profile_context(profile, str(DEEPSEEK_TOKENIZER))
     assert len(set(context.profile.suffix_reasoning)) > 1
     outputs = data.draw(outputs_strategy(alphabet_of(context)))
     # Half of them open with the model's own `<think>` (what R1's may-open state looks at).
@@ -436,12 +443,6 @@ CALL_VIEW_PROFILES = [("kimi-k2.5", None), ("kimi-k2-thinking", None), ("deepsee
                       ("minimax-m3", "minimax-m3"), ("qwen3.6", "qwen-3.6"), ("qwen3", "qwen3")]
 
 
-@cache
-def _call_view_context(profile: str, tokenizer_dir: str) -> AuditContext:
-    tokenizer = load_tokenizer(tokenizer_dir)
-    return AuditContext(load_profile(profile).resolve(tokenizer, thinking=True), tokenizer)
-
-
 def _call_seeds(profile: str, context: AuditContext) -> list[list[int]]:
     """The family's own output of one call and of two (tests/families: how its model writes them)."""
     from fixtures.family_partitions import Sample, load_spec, output_text
@@ -489,7 +490,7 @@ def test_the_tool_call_view_equals_the_list_expressions(real_tokenizer_dirs, pro
         directory = KIMI_TOKENIZER if profile.startswith("kimi") else DEEPSEEK_TOKENIZER
     else:
         directory, _ = real_tokenizer(real_tokenizer_dirs, real)
-    context = _call_view_context(profile, str(directory))
+    context = _profile_context(profile, str(directory))
     if context.profile.tool_call_spec.format.unit == "text":
         pytest.skip("this tokenizer spells the markers as text")
     text_ids = context.tokenizer.encode_text(' get_weather {"city": "Paris"}\n ')
@@ -526,7 +527,7 @@ def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_
         directory, _ = real_tokenizer(real_tokenizer_dirs, "qwen3")
     else:
         directory = KIMI_TOKENIZER if profile.startswith("kimi") else DEEPSEEK_TOKENIZER
-    context = _call_view_context(profile, str(directory))
+    context = _profile_context(profile, str(directory))
     assert context.tokenizer.byte_decoder is not None  # built: the screen applies
     batch_rule = RULES["TCL004"]()
     strings = list(context.profile.tool_call_spec.markers.values())

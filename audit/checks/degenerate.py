@@ -165,22 +165,20 @@ class SegmentTooShort(RecordRule):
             .filter(_finished() & reached)
         )
         minimum = self._minimum()
-
-        def may_be_short(name: str) -> pl.Expr:
-            # Only segments that may be short are cut out of the output (not every output
-            # copied): by their bounds, or whose end is open or past the output's.
-            (begin, stop_at), limit = segments[name], minimum[name] + _WHITESPACE_SLACK
-            return begin.is_not_null() & (
-                stop_at.is_null() | (stop_at - begin < limit) | (stop_at > output.list.len())
-            )
-
-        candidates = frame.select(may_be_short(name).any().alias(name) for name in segments).row(0, named=True)
+        limits = {name: minimum[name] + _WHITESPACE_SLACK for name in segments}
+        # Only segments that may be short are cut out of the output (not every output copied):
+        # by their bounds, or whose end is open or past the output's.
+        may_be_short = {
+            name: begin.is_not_null()
+            & (stop_at.is_null() | (stop_at - begin < limits[name]) | (stop_at > output.list.len()))
+            for name, (begin, stop_at) in segments.items()
+        }
+        candidates = frame.select(short.any().alias(name) for name, short in may_be_short.items()).row(0, named=True)
         rows: dict[int, str] = {}
         for name, (begin, stop_at) in segments.items():
             if not candidates[name]:
                 continue  # (nearly always: one query for both segments, nothing cut out)
-            limit = minimum[name] + _WHITESPACE_SLACK
-            maybe_short = may_be_short(name)
+            limit, maybe_short = limits[name], may_be_short[name]
             short = (
                 frame.filter(maybe_short)
                 .select("row", output.list.slice(begin, (stop_at - begin).clip(lower_bound=0)).alias(name))

@@ -136,14 +136,11 @@ class ByteDecoder:
             out[base : base + chunk_total] = table[index]
         return out, byte_offsets
 
-    def decode(self, flat: FlatIds) -> list[str | None]:
-        """Each sequence's text; None where its bytes are not valid UTF-8 (the caller decodes
-        those with the tokenizer itself, whose lossy replacement is then authoritative)."""
-        return self.decode_utf8(flat)[0]
-
-    def decode_utf8(self, flat: FlatIds) -> tuple[list[str | None], np.ndarray, np.ndarray]:
-        """`decode`, and the bytes it read the texts from with their per-sequence offsets
-        (`decode_bytes`): a caller that wants the texts as a column builds it from these."""
+    def decode(self, flat: FlatIds) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+        """Each sequence's text, None where its bytes are not valid UTF-8 (the caller decodes
+        those with the tokenizer itself, whose lossy replacement is then authoritative); and
+        the bytes the texts were read from with their per-sequence offsets (`decode_bytes`), for
+        a caller that builds a column of the texts from them."""
         data, offsets = self.decode_bytes(flat)
         texts: list[str | None] = []
         view = memoryview(data.data)

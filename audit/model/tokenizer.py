@@ -280,7 +280,7 @@ class Tokenizer(FastPaths):
         decoder = self._table_for(len(flat.values))
         if decoder is None:
             return self._decode_by_tokenizer(flat, skip_special_tokens=False), None
-        texts, data, offsets = decoder.decode_utf8(flat)
+        texts, data, offsets = decoder.decode(flat)
         invalid = [i for i, text in enumerate(texts) if text is None]
         if invalid:
             plain = self._decode_by_tokenizer(flat.take(np.array(invalid)), skip_special_tokens=False)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex
+from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, absent_as_null
 from audit.model.profiles import ResolvedProfile
 from audit.model.prompt_endings import REASONING_STATES
 from audit.records.batch import Batch
@@ -165,9 +165,8 @@ def _bounds(batch: Batch) -> pl.DataFrame:
 
 
 def _known(name: str, values: np.ndarray, known: np.ndarray) -> pl.Series:
-    """An Int64 column of `values`, null where not `known`."""
-    series = pl.Series(name, values, dtype=pl.Int64)
-    return series if known.all() else series.set(pl.Series(~known), None)
+    """An Int64 column of `values` (indexes, never negative), null where not `known`."""
+    return absent_as_null(np.where(known, values, ABSENT), name)
 
 
 def _reasoning_states(batch: Batch) -> np.ndarray:
