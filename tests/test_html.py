@@ -30,6 +30,7 @@ PLOT_TITLES = (
     "Where the response token falls",
     "Finish reasons",
     "Tool calls per record",
+    "Serving mix",
 )
 runner = CliRunner()
 
@@ -220,6 +221,7 @@ def test_distributions_are_fixed_size_for_any_partition() -> None:
             "response_at": [None if i % 10 == 0 else i % 1000 for i in range(n)],
             "finish_type": ["length" if i % 7 == 0 else "stop" for i in range(n)],
             "tool_calls": [i % 12 for i in range(n)],
+            "thinking": [None if i % 10 == 0 else i % 3 > 0 for i in range(n)],
         },
         schema=STATS_SCHEMA,
     )
@@ -230,6 +232,13 @@ def test_distributions_are_fixed_size_for_any_partition() -> None:
     assert shape["output_tokens"]["edges"][0] <= 1000 and shape["output_tokens"]["edges"][-1] > n + 999
     assert list(shape["tool_calls"]) == ["0", "1", "2", "3", "4", "5", "6", "7", "8+"]
     assert shape["tool_calls"]["8+"] == sum(1 for i in range(n) if i % 12 >= 8)
+    assert shape["serving_mix"] == {
+        "records": n,
+        "thinking_known": n - n // 10,
+        "thinking_on": sum(1 for i in range(n) if i % 10 and i % 3),
+        "thinking_off": sum(1 for i in range(n) if i % 10 and not i % 3),
+        "tool_calls": sum(1 for i in range(n) if i % 12),
+    }
     assert len(json.dumps(shape)) < 40_000
 
 

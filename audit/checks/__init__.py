@@ -13,6 +13,7 @@ from audit.checks.integrity import (
     UnreadableLine,
 )
 from audit.checks.internal import InternalError
+from audit.checks.mix import ServingModeMissing
 from audit.checks.prompt import PromptSuffix, ThinkNotOpened
 from audit.checks.roundtrip import RoundTrip, TextMismatch
 from audit.checks.segmentation import (
@@ -75,6 +76,7 @@ RULES: dict[str, type[Rule]] = {
         TurnJoined,
         RepetitionLoop,
         SegmentTooShort,
+        ServingModeMissing,
         TrainerSystemPrompt,
         TrainerIdsChanged,
         TrainerMaskChanged,

@@ -53,6 +53,42 @@ class Severity(StrEnum):
     WARNING = "warning"
 
 
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """A limit on records: a count, or a rate of all records (a rule set's `warn_above` and
+    `fail_above`, and the least share of a serving mode in `[mix]`)."""
+
+    count: int | None = None
+    rate: float | None = None
+
+    def exceeded(self, failing: int, records: int) -> bool:
+        if self.count is not None:
+            return failing > self.count
+        return records > 0 and failing / records > (self.rate or 0.0)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{(self.rate or 0) * 100:g}%"
+
+    def to_json(self) -> int | str:
+        return self.count if self.count is not None else str(self)
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> Threshold:
+        """A count (`0`, `5`) or a rate (`"0.5%"`) from a rule set; ConfigError naming `where`."""
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return cls(count=value)
+        if isinstance(value, str) and (match := _RATE.match(value)):
+            rate = float(match.group(1)) / 100
+            if rate > 1:
+                # No rate of records can exceed 100%: the threshold would silently never trip.
+                raise ConfigError(f"{where}: a rate is at most 100%, got {value!r}")
+            return cls(rate=rate)
+        raise ConfigError(f'{where}: expected a count (0, 5) or a rate ("0.5%"), got {value!r}')
+
+
 # Counts of tokens above this make no sense for any model and overflow the list arithmetic.
 MAX_TOKEN_COUNT = 2**31 - 1
 
@@ -88,6 +124,9 @@ class Rule:
     position_field: ClassVar[str] = "output_ids"
     # True for rules that judge the file as a whole (`check_file`), not one record.
     file_level: ClassVar[bool] = False
+    # True for rules that judge the partition's statistics as a whole (`check_partition` of
+    # `audit.checks.mix`), after every record: they flag no record.
+    partition_level: ClassVar[bool] = False
     # True for rules that read a record's raw line (`source`); the reader keeps it only then.
     reads_source: ClassVar[bool] = False
     # The kind of problem the reader or the record contract finds that this rule reports
@@ -133,6 +172,11 @@ class Rule:
     def check_file(self, identities: pl.DataFrame) -> pl.DataFrame:
         """For `file_level` rules: findings over the whole file's `line`, `id` columns
         (columns `line`, `position`, `message`)."""
+        raise NotImplementedError
+
+    def check_partition(self, counts: dict[str, int], mix: Any) -> list[str]:
+        """For `partition_level` rules: one sentence per way the partition's counts
+        (`audit.report.distributions.mode_counts`) fall short of the rule set's `mix`."""
         raise NotImplementedError
 
     # -- documentation --------------------------------------------------------------------

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import weakref
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import polars as pl
 
 from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
-from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.channels import harmony_messages
 from audit.records.expressions import truncated
 from audit.records.response import response_bounds
-
-if TYPE_CHECKING:
-    from audit.model.tokenizer import Tokenizer
+from audit.records.segments import nonblank_counts
 
 # Segments this many tokens longer than the minimum are long enough without looking inside:
 # only shorter ones are checked for whitespace-only tokens (a small decode).
@@ -186,7 +182,7 @@ class SegmentTooShort(RecordRule):
             )
             if short.is_empty():
                 continue
-            counts = _content_counts(batch, short[name])
+            counts = nonblank_counts(batch, short[name].to_list())
             for row, count in zip(short["row"].to_list(), counts, strict=True):
                 if count < minimum[name] and row not in rows:
                     rows[row] = _describe(name, count, minimum[name])
@@ -225,23 +221,6 @@ class SegmentTooShort(RecordRule):
 def _finished() -> pl.Expr:
     """The output was not cut (length, abort) and is not empty: a turn the model ended."""
     return (pl.col("output_ids").list.len() > 0) & ~truncated()
-
-
-def _content_counts(batch: Batch, segments: pl.Series) -> list[int]:
-    """Per segment, how many of its tokens are not whitespace only (one small batched decode)."""
-    sequences = segments.to_list()  # only short segments come here (see _WHITESPACE_SLACK)
-    known = batch.tokenizer.known_ids
-    # Whether each id's piece is whitespace only, decoded once per tokenizer and kept.
-    blank = _BLANK_PIECES.setdefault(batch.tokenizer, {})
-    new = sorted({i for segment in sequences for i in segment if i in known and i not in blank})
-    if new:
-        pieces = token_strings(batch.tokenizer, new)
-        blank.update((i, not piece.strip()) for i, piece in zip(new, pieces, strict=True))
-    return [sum(1 for i in segment if not blank.get(i, False)) for segment in sequences]
-
-
-# Per tokenizer: id -> is its piece whitespace only (at most one entry per id of its vocabulary).
-_BLANK_PIECES: weakref.WeakKeyDictionary[Tokenizer, dict[int, bool]] = weakref.WeakKeyDictionary()
 
 
 def _describe(name: str, count: int, minimum: int) -> str:

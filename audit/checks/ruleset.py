@@ -10,6 +10,9 @@ A rule set is a TOML file (`rules/default.toml` unless `--rules FILE`):
     warn_above = 0              # a count of failing records ...
     fail_above = "2%"           # ... or a rate of all records
 
+    [mix]                       # the modes the model is served in (MIX001)
+    thinking_off = "10%"        # the least share of records in each
+
 A rule warns when its failing records exceed `warn_above` and fails when they exceed
 `fail_above`. Unset: an error rule fails on its first failing record, a warning rule warns
 on its first and never fails. Any other key under `[rules.CODE]` is a parameter the rule
@@ -26,6 +29,7 @@ from typing import Any
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown
 from audit.base.errors import ConfigError
 from audit.checks import RULES, Rule, Severity
+from audit.checks.mix import ServingMix
 from audit.checks.verdict import Threshold, judge, threshold_text
 
 DEFAULT_RULE_SET = BUILTIN_RULES_DIR / "default.toml"
@@ -60,6 +64,8 @@ class RuleSet:
     source: Path
     sha256: str
     rules: tuple[ConfiguredRule, ...]
+    # The serving mix the rule set declares (`[mix]`, judged by MIX001), None when it has none.
+    mix: ServingMix | None = None
 
     def __getitem__(self, code: str) -> ConfiguredRule:
         for configured in self.rules:
@@ -89,7 +95,8 @@ def load_rule_set(path: Path | None = None, *, options: frozenset[str] = frozens
         raise ConfigError(f"rule set {path}: no such file")
     data = load_toml(path)
     where = str(path)
-    reject_unknown(data, {"select", "ignore", "rules"}, where)
+    reject_unknown(data, {"select", "ignore", "rules", "mix"}, where)
+    mix = ServingMix.parse(data["mix"], f"{where}: [mix]") if "mix" in data else None
     select = expect(data.get("select", ["ALL"]), list, f"{where}: select")
     ignore = expect(data.get("ignore", []), list, f"{where}: ignore")
     for selector in [*select, *ignore]:
@@ -125,7 +132,7 @@ def load_rule_set(path: Path | None = None, *, options: frozenset[str] = frozens
             raise ConfigError(f"{where}: the rules select/ignore leave run only with --{needing[0]}")
         raise ConfigError(f"{where}: select/ignore leave no rule to run; select at least one (\"ALL\" runs all)")
     return RuleSet(
-        source=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), rules=tuple(configured)
+        source=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), rules=tuple(configured), mix=mix
     )
 
 

@@ -8,12 +8,11 @@ add up to. Every report, format, page, gate manifest and live view reads it from
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from audit.base.errors import ConfigError
+from audit.checks.base import Threshold
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 # A verdict's rank: what "got worse" means between two reports.
@@ -24,40 +23,6 @@ EXIT_PASSED = 0
 EXIT_FAILED = 1
 # The tool broke: a usage, configuration or input error, or a rule that raised on a record.
 EXIT_ERROR = 2
-
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
-
-
-@dataclass(frozen=True)
-class Threshold:
-    """A limit on failing records: a count, or a rate of all records."""
-
-    count: int | None = None
-    rate: float | None = None
-
-    def exceeded(self, failing: int, records: int) -> bool:
-        if self.count is not None:
-            return failing > self.count
-        return records > 0 and failing / records > (self.rate or 0.0)
-
-    def __str__(self) -> str:
-        return str(self.count) if self.count is not None else f"{(self.rate or 0) * 100:g}%"
-
-    def to_json(self) -> int | str:
-        return self.count if self.count is not None else str(self)
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> Threshold:
-        """A count (`0`, `5`) or a rate (`"0.5%"`) from a rule set; ConfigError naming `where`."""
-        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            return cls(count=value)
-        if isinstance(value, str) and (match := _RATE.match(value)):
-            rate = float(match.group(1)) / 100
-            if rate > 1:
-                # No rate of records can exceed 100%: the threshold would silently never trip.
-                raise ConfigError(f"{where}: a rate is at most 100%, got {value!r}")
-            return cls(rate=rate)
-        raise ConfigError(f'{where}: expected a count (0, 5) or a rate ("0.5%"), got {value!r}')
 
 
 def judge(

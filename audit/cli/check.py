@@ -112,11 +112,13 @@ def emit(
 
 def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_warning: bool = False) -> None:
     """The rule table, the first findings and the verdict line of one report."""
-    from audit.cli.tables import first_findings, report_table, verdict_line
+    from audit.cli.tables import first_findings, report_table, serving_mix_lines, verdict_line
 
     console.print(report_table(report, console.width))
     if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
+    for line in serving_mix_lines(report):
+        console.print(line, soft_wrap=True)
     console.print(verdict_line(report, fail_on_warning=fail_on_warning))
     if report.trainer_view is not None:
         console.print(plain(report.trainer_view["summary"], "bold", limit=None), soft_wrap=True)

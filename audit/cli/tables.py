@@ -13,7 +13,7 @@ from audit.base import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
 from audit.model.token_text import token_pieces
-from audit.report.report import Report
+from audit.report.report import Report, RuleResult
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}
 SEVERITY_STYLE = {"error": "red", "warning": "yellow"}
@@ -45,7 +45,7 @@ def report_table(report: Report, width: int | None = None) -> Table:
     rows = [
         (
             result,
-            f"{result.failing} ({result.rate:.1%})" if result.failing else "0",
+            _failing(result),
             ", ".join(map(str, result.example_lines)),
         )
         for result in report.results
@@ -102,6 +102,37 @@ def report_table(report: Report, width: int | None = None) -> Table:
             style="dim" if quiet else None,
         )
     return table
+
+
+def _failing(result: RuleResult) -> str:
+    """Failing records and their rate; a partition-level rule's findings are modes, not records."""
+    if not result.failing:
+        return "0"
+    if result.detail is not None:
+        return f"{result.failing} mode{'s' if result.failing > 1 else ''}"
+    return f"{result.failing} ({result.rate:.1%})"
+
+
+def serving_mix_lines(report: Report) -> list[Text]:
+    """The modes the records show (thinking on/off, tool calls), then each mode a rule set's
+    `[mix]` asks for and the partition lacks (MIX001's detail)."""
+    mix = (report.distributions or {}).get("serving_mix")
+    if not mix or not mix["records"]:
+        return []
+    parts = []
+    for key, label in (("thinking_on", "thinking on"), ("thinking_off", "thinking off")):
+        if mix["thinking_known"]:
+            parts.append(f"{label} {mix[key]} ({mix[key] / mix['thinking_known']:.0%})")
+    parts.append(f"tool calls {mix['tool_calls']} ({mix['tool_calls'] / mix['records']:.0%})")
+    declared = report.rule_set.get("mix")
+    text = Text("serving mix: " + ", ".join(parts), style="dim")
+    if not declared:
+        text.append("  (no [mix] declared in the rule set)", style="dim")
+    lines = [text]
+    for result in report.results:
+        if result.detail is not None:
+            lines.append(plain(f"{result.code} {result.name}: {result.detail}", VERDICT_STYLE[result.verdict], limit=None))
+    return lines
 
 
 def verdict_line(report: Report, *, fail_on_warning: bool = False) -> Text:

@@ -47,6 +47,7 @@ STATS_SCHEMA: dict[str, pl.DataType] = {
     "response_at": pl.Int64(),  # index of the response token (</think>) in output_ids, or null
     "finish_type": pl.String(),
     "tool_calls": pl.UInt32(),
+    "thinking": pl.Boolean(),  # the output reasons (thinking on), or not; null where it cannot show
 }
 
 IDENTITY_SCHEMA: dict[str, pl.DataType] = {"line": pl.UInt32(), "id": pl.String()}
@@ -126,7 +127,7 @@ def audit_blocks(
     the source knows it (a file, a byte range), is how much input the blocks will hold: the
     tokenizer then prepares for the text there is to encode (`Tokenizer.expect_encoding`).
     """
-    record_rules = [c for c in rule_set.rules if not c.rule.file_level]
+    record_rules = [c for c in rule_set.rules if not (c.rule.file_level or c.rule.partition_level)]
     keep_source = any(c.rule.reads_source for c in record_rules)
     if expected_bytes is not None and any(c.rule.encodes_text for c in record_rules):
         context.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
@@ -304,7 +305,8 @@ def _size(path: AnyPath) -> int | None:
 
 
 def record_stats(batch: Batch) -> pl.DataFrame:
-    """Lengths, where the response token falls, finish reason and tool calls of each record."""
+    """Lengths, where the response token falls, finish reason, tool calls and thinking mode of
+    each record."""
     summary = record_summary(batch)
     return batch.records.select(
         pl.col("line"),
@@ -313,6 +315,7 @@ def record_stats(batch: Batch) -> pl.DataFrame:
         summary["response_at"].cast(pl.Int64).alias("response_at"),
         pl.col("finish_type"),
         summary["tool_calls"].cast(pl.UInt32).alias("tool_calls"),
+        summary["thinking"].alias("thinking"),
     )
 
 
@@ -381,5 +384,6 @@ def _joined_stats(batch: Batch, done: list[tuple[int, pl.DataFrame]], failed: li
         pl.lit(None, dtype=pl.Int64).alias("response_at"),
         pl.col("finish_type"),
         pl.lit(0, dtype=pl.UInt32).alias("tool_calls"),
+        pl.lit(None, dtype=pl.Boolean).alias("thinking"),
     )
     return pl.concat([*(frame for _, frame in done), bare], how="vertical").sort("line")

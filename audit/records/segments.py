@@ -16,10 +16,14 @@ directly.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 
 from audit.model.profiles import ResolvedProfile
+from audit.model.token_text import token_strings
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
@@ -104,7 +108,8 @@ def token_segments(batch: Batch) -> list[np.ndarray]:
 
 
 def record_summary(batch: Batch) -> pl.DataFrame:
-    """Per record: where the response token is (`response_at`) and how many tool calls it makes.
+    """Per record: where the response token is (`response_at`), how many tool calls it makes,
+    and whether it thinks (`thinking`: the serving mode it shows).
 
     Calls are counted in the answer only: by their call-begin ids when the format has them (no
     decoding), else from the calls read (`tool_call_view`).
@@ -112,7 +117,15 @@ def record_summary(batch: Batch) -> pl.DataFrame:
     bounds = response_bounds(batch)
     markers = batch.profile.tool_markers
     spec = batch.profile.tool_calls
-    if spec is None or not (markers or batch.profile.tool_text_markers):
+    if batch.profile.channel_markers:
+        # Harmony: a call is a message its model ended with <|call|>.
+        messages = harmony_messages(batch)
+        made = messages.filter(pl.col("terminator") == "call").group_by("row").len()
+        calls = (
+            pl.DataFrame({"row": pl.arange(0, batch.height, eager=True, dtype=pl.UInt32)})
+            .join(made.cast({"row": pl.UInt32}), on="row", how="left", maintain_order="left")["len"]
+        )
+    elif spec is None or not (markers or batch.profile.tool_text_markers):
         calls = pl.repeat(0, batch.height, dtype=pl.UInt32, eager=True)
     elif spec.format.unit == "call" and "call_begin" in markers:
         length = pl.col("output_ids").list.len().cast(pl.Int64)
@@ -125,8 +138,58 @@ def record_summary(batch: Batch) -> pl.DataFrame:
     else:
         calls = tool_call_view(batch).per_record
     return pl.DataFrame(
-        {"response_at": bounds["response_at"], "tool_calls": calls.fill_null(0).cast(pl.UInt32)}
+        {
+            "response_at": bounds["response_at"],
+            "tool_calls": calls.fill_null(0).cast(pl.UInt32),
+            "thinking": _thinking(batch, bounds),
+        }
     )
+
+
+# Reasoning this many tokens long or longer holds more than whitespace without looking inside;
+# shorter reasoning (`<think>\n\n</think>`, a model's own "thinking off") is decoded to tell.
+_SURELY_THOUGHT = 16
+
+
+def _thinking(batch: Batch, bounds: pl.DataFrame) -> pl.Series:
+    """Per record: True when its output reasons (a reasoning segment holding a token that is not
+    whitespace), False when it does not (thinking off: the prompt closed the reasoning, the
+    model closed it empty, or the turn has none); null for records without output, and for
+    every record of a family without think tokens (harmony: its analysis channel is not a mode
+    that can be switched off)."""
+    if batch.profile.think_start is None and batch.profile.profile.think_end is None:
+        return pl.repeat(None, batch.height, dtype=pl.Boolean, eager=True)
+    start = bounds["reasoning_start"].to_numpy(allow_copy=True)
+    end = bounds["reasoning_end"].to_numpy(allow_copy=True)
+    has_start = bounds["reasoning_start"].is_not_null().to_numpy()
+    has_end = bounds["reasoning_end"].is_not_null().to_numpy()
+    length = np.where(has_start & has_end, np.nan_to_num(end, nan=0) - np.nan_to_num(start, nan=0), 0)
+    thinking = length >= _SURELY_THOUGHT
+    short = np.flatnonzero(has_start & has_end & (length > 0) & (length < _SURELY_THOUGHT))
+    if len(short):
+        flat = batch.output_flat
+        first = flat.offsets[:-1][short] + start[short].astype(np.int64)
+        segments = [flat.values[a : a + n].tolist() for a, n in zip(first, length[short].astype(np.int64), strict=True)]
+        thinking[short] = np.asarray(nonblank_counts(batch, segments)) > 0
+    present = batch.output_present
+    return pl.Series("thinking", thinking, dtype=pl.Boolean).set(pl.Series(~present), None)
+
+
+def nonblank_counts(batch: Batch, segments: Sequence[Sequence[int]]) -> list[int]:
+    """Per segment of ids, how many are not whitespace only (one small batched decode of the
+    ids not seen before; meant for short segments)."""
+    known = batch.tokenizer.known_ids
+    # Whether each id's piece is whitespace only, decoded once per tokenizer and kept.
+    blank = _BLANK_PIECES.setdefault(batch.tokenizer, {})
+    new = sorted({i for segment in segments for i in segment if i in known and i not in blank})
+    if new:
+        pieces = token_strings(batch.tokenizer, new)
+        blank.update((i, not piece.strip()) for i, piece in zip(new, pieces, strict=True))
+    return [sum(1 for i in segment if not blank.get(i, False)) for segment in segments]
+
+
+# Per tokenizer: id -> is its piece whitespace only (at most one entry per id of its vocabulary).
+_BLANK_PIECES: weakref.WeakKeyDictionary[Tokenizer, dict[int, bool]] = weakref.WeakKeyDictionary()
 
 
 def _reasoning_spans(batch: Batch) -> pl.DataFrame:

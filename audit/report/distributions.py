@@ -51,6 +51,21 @@ def summarize(stats: pl.DataFrame) -> dict[str, Any]:
         # the file) is ~20 MB at a million records, at the end of the run.
         "finish_reasons": _counts(stats["finish_type"], label=lambda k: "none" if k is None else str(k)),
         "tool_calls": _counts(stats["tool_calls"], label=_tool_calls_label, numeric=True),
+        # The serving modes the records show (thinking on/off, tool calls): MIX001 judges them.
+        "serving_mix": mode_counts(stats),
+    }
+
+
+def mode_counts(stats: pl.DataFrame) -> dict[str, int]:
+    """How many records show each mode, and over how many records the thinking mode is known
+    (`thinking_known`: a family without think tokens has none), from the engine's statistics."""
+    thinking = stats["thinking"]
+    return {
+        "records": stats.height,
+        "thinking_known": int(thinking.is_not_null().sum()),
+        "thinking_on": int(thinking.sum() or 0),
+        "thinking_off": int((~thinking).sum() or 0),
+        "tool_calls": int((stats["tool_calls"] > 0).sum()),
     }
 
 

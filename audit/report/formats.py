@@ -99,7 +99,10 @@ def jsonl_chunks(reports: Sequence[Report]) -> Iterator[bytes]:
 
 
 def rule_message(result: RuleResult, records: int) -> str:
-    """One sentence a CI user reads: how many records fail, at what rate, against what threshold."""
+    """One sentence a CI user reads: how many records fail, at what rate, against what threshold
+    (a partition-level rule: what the partition lacks)."""
+    if result.detail is not None:
+        return f"{result.code} {result.name}: {result.detail}; verdict {result.verdict}"
     message = (
         f"{result.code} {result.name}: {result.failing} of {records} records "
         f"({result.rate:.2%}), threshold {result.threshold}, verdict {result.verdict}"

@@ -48,6 +48,8 @@ class RuleResult:
     threshold: str
     verdict: str  # pass | warn | fail
     example_lines: list[int]
+    # What a partition-level rule found (MIX001: the modes under their share), else None.
+    detail: str | None = None
 
     @property
     def rate(self) -> float:
@@ -65,6 +67,7 @@ class RuleResult:
             "fail_above": self.fail_above,
             "verdict": self.verdict,
             "example_lines": self.example_lines,
+            **({"detail": self.detail} if self.detail is not None else {}),
         }
 
 
@@ -210,6 +213,7 @@ class Report:
                     threshold=threshold_text(r.get("warn_above"), r.get("fail_above")),
                     verdict=r["verdict"],
                     example_lines=r.get("example_lines", []),
+                    detail=r.get("detail"),
                 )
             )
         findings = FindingsLog.from_frame(pl.DataFrame(data.get("findings", []), schema=FINDINGS_SCHEMA))
@@ -242,9 +246,15 @@ def build_report(
     with `trainer` (the run's trainer view), its summary too."""
     # Failing records and the first lines of each rule, counted a part of the log at a time.
     per_rule = audited.log.per_rule(EXAMPLE_LINES)
+    distributions = summarize(audited.stats)
     results = []
     for configured in rule_set.rules:
         failing, example_lines = per_rule.get(configured.code, (0, []))
+        detail = None
+        if configured.rule.partition_level:
+            # Judged over the partition's counts: each finding is a sentence, not a record.
+            short = configured.rule.check_partition(distributions["serving_mix"], rule_set.mix)
+            failing, detail = len(short), "; ".join(short) or None
         results.append(
             RuleResult(
                 code=configured.code,
@@ -258,6 +268,7 @@ def build_report(
                 threshold=configured.threshold_text,
                 verdict=configured.verdict(failing, audited.records),
                 example_lines=list(example_lines),
+                detail=detail,
             )
         )
     return Report(
@@ -272,11 +283,15 @@ def build_report(
         },
         profile=profile,
         tokenizer=tokenizer,
-        rule_set={"path": str(rule_set.source), "sha256": rule_set.sha256},
+        rule_set={
+            "path": str(rule_set.source),
+            "sha256": rule_set.sha256,
+            **({"mix": rule_set.mix.to_json()} if rule_set.mix is not None else {}),
+        },
         results=results,
         log=audited.log,
         seconds=audited.seconds,
-        distributions=summarize(audited.stats),
+        distributions=distributions,
         cached=audited.cached,
         internal_errors=audited.internal_errors,
         trainer_view=(

@@ -136,10 +136,12 @@ def _rules_table(results: list[RuleResult]) -> str:
             f"<tr{quiet}><td><code>{escape(r.code)}</code></td>"
             f'<td title="{escape(r.summary)}">{escape(r.name)}</td>'
             f'<td><span class="sev {escape(r.severity)}">{escape(r.severity)}</span></td>'
-            f'<td class="num">{r.failing:,}</td><td class="num">{r.rate:.2%}</td>'
+            # A partition-level rule counts modes, not records: its detail stands for the lines.
+            f'<td class="num">{r.failing:,}</td>'
+            f'<td class="num">{"" if r.detail is not None else f"{r.rate:.2%}"}</td>'
             f"<td>{escape(r.threshold)}</td>"
             f'<td><span class="badge {escape(r.verdict)}">{escape(r.verdict)}</span></td>'
-            f"<td>{escape(', '.join(map(str, r.example_lines)))}</td></tr>"
+            f"<td>{escape(r.detail if r.detail is not None else ', '.join(map(str, r.example_lines)))}</td></tr>"
         )
     return f'<table class="rules"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
@@ -189,6 +191,14 @@ def _plots(report: Report) -> str:
         ),
         svg.bar_chart("Tool calls per record", [(k, v, "calls") for k, v in shape["tool_calls"].items()]),
     ]
+    if (mix := shape.get("serving_mix")) and mix["records"]:
+        modes = [("thinking on", mix["thinking_on"], "stop"), ("thinking off", mix["thinking_off"], "other")]
+        charts.append(
+            svg.bar_chart(
+                "Serving mix",
+                [*(modes if mix["thinking_known"] else []), ("tool calls", mix["tool_calls"], "calls")],
+            )
+        )
     return _grid(charts)
 
 
