@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -27,7 +28,22 @@ TrainerMaxLengthOption = Annotated[
     ),
 ]
 
+TrainerPythonOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--trainer-python",
+        metavar="PATH",
+        help="The python of an environment that has the trainer installed (a training venv's "
+        "bin/python): its own code preprocesses each conversation, under its own transformers, "
+        "beside the view's model of it (SpecForge). See docs/trainer-view.md.",
+    ),
+]
 
-def with_trainer(options: Any, trainer: str | None, max_length: int | None, *, only: bool = False) -> Any:
+
+def with_trainer(
+    options: Any, trainer: str | None, max_length: int | None, *, only: bool = False, python: Path | None = None
+) -> Any:
     """`options` (the core's CheckOptions) with the trainer view's settings."""
-    return dataclasses.replace(options, trainer=trainer, trainer_max_length=max_length, trainer_only=only)
+    return dataclasses.replace(
+        options, trainer=trainer, trainer_max_length=max_length, trainer_only=only, trainer_python=python
+    )

@@ -103,8 +103,9 @@ class AuditCache:
 
     @classmethod
     def for_options(cls, options: Any) -> AuditCache | None:
-        """The cache a run uses, or None when `--no-cache` turned it off."""
-        if not getattr(options, "cache", True):
+        """The cache a run uses, or None when `--no-cache` turned it off, or when a trainer's own
+        environment runs (`--trainer-python`: it may change under the same path unseen)."""
+        if not getattr(options, "cache", True) or getattr(options, "trainer_python", None) is not None:
             return None
         root = getattr(options, "cache_dir", None)
         return cls(Path(root) if root is not None else default_cache_dir())

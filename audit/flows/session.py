@@ -10,8 +10,10 @@ prepare their own from the same target and options.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import orjson
 
@@ -19,6 +21,7 @@ from audit.base.errors import ConfigError
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.flows.targets import Target
 from audit.generate.prompts import PromptSummary, load_prompts
+from audit.model.installed_trainer import TrainerJob, installed_trainer, trainer_job
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
@@ -48,6 +51,8 @@ class CheckOptions:
     trainer: str | None = None
     trainer_max_length: int | None = None
     trainer_only: bool = False
+    # The trainer's own Python (`--trainer-python`): its own code runs there, beside the model.
+    trainer_python: Path | None = None
 
 
 @dataclass
@@ -103,7 +108,9 @@ def worker_session(target: Target, options: CheckOptions) -> Session:
 
 def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
-    if options.trainer is None and (options.trainer_only or options.trainer_max_length is not None):
+    if options.trainer is None and (
+        options.trainer_only or options.trainer_max_length is not None or options.trainer_python is not None
+    ):
         raise ConfigError("the trainer view needs a trainer: pass --trainer specforge[:TEMPLATE] or --trainer speculators")
     rule_set = load_rule_set(
         options.rules,
@@ -151,6 +158,10 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         trainer = resolve_trainer(
             options.trainer, profile=profile.name, thinking=thinking, max_length=options.trainer_max_length
         )
+        if options.trainer_python is not None:
+            trainer = dataclasses.replace(trainer, python=options.trainer_python.absolute())
+            # Started now: a Python without the trainer is a configuration error before any reading.
+            installed_trainer(cast(TrainerJob, trainer_job(trainer, tokenizer)))
     return Session(
         target=target,
         context=AuditContext(profile, tokenizer, prompts=prompts, trainer=trainer),

@@ -94,6 +94,9 @@ class Trainer:
     rules: TrainerRules
     template: TemplateRules | None
     max_length: int
+    # The Python of an environment with the trainer installed (`--trainer-python`): its own code
+    # runs there (`audit.model.installed_trainer`), beside the view's model of it. None: the model.
+    python: Path | None = None
 
     @property
     def name(self) -> str:
@@ -120,6 +123,7 @@ class Trainer:
             "template": self.template.name if self.template else None,
             "max_length": self.max_length,
             "rules": str(self.rules.source),
+            **({"python": str(self.python)} if self.python is not None else {}),
         }
 
 

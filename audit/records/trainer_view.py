@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from audit.model.installed_trainer import InstalledTrainer, installed_trainer, trainer_job
 from audit.model.specforge import (
     Refusal,
     SpecForgePlan,
@@ -138,8 +139,10 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         rendered.append((r, plan, own))
     distinct = list(dict.fromkeys(wanted))  # a text and its undone rendering are often one text
     made = dict(zip(distinct, masked_sequences(batch.tokenizer, distinct, template, pattern, None), strict=True))
+    modelled: dict[int, TrainedSequence] = {}
     for r, plan, own in rendered:
         as_trained, as_undone = made[r.trained_text], made[own if isinstance(own, str) else ""]
+        modelled[r.row] = as_trained
         _plan_facts(batch, trainer, r, plan, as_trained)
         if not isinstance(own, str):
             # The template refuses the conversation as the data has it (arguments that do not
@@ -149,6 +152,41 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
             continue
         r.trained = as_undone
         _reasoning_facts(trainer, r, own, parser_drops=any(k == "reasoning_content" for _, k in plan.dropped_keys))
+    job = trainer_job(trainer, batch.tokenizer)
+    if job is not None:
+        _as_installed(installed_trainer(job), trainer, rows, modelled)
+
+
+def _as_installed(
+    worker: InstalledTrainer, trainer: Trainer, rows: list[_Row], modelled: dict[int, TrainedSequence]
+) -> None:
+    """The trainer's own code beside its model (`--trainer-python`): each conversation goes
+    through it as well. Where it trains what the model says (ids and mask, cut at max_length),
+    the model's findings stand; where it does not (its tokenizer load, its transformers, a
+    behaviour the model lacks), its own sequence is what is compared with the exact sample, and
+    the findings name it."""
+    label = f"{trainer.label} {worker.label}"
+    made = worker.preprocess([{"conversations": r.item.conversation, "tools": r.item.tools} for r in rows])
+    for r, own in zip(rows, made, strict=True):
+        model = modelled.get(r.row)
+        if "input_ids" not in own:
+            if model is not None:  # the model trains it; the trainer's own code does not
+                why = f"it raises {own['error']}" if "error" in own else "it writes no row for it"
+                r.trained = None
+                r.facts = {"refused": f"{label} trains nothing of it: {why}"}
+            continue
+        ids = np.asarray(own["input_ids"], dtype=np.int64)
+        mask = np.asarray(own["loss_mask"], dtype=np.int64)
+        if model is not None and _same_sequence(model, trainer.max_length, ids, mask):
+            continue
+        r.facts.pop("refused", None)
+        r.facts["_installed"] = label
+        r.facts["_lost"] = 0  # its own sequence is already cut where the trainer cuts it
+        r.trained = TrainedSequence(ids, mask, r.trained_text, len(ids))
+
+
+def _same_sequence(model: TrainedSequence, max_length: int, ids: np.ndarray, mask: np.ndarray) -> bool:
+    return np.array_equal(model.input_ids[:max_length], ids) and np.array_equal(model.loss_mask[:max_length], mask)
 
 
 def _plan_facts(batch: Batch, trainer: Trainer, r: _Row, plan: SpecForgePlan, trained: TrainedSequence | None) -> None:
@@ -275,8 +313,10 @@ def _compare(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
     texts = iter(batch.tokenizer.decode_batch([w.tolist() for w in windows]))
     for r, comparison, tail in results:
         exact_text, trained_text, *mask_texts = (next(texts) for _ in range(5))
-        _ids_fact(trainer, r, comparison, exact_text, trained_text)
-        _mask_fact(trainer, r, comparison, mask_texts)
+        # Where the trainer's own code trains otherwise than the model of it, the findings name it.
+        label = r.facts.get("_installed") or trainer.label
+        _ids_fact(label, r, comparison, exact_text, trained_text)
+        _mask_fact(label, r, comparison, mask_texts)
         lost = r.facts.pop("_lost", 0) - tail
         if lost > 0:
             output = len(r.exact) - r.prompt_length
@@ -292,7 +332,7 @@ def _compare(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
             r.facts.pop(key)
 
 
-def _ids_fact(trainer: Trainer, r: _Row, comparison: Comparison, exact_text: str, trained_text: str) -> None:
+def _ids_fact(label: str, r: _Row, comparison: Comparison, exact_text: str, trained_text: str) -> None:
     if comparison.same_ids:
         return
     if r.facts.get("_template_dropped") and r.item.reasoning is not None:
@@ -304,14 +344,14 @@ def _ids_fact(trainer: Trainer, r: _Row, comparison: Comparison, exact_text: str
     at = comparison.first
     where = f"input_ids[{at}]" if at < r.prompt_length else f"output_ids[{at - r.prompt_length}]"
     r.facts["ids_changed"] = (
-        f"{trainer.label} re-renders and re-tokenizes the record into other ids from {where}: the sample has "
+        f"{label} re-renders and re-tokenizes the record into other ids from {where}: the sample has "
         f"{exact_text!r}, the trainer {trained_text!r} ({len(r.exact)} ids in the sample, "
         f"{len(r.exact) - comparison.exact_end + comparison.trained_end} trained)"
     )
     r.facts["ids_at"] = at - r.prompt_length if at >= r.prompt_length else None
 
 
-def _mask_fact(trainer: Trainer, r: _Row, comparison: Comparison, texts: list[str]) -> None:
+def _mask_fact(label: str, r: _Row, comparison: Comparison, texts: list[str]) -> None:
     """The mask over the record's own turn (TRN003), and over the prompt's earlier turns (TRN009)."""
     missing = comparison.missing
     early, history = _early_and_history(comparison.extra, r.prompt_length)
@@ -322,17 +362,17 @@ def _mask_fact(trainer: Trainer, r: _Row, comparison: Comparison, texts: list[st
     if len(early):
         parts.append(f"the {len(early)} prompt token(s) before the output trained too, from input_ids[{early[0]}] {texts[1]!r}")
     if parts:
-        r.facts["mask_changed"] = f"{trainer.label}'s loss mask differs from the sample's: " + "; ".join(parts)
+        r.facts["mask_changed"] = f"{label}'s loss mask differs from the sample's: " + "; ".join(parts)
         r.facts["mask_at"] = int(missing[0] - r.prompt_length) if len(missing) else None
     rows = r.facts.get("_history_rows")
     if len(history):
         r.facts["history_trained"] = (
-            f"{trainer.label} also trains {len(history)} token(s) of this record's prompt, its earlier assistant "
+            f"{label} also trains {len(history)} token(s) of this record's prompt, its earlier assistant "
             f"turns (from input_ids[{history[0]}] {texts[2]!r}): text the model did not write in this record"
         )
     elif rows:
         r.facts["history_trained"] = (
-            f"{trainer.label} also builds {rows} row(s) that train the earlier assistant turns of this record's "
+            f"{label} also builds {rows} row(s) that train the earlier assistant turns of this record's "
             "prompt: text the model did not write in this record"
         )
 
