@@ -204,8 +204,10 @@ def export(
     "jsonl". Each row: `id`, `line`, `input_ids` (prompt then output ids, unchanged),
     `loss_mask` (0 over the prompt, 1 over the output; `end_of_turn=False` leaves the trailing
     stop ids out of it, `reasoning=False` the reasoning). `max_length` counts the rows longer
-    than it; `long` ("keep", "drop", "truncate") says what they become. Returns the
-    `ExportResult` (`summary`: export.json; `rows`; `files`; `exit_code()`). Raises `InputError`
+    than it; `long` ("keep", "drop", "truncate") says what they become. Whatever they are,
+    `summary["trainers"]` says per trainer how many rows its default maximum length cuts and
+    drops, and what to pass instead. Returns the `ExportResult` (`summary`: export.json;
+    `rows`; `files`; `exit_code()`). Raises `InputError`
     (nothing written) when `out` is not empty and `force` is false, or no record is left.
     """
     source = _sample_source(

@@ -383,6 +383,8 @@ def test_a_rule_set_of_trainer_rules_alone_needs_a_trainer(tmp_path: Path) -> No
         (lambda d: d["patterns"]["longcat"].update(end_regex="[Round"), "[patterns.longcat].end_regex: not a regular expression"),
         (lambda d: d["profiles"]["qwen3"].update(thinking="qwen4"), "[profiles.qwen3].thinking: no template 'qwen4'"),
         (lambda d: d["preprocessing"].update(max_length=0), "preprocessing.max_length: expected a positive length"),
+        (lambda d: d["preprocessing"].update(max_length_setting="data.max_length"), "preprocessing.max_length_setting: write {n} where the length goes"),
+        (lambda d: d["preprocessing"].pop("max_length_setting"), "preprocessing.max_length_setting: expected str"),
         (lambda d: d["parsers"]["general"].update(keys=["content"]), "[parsers.general].keys: a parser keeps at least role and content"),
     ],
 )

@@ -78,6 +78,7 @@ class TrainerRules:
     source: Path
     cited: str
     max_length: int
+    max_length_setting: str  # what a user sets to change it, `{n}` where the length goes
     templates: dict[str, TemplateRules] = field(default_factory=dict)
     parsers: dict[str, ParserRules] = field(default_factory=dict)
     patterns: dict[str, PatternRules] = field(default_factory=dict)
@@ -85,6 +86,10 @@ class TrainerRules:
     profiles: dict[str, dict[str, str]] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)  # speculators: role name -> role
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # speculators: kept keys
+
+    def length_setting(self, length: int) -> str:
+        """What to pass for the trainer to keep `length` tokens: `data.max_length=4096`."""
+        return self.max_length_setting.replace("{n}", str(length))
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,11 @@ def builtin_trainers() -> dict[str, Path]:
     for path in sorted(TRAINERS_DIR.glob("*.toml")):
         found[path.stem.rsplit("-", 1)[0]] = path
     return found
+
+
+def all_trainer_rules() -> list[TrainerRules]:
+    """Every built-in trainer's rules, in name order."""
+    return [parse_trainer_rules(load_toml(path), path) for path in builtin_trainers().values()]
 
 
 def load_trainer_rules(name: str) -> TrainerRules:
@@ -195,10 +205,13 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
             raise ConfigError(f"{where}: needs `{key}`")
         expect(data[key], str, f"{where}: {key}")
     preprocessing = expect(data.get("preprocessing", {}), dict, f"{where}: [preprocessing]")
-    reject_unknown(preprocessing, {"max_length"}, f"{where}: [preprocessing]")
+    reject_unknown(preprocessing, {"max_length", "max_length_setting"}, f"{where}: [preprocessing]")
     max_length = expect(preprocessing.get("max_length"), int, f"{where}: preprocessing.max_length")
     if max_length < 1:
         raise ConfigError(f"{where}: preprocessing.max_length: expected a positive length, got {max_length}")
+    setting = expect(preprocessing.get("max_length_setting"), str, f"{where}: preprocessing.max_length_setting")
+    if "{n}" not in setting:
+        raise ConfigError(f"{where}: preprocessing.max_length_setting: write {{n}} where the length goes, got {setting!r}")
     parsers = {
         name: _parser(table, f"{where}: [parsers.{name}]")
         for name, table in expect(data.get("parsers", {}), dict, f"{where}: [parsers]").items()
@@ -229,7 +242,7 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
         raise ConfigError(f"{where}: says nothing a trainer does: give [templates.*] or [roles]")
     return TrainerRules(
         name=data["name"], version=data["version"], display=data["display"], source=source,
-        cited=data["source"], max_length=max_length, templates=templates, parsers=parsers,
+        cited=data["source"], max_length=max_length, max_length_setting=setting, templates=templates, parsers=parsers,
         patterns=patterns, profiles=profiles, roles=roles, messages=messages,
     )
 
