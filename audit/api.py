@@ -48,6 +48,7 @@ def _session(
     cache: bool,
     trainer: str | None = None,
     trainer_max_length: int | None = None,
+    reply_shape: str | None = None,
 ) -> Session:
     root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
     options = CheckOptions(
@@ -61,6 +62,7 @@ def _session(
         cache=cache,
         trainer=trainer,
         trainer_max_length=trainer_max_length,
+        trainer_reply_shape=reply_shape,
     )
     return prepare(resolve_target(os.fspath(target), root), options)
 
@@ -80,6 +82,7 @@ def check_target(
     progress: ProgressCallback | None = None,
     trainer: str | None = None,
     trainer_max_length: int | None = None,
+    reply_shape: str | None = None,
 ) -> Report:
     """Audit `target` with the rule set and return its `Report`, as `audit check` does.
 
@@ -92,7 +95,9 @@ def check_target(
     again even when an identical audit is cached. `progress(records, output_tokens, bytes)`
     is called after each block. `trainer` ("specforge[:TEMPLATE]" or "speculators") adds the
     trainer view's findings (TRN) and `report.trainer_view`, its summary; `trainer_max_length`
-    the length that trainer cuts at (default: its own).
+    the length that trainer cuts at (default: its own); `reply_shape` ("vllm", the default, or
+    "sglang") the server whose reply the view builds where the two differ (a Qwen3 tool call
+    that is not JSON: docs/trainer-view.md).
 
     Raises `ConfigError` or `InputError` (both `AuditError`) when nothing can be judged.
     """
@@ -109,6 +114,7 @@ def check_target(
         cache=cache,
         trainer=trainer,
         trainer_max_length=trainer_max_length,
+        reply_shape=reply_shape,
     )
     return check_session(session, progress)
 

@@ -48,7 +48,12 @@ from audit.cli.app import (
 )
 from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
-from audit.cli.trainer_options import TrainerMaxLengthOption, TrainerOption, with_trainer
+from audit.cli.trainer_options import (
+    ReplyShapeOption,
+    TrainerMaxLengthOption,
+    TrainerOption,
+    with_trainer,
+)
 from audit.report.formats import OutputFormat, format_chunks, step_summary, summary_rows
 from audit.report.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report.report import Report
@@ -217,6 +222,7 @@ def check(
     no_cache: NoCacheOption = False,
     trainer: TrainerOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
+    reply_shape: ReplyShapeOption = None,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
 
@@ -240,7 +246,7 @@ def check(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
         engine=engine, shard_size=shard_size,
     )
-    options = with_trainer(options, trainer, trainer_max_length)
+    options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape)
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
@@ -28,6 +29,25 @@ TrainerMaxLengthOption = Annotated[
 ]
 
 
-def with_trainer(options: Any, trainer: str | None, max_length: int | None, *, only: bool = False) -> Any:
+
+class ReplyShape(StrEnum):
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+ReplyShapeOption = Annotated[
+    ReplyShape | None,
+    typer.Option(
+        "--reply-shape",
+        help="The server whose reply the trainer view builds where vLLM's and SGLang's differ (a Qwen3 "
+        "tool call that is not JSON): vllm (default: the whole answer as content) or sglang (the text "
+        "before the calls, the calls that parse).",
+    ),
+]
+
+
+def with_trainer(options: Any, trainer: str | None, max_length: int | None, *, only: bool = False,
+                 reply_shape: ReplyShape | None = None) -> Any:
     """`options` (the core's CheckOptions) with the trainer view's settings."""
-    return dataclasses.replace(options, trainer=trainer, trainer_max_length=max_length, trainer_only=only)
+    return dataclasses.replace(options, trainer=trainer, trainer_max_length=max_length, trainer_only=only,
+                               trainer_reply_shape=None if reply_shape is None else reply_shape.value)

@@ -92,13 +92,22 @@ class TrainerRules:
         return self.max_length_setting.replace("{n}", str(length))
 
 
+# The server whose reply the trainer view builds from an output where the two differ: a call
+# written as one JSON object (Qwen3's) that is not JSON. vLLM's hermes tool parser leaves the whole
+# answer as content; SGLang's Qwen25Detector keeps the text before the first call as content,
+# the calls that parse, and drops the others (docs/trainer-view.md).
+REPLY_SHAPES = ("vllm", "sglang")
+
+
 @dataclass(frozen=True)
 class Trainer:
-    """A trainer as a run uses it: its rules, the template chosen, and the length it cuts at."""
+    """A trainer as a run uses it: its rules, the template chosen, the length it cuts at, and
+    the server whose reply shape the conversations it is given follow (`REPLY_SHAPES`)."""
 
     rules: TrainerRules
     template: TemplateRules | None
     max_length: int
+    reply_shape: str = "vllm"
 
     @property
     def name(self) -> str:
@@ -124,6 +133,7 @@ class Trainer:
             "version": self.rules.version,
             "template": self.template.name if self.template else None,
             "max_length": self.max_length,
+            "reply_shape": self.reply_shape,
             "rules": str(self.rules.source),
         }
 
@@ -150,11 +160,14 @@ def load_trainer_rules(name: str) -> TrainerRules:
 
 
 def resolve_trainer(
-    spec: str, *, profile: str | None = None, thinking: bool = True, max_length: int | None = None
+    spec: str, *, profile: str | None = None, thinking: bool = True, max_length: int | None = None,
+    reply_shape: str = "vllm",
 ) -> Trainer:
     """The trainer `spec` (`NAME` or `NAME:TEMPLATE`) names, for data of `profile`."""
     name, _, template_name = spec.strip().partition(":")
     where = f"--trainer {spec}"
+    if reply_shape not in REPLY_SHAPES:
+        raise ConfigError(f"--reply-shape {reply_shape!r}: choose {' or '.join(REPLY_SHAPES)}")
     try:
         rules = load_trainer_rules(name.strip().lower())
     except ConfigError as exc:
@@ -165,7 +178,7 @@ def resolve_trainer(
     if not rules.templates:
         if template_name:
             raise ConfigError(f"{where}: {rules.display} has no templates; name it alone (--trainer {rules.name})")
-        return Trainer(rules, None, length)
+        return Trainer(rules, None, length, reply_shape)
     template_name = template_name.strip()
     if not template_name:
         mode = "thinking" if thinking else "no_thinking"
@@ -193,7 +206,7 @@ def resolve_trainer(
             f"{where}: {rules.display} cannot use template {template_name!r}: its {missing[0]} is "
             "None, and the parser's set_assistant_pattern raises TypeError on re.escape(None)"
         )
-    return Trainer(rules, template, length)
+    return Trainer(rules, template, length, reply_shape)
 
 
 def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
