@@ -49,6 +49,7 @@ def _session(
     trainer: str | None = None,
     trainer_max_length: int | None = None,
     trainer_python: PathLike | None = None,
+    reply_shape: str | None = None,
 ) -> Session:
     root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
     options = CheckOptions(
@@ -63,6 +64,7 @@ def _session(
         trainer=trainer,
         trainer_max_length=trainer_max_length,
         trainer_python=None if trainer_python is None else Path(trainer_python),
+        trainer_reply_shape=reply_shape,
     )
     return prepare(resolve_target(os.fspath(target), root), options)
 
@@ -83,6 +85,7 @@ def check_target(
     trainer: str | None = None,
     trainer_max_length: int | None = None,
     trainer_python: PathLike | None = None,
+    reply_shape: str | None = None,
 ) -> Report:
     """Audit `target` with the rule set and return its `Report`, as `audit check` does.
 
@@ -96,7 +99,10 @@ def check_target(
     is called after each block. `trainer` ("specforge[:TEMPLATE]" or "speculators") adds the
     trainer view's findings (TRN) and `report.trainer_view`, its summary; `trainer_max_length`
     the length that trainer cuts at (default: its own); `trainer_python` the Python of an
-    environment with that trainer installed, whose own code then runs beside the view's model.
+    environment with that trainer installed, whose own code then runs beside the view's model;
+    `reply_shape` ("vllm", the default, or
+    "sglang") the server whose reply the view builds where the two differ (a Qwen3 tool call
+    that is not JSON: docs/trainer-view.md).
 
     Raises `ConfigError` or `InputError` (both `AuditError`) when nothing can be judged.
     """
@@ -114,6 +120,7 @@ def check_target(
         trainer=trainer,
         trainer_max_length=trainer_max_length,
         trainer_python=trainer_python,
+        reply_shape=reply_shape,
     )
     return check_session(session, progress)
 
@@ -209,8 +216,10 @@ def export(
     "jsonl". Each row: `id`, `line`, `input_ids` (prompt then output ids, unchanged),
     `loss_mask` (0 over the prompt, 1 over the output; `end_of_turn=False` leaves the trailing
     stop ids out of it, `reasoning=False` the reasoning). `max_length` counts the rows longer
-    than it; `long` ("keep", "drop", "truncate") says what they become. Returns the
-    `ExportResult` (`summary`: export.json; `rows`; `files`; `exit_code()`). Raises `InputError`
+    than it; `long` ("keep", "drop", "truncate") says what they become. Whatever they are,
+    `summary["trainers"]` says per trainer how many rows its default maximum length cuts and
+    drops, and what to pass instead. Returns the `ExportResult` (`summary`: export.json;
+    `rows`; `files`; `exit_code()`). Raises `InputError`
     (nothing written) when `out` is not empty and `force` is false, or no record is left.
     """
     source = _sample_source(

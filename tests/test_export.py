@@ -209,7 +209,7 @@ def test_max_length_keep_drop_truncate(tmp_path: Path) -> None:
     assert truncated.summary["counts"]["max_length_truncated"] == len(longer) - len(cut_entirely)
 
 
-def test_the_three_formats_hold_the_same_rows(tmp_path: Path) -> None:
+def test_the_three_formats_hold_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     results = {
         fmt: audit.export("B1_glaive", tmp_path / fmt, format=fmt, rows_per_shard=7, data_root=PREPARED)
         for fmt in ("jsonl", "parquet", "datasets")
@@ -231,11 +231,26 @@ def test_the_three_formats_hold_the_same_rows(tmp_path: Path) -> None:
     names = sorted(p.name for p in (tmp_path / "datasets").iterdir())
     count = math.ceil(len(expected) / 7)
     assert names == sorted([f"data-{i:05d}-of-{count:05d}.arrow" for i in range(count)] + ["dataset_info.json", "export.json", "state.json"])
-    datasets = pytest.importorskip("datasets", reason="the datasets check needs `datasets`: pip install -e '.[test]'")
-    loaded = datasets.load_from_disk(str(tmp_path / "datasets"))
+    loaded = load_from_disk_as_torch(tmp_path / "datasets", monkeypatch)
     assert loaded.num_rows == len(expected)
-    assert [dict(row) for row in loaded] == expected
+    assert [dict(row) for row in loaded.with_format(None)] == [{**row, "seq_len": len(row["input_ids"])} for row in expected]
     assert str(loaded.features["input_ids"].feature.dtype) == "uint32"
+
+
+def load_from_disk_as_torch(path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`datasets.load_from_disk` of a directory saved in the torch format (as `speculators
+    prepare-data` saves, and the datasets export writes). Without torch installed, datasets
+    refuses the format; a stand-in that returns numpy arrays with every integer column as int64,
+    as datasets' TorchFormatter casts them, is registered under its name for this test."""
+    datasets = pytest.importorskip("datasets", reason="the datasets check needs `datasets`: pip install -e '.[test]'")
+    from datasets import formatting
+
+    if not datasets.config.TORCH_AVAILABLE:
+        monkeypatch.setitem(formatting._FORMAT_TYPES, "torch", formatting.NumpyFormatter)
+        monkeypatch.setitem(formatting._FORMAT_TYPES_ALIASES, "torch", "torch")
+    loaded = datasets.load_from_disk(str(path))
+    assert loaded.format["type"] == "torch"
+    return loaded
 
 
 # -- what the trainers' loaders check, reimplemented ------------------------------------------------

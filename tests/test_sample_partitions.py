@@ -81,7 +81,7 @@ def test_every_registered_rule_fires_on_a_shipped_sample() -> None:
     }
     # ERR001 reports a bug in a rule, which no data can show: tests/test_internal_errors.py
     # injects one on every path instead. The trainer view's rules run only with --trainer:
-    # tests/test_trainer_view.py makes them fire on these samples and on fixtures/trainer_references.
+    # test_every_trainer_rule_fires_on_a_shipped_sample below makes them fire on these samples.
     judged = {code for code, rule in RULES.items() if not rule.always_on and rule.requires is None}
     silent = judged - set().union(*fired.values())
     assert not silent, f"no shipped sample makes {sorted(silent)} fire: add a labelled case"
@@ -92,6 +92,52 @@ def test_every_registered_rule_fires_on_a_shipped_sample() -> None:
         for code in codes
     }
     assert judged <= labelled, f"no label names {sorted(judged - labelled)}"
+
+
+TRAINER_LABELLED = sorted(p.name for p in PREPARED.iterdir() if (p / "trainer_labels.json").is_file())
+# The shipped samples with the trainers their family's data is fed to.
+TRAINER_RUNS = [
+    ("B1_glaive", "specforge:kimi-k2-thinking"), ("B1_glaive", "speculators"),
+    ("B2_sharegpt", "specforge:kimi-k2-thinking"), ("K2_thinking", "specforge:kimi-k2-thinking"),
+]
+
+
+def trainer_findings(partition: str, trainer: str) -> dict[int, set[str]]:
+    found: dict[int, set[str]] = {}
+    report = audit.check_target(partition, data_root=PREPARED, trainer=trainer, cache=False)
+    for finding in report.findings.iter_rows(named=True):
+        found.setdefault(finding["line"], set()).add(finding["rule"])
+    return found
+
+
+@pytest.mark.parametrize("partition", TRAINER_LABELLED)
+def test_every_trainer_labelled_line_is_flagged_with_its_codes(partition: str) -> None:
+    # Lines whose exact ids are clean (labels.json has none of them: the check flags nothing
+    # there) and that the trainer named, fed their text, trains otherwise.
+    labelled = json.loads((PREPARED / partition / "trainer_labels.json").read_text())
+    labels = json.loads((PREPARED / partition / "labels.json").read_text())
+    plain = audit_partition(partition).findings["line"].to_list()
+    for trainer, lines in labelled.items():
+        found = trainer_findings(partition, trainer)
+        for line, codes in lines.items():
+            assert line not in labels and int(line) not in plain, f"line {line} is meant to be clean"
+            assert set(codes) <= found.get(int(line), set()), f"{trainer} line {line}: expected {codes}, found {found.get(int(line))}"
+
+
+def test_every_trainer_rule_fires_on_a_shipped_sample() -> None:
+    from audit.checks import RULES
+
+    fired = set().union(*(set().union(*trainer_findings(p, t).values()) for p, t in TRAINER_RUNS))
+    trainer_rules = {code for code, rule in RULES.items() if rule.requires == "trainer"}
+    assert trainer_rules - fired == set(), f"no shipped sample makes {sorted(trainer_rules - fired)} fire with a trainer"
+    labelled = {
+        code
+        for partition in TRAINER_LABELLED
+        for lines in json.loads((PREPARED / partition / "trainer_labels.json").read_text()).values()
+        for codes in lines.values()
+        for code in codes
+    }
+    assert {"TRN005", "TRN006"} <= labelled
 
 
 @pytest.mark.parametrize("partition", ["B2_sharegpt", "K2_thinking", "H1_harmony"])

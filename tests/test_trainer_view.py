@@ -383,6 +383,8 @@ def test_a_rule_set_of_trainer_rules_alone_needs_a_trainer(tmp_path: Path) -> No
         (lambda d: d["patterns"]["longcat"].update(end_regex="[Round"), "[patterns.longcat].end_regex: not a regular expression"),
         (lambda d: d["profiles"]["qwen3"].update(thinking="qwen4"), "[profiles.qwen3].thinking: no template 'qwen4'"),
         (lambda d: d["preprocessing"].update(max_length=0), "preprocessing.max_length: expected a positive length"),
+        (lambda d: d["preprocessing"].update(max_length_setting="data.max_length"), "preprocessing.max_length_setting: write {n} where the length goes"),
+        (lambda d: d["preprocessing"].pop("max_length_setting"), "preprocessing.max_length_setting: expected str"),
         (lambda d: d["parsers"]["general"].update(keys=["content"]), "[parsers.general].keys: a parser keeps at least role and content"),
     ],
 )
@@ -478,3 +480,93 @@ def test_any_conversation_a_record_may_carry_is_viewed_or_refused_never_an_error
         report = check_target(path, tokenizer=directory, profile="qwen3", trainer=trainer, cache=False)
         assert report.records == len(records)
         assert "ERR001" not in set(report.findings["rule"]), report.findings.filter(pl.col("rule") == "ERR001")
+
+
+# -- the reply a server returns for a Qwen3 call that is not JSON --------------------------------
+
+
+def _qwen3_unparsed_calls(tmp_path: Path, tokenizer: Tokenizer) -> tuple[Path, dict[str, str]]:
+    """A Qwen3 reference record with a tool call, its call edited four ways (the answer texts by id)."""
+    for line in _partition_file("qwen3").read_text().splitlines():
+        record = json.loads(line)
+        text = tokenizer.decode_batch([record["output_ids"]])[0]
+        if record.get("messages") and "</think>" in text and text.count("<tool_call>") == 1 and '"arguments": {' in text:
+            break
+    call = text[text.index("<tool_call>") : text.index("</tool_call>") + len("</tool_call>")]
+    broken = call.replace("}}\n</tool_call>", "}\n</tool_call>")  # one closing brace short
+    assert broken != call
+    calls = {
+        # JSON's false and true as Python's: the call reads as a Python literal, not as JSON
+        "python-literal": call.replace('"arguments": {', '"arguments": {"dry_run": true, ', 1)
+        .replace("false", "False").replace("true", "True"),
+        "not-json": broken,
+        "one-of-two": call + "\n" + broken,
+        "text-then-not-json": "Let me look that up.\n" + broken,
+    }
+    answers = {name: text[: text.index("<tool_call>")] + edited + text[text.index("</tool_call>") + 12 :]
+               for name, edited in calls.items()}
+    records = [{**record, "id": name, "output_ids": tokenizer.encode_batch([answer])[0]} for name, answer in answers.items()]
+    return write_jsonl(tmp_path / "calls.jsonl", records), answers
+
+
+def _replies(path: Path, tokenizer: Tokenizer, reply_shape: str) -> dict[str, dict[str, Any]]:
+    from audit.model.profiles import load_profile
+    from audit.records.batch import AuditContext, Batch
+    from audit.records.reader import parse_block
+    from audit.records.sources import file_blocks
+    from audit.records.trainer_input import TrainerInput, trainer_inputs
+
+    trainer = resolve_trainer("specforge", profile="qwen3", reply_shape=reply_shape)
+    context = AuditContext(load_profile("qwen3").resolve(tokenizer, thinking=True), tokenizer, trainer=trainer)
+    replies = {}
+    for block in file_blocks(path):
+        batch = Batch(parse_block(block, keep_source=True).records, context)
+        for row, item in enumerate(trainer_inputs(batch)):
+            assert isinstance(item, TrainerInput)
+            replies[batch.records["id"][row]] = item.reply
+    return replies
+
+
+def test_a_qwen3_call_that_is_not_json_is_the_reply_each_server_returns(tmp_path: Path, real_tokenizer_dirs) -> None:
+    directory, tokenizer = real_tokenizer(real_tokenizer_dirs, "qwen3")
+    path, answers = _qwen3_unparsed_calls(tmp_path, tokenizer)
+    after_think = {name: answer.split("</think>", 1)[1].removesuffix("<|im_end|>") for name, answer in answers.items()}
+
+    # vLLM's hermes parser (the default): json.loads fails on one call, so no call at all and
+    # the whole answer is content. Never a call whose arguments are the call's text.
+    for name, reply in _replies(path, tokenizer, "vllm").items():
+        assert "tool_calls" not in reply, name
+        assert reply["content"] == after_think[name].lstrip(), name
+
+    # SGLang's Qwen25Detector: the text before the first call, stripped, and the calls that parse.
+    sglang = _replies(path, tokenizer, "sglang")
+    for name, reply in sglang.items():
+        assert reply["content"] == after_think[name][: after_think[name].index("<tool_call>")].strip(), name
+    assert "tool_calls" not in sglang["python-literal"] and "tool_calls" not in sglang["not-json"]
+    assert sglang["text-then-not-json"]["content"] == "Let me look that up."
+    kept = sglang["one-of-two"]["tool_calls"]
+    first = json.loads(after_think["one-of-two"].split("<tool_call>")[1].split("</tool_call>")[0])
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in kept] == [(first["name"], first["arguments"])]
+
+    # Through the trainers: no arguments emptied (SpecForge's {} for text that is not JSON) and no
+    # conversation dropped (speculators' render refusing it) for a call no server returns.
+    for trainer in ("specforge:qwen3-thinking", "speculators"):
+        for shape in ("vllm", "sglang"):
+            done = runner.invoke(app, ["trainer-view", str(path), "--tokenizer", str(directory), "--profile", "qwen3",
+                                       "--trainer", trainer, "--reply-shape", shape, "--format", "jsonl", "--no-cache"])
+            assert done.exit_code in (0, 1), done.output
+            rules = {json.loads(line)["rule"] for line in done.stdout.splitlines() if line.startswith("{")}
+            assert not rules & {"TRN007", "TRN008", "ERR001"}, (trainer, shape, rules)
+
+
+def test_the_reply_shape_is_the_trainer_views_and_checked() -> None:
+    base = ["check", "B2_sharegpt", "--data-root", str(PREPARED), "--no-cache"]
+    done = runner.invoke(app, [*base, "--reply-shape", "sglang"])
+    assert done.exit_code == 2 and "needs a trainer" in done.output
+    done = runner.invoke(app, [*base, "--trainer", "speculators", "--reply-shape", "tgi"])
+    assert done.exit_code == 2 and "tgi" in done.output
+    from audit import check_target
+
+    report = check_target(PREPARED / "B2_sharegpt", trainer="speculators", reply_shape="sglang", cache=False)
+    assert report.trainer_view["reply_shape"] == "sglang"
+    assert check_target(PREPARED / "B2_sharegpt", trainer="speculators", cache=False).trainer_view["reply_shape"] == "vllm"

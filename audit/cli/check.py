@@ -49,6 +49,7 @@ from audit.cli.app import (
 from audit.cli.progress import audit_progress
 from audit.cli.tables import VERDICT_STYLE, plain
 from audit.cli.trainer_options import (
+    ReplyShapeOption,
     TrainerMaxLengthOption,
     TrainerOption,
     TrainerPythonOption,
@@ -225,6 +226,7 @@ def check(
     trainer: TrainerOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
+    reply_shape: ReplyShapeOption = None,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
 
@@ -248,7 +250,7 @@ def check(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
         engine=engine, shard_size=shard_size,
     )
-    options = with_trainer(options, trainer, trainer_max_length, python=trainer_python)
+    options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python)
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:

@@ -133,6 +133,8 @@ def export(
         f"({', '.join(result.files[:3])}{', ...' if len(result.files) > 3 else ''}, export.json)"
     )
     _notes(counts, samples)
+    for trainer in result.summary["trainers"]:
+        _say(trainer["summary"])
     _finish(result.source)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -40,10 +41,37 @@ TrainerPythonOption = Annotated[
 ]
 
 
+class ReplyShape(StrEnum):
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+ReplyShapeOption = Annotated[
+    ReplyShape | None,
+    typer.Option(
+        "--reply-shape",
+        help="The server whose reply the trainer view builds where vLLM's and SGLang's differ (a Qwen3 "
+        "tool call that is not JSON): vllm (default: the whole answer as content) or sglang (the text "
+        "before the calls, the calls that parse).",
+    ),
+]
+
+
 def with_trainer(
-    options: Any, trainer: str | None, max_length: int | None, *, only: bool = False, python: Path | None = None
+    options: Any,
+    trainer: str | None,
+    max_length: int | None,
+    *,
+    only: bool = False,
+    reply_shape: ReplyShape | None = None,
+    python: Path | None = None,
 ) -> Any:
     """`options` (the core's CheckOptions) with the trainer view's settings."""
     return dataclasses.replace(
-        options, trainer=trainer, trainer_max_length=max_length, trainer_only=only, trainer_python=python
+        options,
+        trainer=trainer,
+        trainer_max_length=max_length,
+        trainer_only=only,
+        trainer_reply_shape=None if reply_shape is None else reply_shape.value,
+        trainer_python=python,
     )

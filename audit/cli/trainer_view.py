@@ -38,6 +38,7 @@ from audit.cli.app import (
 from audit.cli.check import FormatOption, emit, print_rich_report
 from audit.cli.progress import audit_progress
 from audit.cli.trainer_options import (
+    ReplyShapeOption,
     TrainerMaxLengthOption,
     TrainerPythonOption,
     with_trainer,
@@ -66,6 +67,7 @@ def trainer_view(
     prompts: PromptsOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
+    reply_shape: ReplyShapeOption = None,
     report: Annotated[
         str | None,
         typer.Option("--report", metavar="FILE|URL", help="Also write the JSON report (TRN findings and summary)."),
@@ -86,7 +88,9 @@ def trainer_view(
 
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, prompts, cache=not no_cache)
-    options = with_trainer(options, trainer, trainer_max_length, only=True, python=trainer_python)
+    options = with_trainer(
+        options, trainer, trainer_max_length, only=True, reply_shape=reply_shape, python=trainer_python
+    )
     try:
         session = prepare(resolve_target(target, root), options)
         # The data file and the report may be object-store paths: these helpers only name them.

@@ -36,6 +36,7 @@ from audit.flows.export_rows import (
     LengthTally,
     MaskOptions,
     SampleBlock,
+    TrainerLengths,
     apply_length_policy,
     build_samples,
 )
@@ -47,6 +48,7 @@ from audit.flows.export_writers import (
     datasets_metadata,
     write_samples,
 )
+from audit.model.trainer_rules import all_trainer_rules
 
 EXPORT_SCHEMA_VERSION = 1
 EXPORT_FILE = "export.json"
@@ -103,6 +105,8 @@ class SampleTally:
     tokens: int = 0
     trained_tokens: int = 0
     untrained_rows: int = 0  # rows with no trained token (both trainers drop such rows)
+    # per trainer, the rows its default max_length cuts and drops
+    trainers: list[TrainerLengths] = field(default_factory=lambda: [TrainerLengths(t) for t in all_trainer_rules()])
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -129,6 +133,8 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
         tally.tokens += len(block.values)
         tally.trained_tokens += int(trained.sum())
         tally.untrained_rows += int((trained == 0).sum())
+        for trainer in tally.trainers:
+            trainer.add(block)
         yield block
 
 
@@ -212,7 +218,9 @@ def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTa
             "line": "uint32: the record's line in the source file",
             "input_ids": "list<uint32>: the prompt ids, then the output ids, unchanged",
             "loss_mask": "list<uint8>: 1 where input_ids[i] is trained, unshifted",
+            **({"seq_len": "int64: the row's length (speculators reads it)"} if options.format == "datasets" else {}),
         },
         "counts": tally.to_dict(),
+        "trainers": [trainer.to_dict() for trainer in tally.trainers],
         "files": [{"path": f.name, **f.staged.summary(f.rows)} for f in files],
     }

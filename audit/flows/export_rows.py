@@ -25,6 +25,7 @@ import numpy as np
 import polars as pl
 
 from audit.model.flat_ids import FlatIds
+from audit.model.trainer_rules import TrainerRules
 from audit.records.batch import AuditContext, Batch
 from audit.records.channels import harmony_messages
 from audit.records.response import response_bounds, stop_run
@@ -225,3 +226,53 @@ def apply_length_policy(block: SampleBlock, max_length: int | None, long: str, t
     tally.dropped += int((~kept).sum())
     tally.truncated += int((longer & kept).sum())
     return cut if kept.all() else cut.take(np.flatnonzero(kept))
+
+
+@dataclass
+class TrainerLengths:
+    """Over the rows written: which a trainer, at its default maximum length, cuts and which it drops.
+
+    Both trainers cut a longer row there (its tokens past it are not trained) and drop a row left
+    with no trained token (the rules file of each cites where); neither says so per row.
+    """
+
+    trainer: TrainerRules
+    rows: int = 0
+    longer: int = 0  # rows longer than the trainer's default max_length: cut there
+    dropped: int = 0  # of those, rows whose trained tokens all lie past it: dropped
+    longest: int = 0  # the longest row's length: what the trainer's setting must reach
+
+    def add(self, block: SampleBlock) -> None:
+        if not block.rows:
+            return
+        limit = self.trainer.max_length
+        lengths = block.lengths
+        self.rows += block.rows
+        self.longer += int((lengths > limit).sum())
+        self.dropped += int(((block.trained() > 0) & (block.trained(limit) == 0)).sum())
+        self.longest = max(self.longest, int(lengths.max()))
+
+    def summary(self) -> str:
+        """One line: `SpecForge 0.2.0: 7 of 9 rows are longer than its default maximum length 2048: ...`."""
+        rules = self.trainer
+        head = f"{rules.display}: "
+        if not self.longer:
+            return f"{head}no row is longer than its default maximum length {rules.max_length}"
+        dropped = f"drops the {self.dropped} whose trained tokens all lie past it" if self.dropped else "drops none"
+        return (
+            f"{head}{self.longer} of {self.rows} rows are longer than its default maximum length {rules.max_length}: "
+            f"it cuts them there and {dropped}; to train every row whole, pass {rules.length_setting(self.longest)}"
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        rules = self.trainer
+        return {
+            "name": rules.name,
+            "version": rules.version,
+            "max_length": rules.max_length,
+            "rows_longer": self.longer,
+            "rows_dropped": self.dropped,
+            "longest_row": self.longest,
+            "setting": rules.length_setting(self.longest) if self.longer else None,
+            "summary": self.summary(),
+        }

@@ -10,7 +10,9 @@ memory holds a block (and, for Parquet, one row group), never the export:
               each file's key-value metadata (key `audit.export`)
     datasets  data-00000-of-0000N.arrow (Arrow IPC streams, written batch by batch with
               nanoarrow), dataset_info.json and state.json: what `datasets.Dataset.save_to_disk`
-              (datasets >= 4) writes, without `datasets` or pyarrow here
+              (datasets >= 4) writes, without `datasets` or pyarrow here; with the `seq_len`
+              column (int64, each row's length) and the torch format that `speculators
+              prepare-data` saves and `speculators train --data-path` reads (see FEATURES)
 
 The files are staged (`ExportDirectory`: temporaries in a directory, uploads under a prefix)
 and published together, the summary (`export.json`) last: a directory holding a summary holds
@@ -51,13 +53,22 @@ ROW_GROUP_ROWS = 1024  # a Parquet row group is buffered whole: ~1k samples at a
 PARQUET_METADATA_KEY = "audit.export"
 STAGING_SUFFIX = ".partial"  # an upload in object storage before it gets its name
 
-# datasets' features for the columns (the JSON `save_to_disk` writes in datasets >= 4).
+# datasets' features for the columns (the JSON `save_to_disk` writes in datasets >= 4). `seq_len`
+# and the torch format are speculators 0.9.0's: `speculators prepare-data` saves input_ids,
+# loss_mask and seq_len (the row's length, a Python int: int64) after `set_format(type="torch")`
+# (data_generation/preprocessing.py `_append_row`, `build_speculator_training_dataset`), and
+# `speculators train --data-path` reads them back with `load_from_disk` (train/data.py
+# ArrowDataset): `with_format(None)["seq_len"]` for the packing lengths, and each row's input_ids
+# and loss_mask as tensors (`.tolist()`, `torch.equal`). datasets' torch formatter makes every
+# integer column int64, as prepare-data's own are.
 FEATURES = {
     "id": {"dtype": "string", "_type": "Value"},
     "line": {"dtype": "uint32", "_type": "Value"},
     "input_ids": {"feature": {"dtype": "uint32", "_type": "Value"}, "_type": "List"},
     "loss_mask": {"feature": {"dtype": "uint8", "_type": "Value"}, "_type": "List"},
+    "seq_len": {"dtype": "int64", "_type": "Value"},
 }
+DATASETS_FORMAT = "torch"
 
 
 @dataclass
@@ -165,6 +176,7 @@ def _arrow_schema(provenance: dict[str, Any]) -> Any:
         "line": nanoarrow.uint32(),
         "input_ids": nanoarrow.list_(nanoarrow.uint32()),
         "loss_mask": nanoarrow.list_(nanoarrow.uint8()),
+        "seq_len": nanoarrow.int64(),
     }
     # The schema metadata datasets' own writer adds: the features, so that a shard read alone
     # (`Dataset.from_file`) has them too.
@@ -194,6 +206,7 @@ def _record_batch(schema: Any, block: SampleBlock) -> Any:
         nanoarrow.c_array_from_buffers(nanoarrow.uint32(), block.rows, [None, block.lines.astype(np.uint32)]),
         lists(block.values, nanoarrow.uint32()),
         lists(block.mask, nanoarrow.uint8()),
+        nanoarrow.c_array_from_buffers(nanoarrow.int64(), block.rows, [None, block.lengths.astype(np.int64)]),
     ]
     return nanoarrow.c_array_from_buffers(schema, block.rows, [None], children=children)
 
@@ -226,7 +239,7 @@ def datasets_metadata(shards: list[WrittenFile], stage: Stage) -> list[WrittenFi
         "_fingerprint": fingerprint[:16],
         "_format_columns": None,
         "_format_kwargs": {},
-        "_format_type": None,
+        "_format_type": DATASETS_FORMAT,
         "_output_all_columns": False,
         "_split": None,
     }

@@ -53,6 +53,9 @@ class CheckOptions:
     trainer_only: bool = False
     # The trainer's own Python (`--trainer-python`): its own code runs there, beside the model.
     trainer_python: Path | None = None
+    # The server whose reply shape the conversations follow where vLLM's and SGLang's differ
+    # (audit.model.trainer_rules.REPLY_SHAPES; None: vLLM's).
+    trainer_reply_shape: str | None = None
 
 
 @dataclass
@@ -109,7 +112,10 @@ def worker_session(target: Target, options: CheckOptions) -> Session:
 def prepare(target: Target, options: CheckOptions) -> Session:
     """Load the rule set, tokenizer and profile for `target`; raise ConfigError on any problem."""
     if options.trainer is None and (
-        options.trainer_only or options.trainer_max_length is not None or options.trainer_python is not None
+        options.trainer_only
+        or options.trainer_max_length is not None
+        or options.trainer_python is not None
+        or options.trainer_reply_shape is not None
     ):
         raise ConfigError("the trainer view needs a trainer: pass --trainer specforge[:TEMPLATE] or --trainer speculators")
     rule_set = load_rule_set(
@@ -156,7 +162,8 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     trainer = None
     if options.trainer is not None:
         trainer = resolve_trainer(
-            options.trainer, profile=profile.name, thinking=thinking, max_length=options.trainer_max_length
+            options.trainer, profile=profile.name, thinking=thinking, max_length=options.trainer_max_length,
+            reply_shape=options.trainer_reply_shape or "vllm",
         )
         if options.trainer_python is not None:
             trainer = dataclasses.replace(trainer, python=options.trainer_python.absolute())

@@ -78,6 +78,7 @@ class TrainerRules:
     source: Path
     cited: str
     max_length: int
+    max_length_setting: str  # what a user sets to change it, `{n}` where the length goes
     templates: dict[str, TemplateRules] = field(default_factory=dict)
     parsers: dict[str, ParserRules] = field(default_factory=dict)
     patterns: dict[str, PatternRules] = field(default_factory=dict)
@@ -86,14 +87,27 @@ class TrainerRules:
     roles: dict[str, str] = field(default_factory=dict)  # speculators: role name -> role
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # speculators: kept keys
 
+    def length_setting(self, length: int) -> str:
+        """What to pass for the trainer to keep `length` tokens: `data.max_length=4096`."""
+        return self.max_length_setting.replace("{n}", str(length))
+
+
+# The server whose reply the trainer view builds from an output where the two differ: a call
+# written as one JSON object (Qwen3's) that is not JSON. vLLM's hermes tool parser leaves the whole
+# answer as content; SGLang's Qwen25Detector keeps the text before the first call as content,
+# the calls that parse, and drops the others (docs/trainer-view.md).
+REPLY_SHAPES = ("vllm", "sglang")
+
 
 @dataclass(frozen=True)
 class Trainer:
-    """A trainer as a run uses it: its rules, the template chosen, and the length it cuts at."""
+    """A trainer as a run uses it: its rules, the template chosen, the length it cuts at, and
+    the server whose reply shape the conversations it is given follow (`REPLY_SHAPES`)."""
 
     rules: TrainerRules
     template: TemplateRules | None
     max_length: int
+    reply_shape: str = "vllm"
     # The Python of an environment with the trainer installed (`--trainer-python`): its own code
     # runs there (`audit.model.installed_trainer`), beside the view's model of it. None: the model.
     python: Path | None = None
@@ -122,6 +136,7 @@ class Trainer:
             "version": self.rules.version,
             "template": self.template.name if self.template else None,
             "max_length": self.max_length,
+            "reply_shape": self.reply_shape,
             "rules": str(self.rules.source),
             **({"python": str(self.python)} if self.python is not None else {}),
         }
@@ -135,6 +150,11 @@ def builtin_trainers() -> dict[str, Path]:
     return found
 
 
+def all_trainer_rules() -> list[TrainerRules]:
+    """Every built-in trainer's rules, in name order."""
+    return [parse_trainer_rules(load_toml(path), path) for path in builtin_trainers().values()]
+
+
 def load_trainer_rules(name: str) -> TrainerRules:
     """The built-in rules of trainer `name`; ConfigError naming the known ones otherwise."""
     known = builtin_trainers()
@@ -144,11 +164,14 @@ def load_trainer_rules(name: str) -> TrainerRules:
 
 
 def resolve_trainer(
-    spec: str, *, profile: str | None = None, thinking: bool = True, max_length: int | None = None
+    spec: str, *, profile: str | None = None, thinking: bool = True, max_length: int | None = None,
+    reply_shape: str = "vllm",
 ) -> Trainer:
     """The trainer `spec` (`NAME` or `NAME:TEMPLATE`) names, for data of `profile`."""
     name, _, template_name = spec.strip().partition(":")
     where = f"--trainer {spec}"
+    if reply_shape not in REPLY_SHAPES:
+        raise ConfigError(f"--reply-shape {reply_shape!r}: choose {' or '.join(REPLY_SHAPES)}")
     try:
         rules = load_trainer_rules(name.strip().lower())
     except ConfigError as exc:
@@ -159,7 +182,7 @@ def resolve_trainer(
     if not rules.templates:
         if template_name:
             raise ConfigError(f"{where}: {rules.display} has no templates; name it alone (--trainer {rules.name})")
-        return Trainer(rules, None, length)
+        return Trainer(rules, None, length, reply_shape)
     template_name = template_name.strip()
     if not template_name:
         mode = "thinking" if thinking else "no_thinking"
@@ -187,7 +210,7 @@ def resolve_trainer(
             f"{where}: {rules.display} cannot use template {template_name!r}: its {missing[0]} is "
             "None, and the parser's set_assistant_pattern raises TypeError on re.escape(None)"
         )
-    return Trainer(rules, template, length)
+    return Trainer(rules, template, length, reply_shape)
 
 
 def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
@@ -199,10 +222,13 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
             raise ConfigError(f"{where}: needs `{key}`")
         expect(data[key], str, f"{where}: {key}")
     preprocessing = expect(data.get("preprocessing", {}), dict, f"{where}: [preprocessing]")
-    reject_unknown(preprocessing, {"max_length"}, f"{where}: [preprocessing]")
+    reject_unknown(preprocessing, {"max_length", "max_length_setting"}, f"{where}: [preprocessing]")
     max_length = expect(preprocessing.get("max_length"), int, f"{where}: preprocessing.max_length")
     if max_length < 1:
         raise ConfigError(f"{where}: preprocessing.max_length: expected a positive length, got {max_length}")
+    setting = expect(preprocessing.get("max_length_setting"), str, f"{where}: preprocessing.max_length_setting")
+    if "{n}" not in setting:
+        raise ConfigError(f"{where}: preprocessing.max_length_setting: write {{n}} where the length goes, got {setting!r}")
     parsers = {
         name: _parser(table, f"{where}: [parsers.{name}]")
         for name, table in expect(data.get("parsers", {}), dict, f"{where}: [parsers]").items()
@@ -233,7 +259,7 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
         raise ConfigError(f"{where}: says nothing a trainer does: give [templates.*] or [roles]")
     return TrainerRules(
         name=data["name"], version=data["version"], display=data["display"], source=source,
-        cited=data["source"], max_length=max_length, templates=templates, parsers=parsers,
+        cited=data["source"], max_length=max_length, max_length_setting=setting, templates=templates, parsers=parsers,
         patterns=patterns, profiles=profiles, roles=roles, messages=messages,
     )
 

@@ -19,8 +19,9 @@ Otherwise the texts are kept as the model wrote them: SGLang's parsers also stri
 trailing whitespace, which the view keeps, so that a record is never blamed for what a server
 alone would change (the templates strip what they re-write themselves). An answer
 whose calls do not read (markers out of grammar, a malformed call) comes back as the server
-leaves text it cannot parse: the whole answer as `content`, no `tool_calls`. Everything is
-decoded in one batched call per block.
+leaves text it cannot parse: the whole answer as `content`, no `tool_calls`; a Qwen3 call that
+is not JSON as the trainer's `reply_shape` says (vLLM's: the same; SGLang's: the text before
+the calls and the calls that parse). Everything is decoded in one batched call per block.
 """
 
 from __future__ import annotations
@@ -38,8 +39,13 @@ from audit.records.response import response_bounds
 
 # Formats whose call is one JSON object, name and arguments together (Qwen3's
 # `{"name": ..., "arguments": {...}}`): a tool parser that cannot parse it sees no call at all
-# and leaves the text in `content`; where the arguments are text of their own (Kimi, DeepSeek),
-# the parser hands them on as written, and it is the trainer that must read them.
+# (text that is not JSON, a Python literal included); where the arguments are text of their own
+# (Kimi, DeepSeek), the parser hands them on as written, and it is the trainer that must read
+# them. What the reply then is depends on the server (`Trainer.reply_shape`): vLLM's hermes parser
+# (vllm/tool_parsers/hermes_tool_parser.py `extract_tool_calls`) leaves the whole answer as
+# content, no call; SGLang's (0.5.23 function_call/qwen25_detector.py `detect_and_parse`) keeps
+# the text before the first call, stripped, as content and the calls that parse, and drops the
+# others.
 _WHOLE_JSON_CALLS = {"qwen3"}
 
 
@@ -96,7 +102,9 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
         view = tool_call_view(batch)
         frame = frame.with_columns(first_marker=view.first_marker)
         whole_json = batch.profile.tool_calls.format.name in _WHOLE_JSON_CALLS
-        calls = _readable_calls(view.calls, view.grammar_ok, whole_json)
+        trainer = batch.context.trainer
+        drop_unparsed = whole_json and trainer is not None and trainer.reply_shape == "sglang"
+        calls = _readable_calls(view.calls, view.grammar_ok, whole_json, drop_unparsed)
     else:
         frame = frame.with_columns(first_marker=pl.lit(None, dtype=pl.Int64))
     spans = _spans(frame[rows])
@@ -113,9 +121,10 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
         if span["has_reasoning"]:
             reply["reasoning_content"] = reasoning_text
         row_calls = calls.get(row)
-        if row_calls:
+        if row_calls is not None:  # calls read (SGLang's shape: possibly none of them kept)
             reply["content"] = answer_text.strip()
-            reply["tool_calls"] = [_call_message(call, i) for i, call in enumerate(row_calls)]
+            if row_calls:
+                reply["tool_calls"] = [_call_message(call, i) for i, call in enumerate(row_calls)]
         else:
             reply["content"] = raw_text.lstrip() if span["closed"] or not span["has_reasoning"] else ""
         prompt = prompts[row]
@@ -129,20 +138,29 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
     return [item or NotViewed("not viewed") for item in found]
 
 
-def _readable_calls(calls: pl.DataFrame, grammar_ok: pl.Series, whole_json: bool) -> dict[int, list[dict[str, Any]]]:
+def _readable_calls(
+    calls: pl.DataFrame, grammar_ok: pl.Series, whole_json: bool, drop_unparsed: bool
+) -> dict[int, list[dict[str, Any]]]:
     """Per record, its calls, when every one of them reads (in grammar, well formed, named;
-    `whole_json`: the format writes each call as one JSON object, which must parse)."""
+    `whole_json`: the format writes each call as one JSON object, which must be JSON, not a
+    Python literal). `drop_unparsed` (SGLang's shape): a whole-JSON call that does not parse is
+    left out and the others kept, possibly none."""
     by_row: dict[int, list[dict[str, Any]]] = {}
     for call in calls.iter_rows(named=True):
         by_row.setdefault(call["row"], []).append(call)
-    return {
-        row: items for row, items in by_row.items()
-        if grammar_ok[row]
-        and all(
-            item["malformed"] is None and item["name"] and not (whole_json and item["arguments_error"])
-            for item in items
-        )
-    }
+
+    def parses(item: dict[str, Any]) -> bool:
+        return not whole_json or (item["arguments_error"] is None and item["literal"] is None and bool(item["name"]))
+
+    readable: dict[int, list[dict[str, Any]]] = {}
+    for row, items in by_row.items():
+        if not grammar_ok[row] or any(item["malformed"] is not None for item in items):
+            continue
+        if drop_unparsed:
+            readable[row] = [item for item in items if parses(item)]
+        elif all(item["name"] and parses(item) for item in items):
+            readable[row] = items
+    return readable
 
 
 def _readable_ids(batch: Batch) -> np.ndarray:
