@@ -8,7 +8,10 @@ pointed the wrong way.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -336,3 +339,37 @@ def test_an_unknown_finish_reason_type_is_a_finding_on_its_line(tmp_path, finish
     [finding] = json.loads(result.stdout)["findings"]
     assert finding["line"] == 2 and finding["rule"] == "INT002"
     assert f"finish_reason.type is '{finish_type}'" in finding["message"]
+
+
+# == Paths that are not data files, and files audit cannot read ==================================
+
+
+def unreadable_by_this_user() -> list[str]:
+    """A command prefix under which a file of mode 000 cannot be read: nothing for another user,
+    and as root (CI containers), `setpriv` dropping the permission override from the process."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv is missing: as root, a file of mode 000 would still be read")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("command", ["inspect", "check", "gate"])
+def test_a_file_that_cannot_be_read_is_one_line_saying_so(tmp_path, command):
+    data = tmp_path / "locked.jsonl"
+    shutil.copyfile(DATA, data)
+    data.chmod(0)
+    prefix = unreadable_by_this_user()
+    if subprocess.run([*prefix, "head", "-c1", str(data)], capture_output=True).returncode == 0:
+        pytest.skip("this user reads a file of mode 000 even so")
+    extra = {"inspect": ["--print"], "check": [], "gate": ["--out", str(tmp_path / "gated")]}[command]
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "audit", command, str(data), "--profile", "kimi-k2.5",
+         "--tokenizer", str(KIMI_TOKENIZER), *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**os.environ, "AUDIT_CACHE_DIR": str(tmp_path / "cache")},  # the cache key is looked up first
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"audit: error: {data}: cannot read it (Permission denied)"
+
