@@ -18,8 +18,10 @@ from audit.flows.checking import check_session
 from audit.flows.gating import gate_session, iter_quarantine
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.targets import resolve_target
+from audit.flows.token_view import Inspector
 from audit.records import sources
 from audit.records.reader import parse_block
+from audit.records.record_lines import LONG_LINE_HEAD
 from audit.records.sources import (
     GrowingFile,
     InputDigest,
@@ -193,3 +195,15 @@ def test_a_rule_set_that_keeps_unreadable_lines_gets_a_long_line_in_clean_whole(
     assert gated.manifest["counts"]["quarantined"] == 0
     assert hashlib.sha256((out / "clean.jsonl").read_bytes()).digest() == hashlib.sha256(expected_clean).digest()
     assert json.loads((out / "manifest.json").read_text())["counts"]["clean"] == 5
+
+
+def test_inspect_shows_a_long_line_by_its_head_and_size_and_finds_ids_past_it(long_partition, small_limit):
+    session = prepare(resolve_target(str(long_partition), PREPARED), options())
+    report = check_session(session)
+    inspector = Inspector(session.target.data_file, report.findings, session.profile, session.tokenizer)
+    assert len(inspector.index.read(2)) == LONG_LINE_HEAD  # never the line itself
+    view = inspector.view(2)
+    assert view.problem.startswith(f"a line of {3 * LIMIT + 10:,} bytes, over the {LIMIT:,} bytes")
+    assert view.raw_excerpt.startswith('{"id": "xxx') and view.raw_excerpt.endswith(f"({3 * LIMIT + 10} bytes)")
+    third = json.loads(GOOD[2])["id"]
+    assert inspector.line_of_id(str(third)) == 5  # read past the long line, and numbered right
