@@ -207,3 +207,16 @@ def test_inspect_shows_a_long_line_by_its_head_and_size_and_finds_ids_past_it(lo
     assert view.raw_excerpt.startswith('{"id": "xxx') and view.raw_excerpt.endswith(f"({3 * LIMIT + 10} bytes)")
     third = json.loads(GOOD[2])["id"]
     assert inspector.line_of_id(str(third)) == 5  # read past the long line, and numbered right
+
+
+def test_a_sparse_file_of_zeros_past_the_real_limit_is_one_finding_for_check_and_gate(tmp_path):
+    path = tmp_path / "preallocated.jsonl"
+    path.write_bytes(GOOD[0] + b"\n")
+    with path.open("r+b") as handle:  # what a crash with preallocated space leaves: zeros, no newline
+        handle.truncate(len(GOOD[0]) + 1 + sources.MAX_LINE_BYTES + 1)
+    session = prepare(resolve_target(str(path), PREPARED), CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False))
+    found = check_session(session).log.collect()
+    assert found.select("line", "rule").rows() == [(2, "INT001")]
+    assert f"a line of {sources.MAX_LINE_BYTES + 1:,} bytes with no newline" in found["message"][0]
+    gated = gate_session(session, tmp_path / "gated")
+    assert gated.manifest["counts"] == {"in": 2, "clean": 1, "quarantined": 1}
