@@ -183,8 +183,6 @@ def _path_target(path: Path) -> Target:
         return _directory_target(path, path.name)
     if not os.path.lexists(path):
         raise InputError(f"{path}: no such partition directory")
-    if path.is_file():
-        return _file_target(path)
     raise _not_a_data_file(path) or InputError(f"{path}: not a partition directory")
 
 
