@@ -8,7 +8,12 @@ pointed the wrong way.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -336,3 +341,82 @@ def test_an_unknown_finish_reason_type_is_a_finding_on_its_line(tmp_path, finish
     [finding] = json.loads(result.stdout)["findings"]
     assert finding["line"] == 2 and finding["rule"] == "INT002"
     assert f"finish_reason.type is '{finish_type}'" in finding["message"]
+
+
+# == Paths that are not data files, and files audit cannot read ==================================
+
+
+def unreadable_by_this_user() -> list[str]:
+    """A command prefix under which a file of mode 000 cannot be read: nothing for another user,
+    and as root (CI containers), `setpriv` dropping the permission override from the process."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv is missing: as root, a file of mode 000 would still be read")
+    return [setpriv, "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+@pytest.mark.parametrize("command", ["inspect", "check", "gate"])
+def test_a_file_that_cannot_be_read_is_one_line_saying_so(tmp_path, command):
+    data = tmp_path / "locked.jsonl"
+    shutil.copyfile(DATA, data)
+    data.chmod(0)
+    prefix = unreadable_by_this_user()
+    if subprocess.run([*prefix, "head", "-c1", str(data)], capture_output=True).returncode == 0:
+        pytest.skip("this user reads a file of mode 000 even so")
+    extra = {"inspect": ["--print"], "check": [], "gate": ["--out", str(tmp_path / "gated")]}[command]
+    done = subprocess.run(
+        [*prefix, sys.executable, "-m", "audit", command, str(data), "--profile", "kimi-k2.5",
+         "--tokenizer", str(KIMI_TOKENIZER), *extra],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+        env={**os.environ, "AUDIT_CACHE_DIR": str(tmp_path / "cache")},  # the cache key is looked up first
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == f"audit: error: {data}: cannot read it (Permission denied)"
+
+
+def special_files(folder: Path) -> dict[str, Path]:
+    """One of each kind of path that is no data file, made in `folder` (never the system's /dev)."""
+    made = {}
+    for name in ("empty", "no-data"):
+        made[name] = folder / name
+        made[name].mkdir()
+    (made["no-data"] / "notes.txt").write_text("no records here\n")
+    made["fifo"] = folder / "pipe.jsonl"
+    os.mkfifo(made["fifo"])
+    made["device"] = folder / "device"
+    os.mknod(made["device"], stat.S_IFCHR | 0o600, os.makedev(1, 3))
+    made["loop"] = folder / "loop"
+    made["loop"].symlink_to("loop")
+    made["fifo-in-partition"] = folder / "partition"
+    made["fifo-in-partition"].mkdir()
+    os.mkfifo(made["fifo-in-partition"] / "raw_responses.jsonl")
+    return made
+
+
+@pytest.mark.parametrize(
+    ("kind", "says"),
+    [
+        ("empty", "directory {path} holds no raw_responses.jsonl: give a partition directory"),
+        ("no-data", "directory {path} holds no raw_responses.jsonl: give a partition directory"),
+        ("fifo", "{path} is a FIFO (a named pipe), not a data file: audit reads regular files"),
+        ("device", "{path} is a character device, not a data file: audit reads regular files"),
+        ("loop", "{path} is a symlink loop"),
+        ("fifo-in-partition", "{path}/raw_responses.jsonl is a FIFO (a named pipe), not a data file"),
+    ],
+)
+@pytest.mark.parametrize("given_as", ["path", "bare name"])
+def test_a_target_that_is_no_data_file_says_what_it_is(tmp_path, monkeypatch, kind, says, given_as):
+    if kind == "device" and os.geteuid() != 0:
+        pytest.skip("making a device node needs root")
+    path = special_files(tmp_path)[kind]
+    monkeypatch.chdir(tmp_path)  # a bare name: no data root here, so the name is what is meant
+    spec = str(path) if given_as == "path" else path.name
+    shown = path if given_as == "path" else Path(path.name)
+    started = time.monotonic()
+    result = run("check", spec, "--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER))
+    assert time.monotonic() - started < 30  # a FIFO is never opened: nothing waits for a writer
+    assert_one_line_error(result, says.format(path=shown))
+    assert "data root" not in result.output and "no such" not in result.output
+    assert len(result.output.strip().splitlines()) == 1

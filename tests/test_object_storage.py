@@ -362,3 +362,25 @@ def test_reports_and_pages_may_go_to_the_store(prepared):
     report = json.loads(prepared.filesystem.cat_file("bucket/reports/B1.json"))
     assert report["target"] == "B1_glaive"
     assert b"<html" in prepared.filesystem.cat_file("bucket/reports/B1.html")
+
+
+def test_a_long_line_in_the_store_is_skipped_unread_as_on_disk(s3, tmp_path, monkeypatch):
+    from audit.flows.checking import check_session
+    from audit.flows.gating import gate_session
+    from audit.flows.session import CheckOptions, prepare
+    from audit.records import sources
+
+    monkeypatch.setattr(sources, "MAX_LINE_BYTES", 1 << 16)
+    good = (PREPARED / "B0_clean" / "raw_responses.jsonl").read_bytes().splitlines()[:2]
+    data = good[0] + b"\n" + b"z" * (5 << 16) + b"\n" + good[1] + b"\n"
+    s3.filesystem.pipe_file("bucket/long/raw_responses.jsonl", data)
+    options = CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER, cache=False, block_bytes=1 << 14)
+    session = prepare(resolve_target("s3://bucket/long", ObjectPath(ROOT)), options)
+    found = check_session(session).log.collect()
+    assert found.select("line", "rule").rows() == [(2, "INT001")]
+    assert found["message"][0].startswith(f"a line of {5 << 16:,} bytes, over the {1 << 16:,} bytes")
+    gated = gate_session(session, tmp_path / "gated")
+    assert (tmp_path / "gated" / "clean.jsonl").read_bytes() == good[0] + b"\n" + good[1] + b"\n"
+    entry = json.loads((tmp_path / "gated" / "quarantine.jsonl").read_bytes())
+    assert entry["line"] == 2 and entry["raw_omitted"] == {"offset": len(good[0]) + 1, "bytes": 5 << 16}
+    assert gated.manifest["counts"] == {"in": 3, "clean": 2, "quarantined": 1}

@@ -14,19 +14,21 @@ from audit.records.line_reading import CONTRACT, UNREADABLE
 
 
 class UnreadableLine(Rule):
-    """A line that cannot be read as JSON: bad syntax, not UTF-8, cut short, or a key given twice.
+    """A line that cannot be read as JSON: bad syntax, not UTF-8, cut short, too long, or a key given twice.
 
     What it checks:
         Every non-blank line of the file parses as one JSON value for a strict parser (no
         NaN, Infinity, byte order mark or lone surrogate), with no object holding a key twice:
         polars keeps the first value and json/orjson the last, so such a line has no single
         reading; and no deeper than 253 levels of arrays and objects, beyond which orjson,
-        which reads up to 1,023, cannot write the record again. The reader reports the line
-        and the reason; the rest of the file is still audited.
+        which reads up to 1,023, cannot write the record again. A line over 64 MiB is not
+        read at all: it is skipped to its newline and reported with its size. The reader
+        reports the line and the reason; the rest of the file is still audited.
 
     Why it matters:
         A line nobody can read is a sample silently missing from training, and often the
-        trace of a crash: a generator killed mid-write leaves a truncated last line.
+        trace of a crash: a generator killed mid-write leaves a truncated last line, and one
+        killed with space preallocated leaves gigabytes of zero bytes with no newline.
 
     Example:
         {"id": "glaive-7", "input_ids": [163587, 1234, 16

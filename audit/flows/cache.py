@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from audit import __version__
+from audit.base.errors import InputError
 from audit.base.files import write_directory_atomically
 from audit.base.storage import AnyPath
 from audit.engine.findings import FindingsLog
@@ -113,9 +114,16 @@ class AuditCache:
     # -- content hash -------------------------------------------------------------------------
     @staticmethod
     def content_sha256(path: AnyPath) -> str:
-        """sha256 of the file, read in full every time: the cache trusts no file metadata."""
-        with path.open("rb") as handle:
-            return hashlib.file_digest(handle, "sha256").hexdigest()
+        """sha256 of the file, read in full every time: the cache trusts no file metadata.
+
+        InputError when it cannot be read, as the audit's own reading says it
+        (`audit.records.sources.file_chunks`): every command that looks in the cache first.
+        """
+        try:
+            with path.open("rb") as handle:
+                return hashlib.file_digest(handle, "sha256").hexdigest()
+        except OSError as exc:
+            raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
     def key(self, path: AnyPath, context: AuditContext, rule_set: RuleSet) -> str:
         """The key of auditing `path` with this context and rule set."""

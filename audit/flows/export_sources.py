@@ -37,7 +37,7 @@ from audit.flows.targets import Target, resolve_target
 from audit.generate.manifest import GenerationManifest
 from audit.records.reader import parse_block
 from audit.records.sample_reading import STRICTLY_REFUSED, NotAccepted, read_sample_fields
-from audit.records.sources import InputDigest, file_blocks, is_blank
+from audit.records.sources import InputDigest, file_blocks
 from audit.report.report import Report
 
 # A record is left out of training on a finding of this severity: the gate's default.
@@ -297,7 +297,7 @@ def _blank_lines(manifest: dict[str, Any]) -> np.ndarray:
     blank: list[int] = []
     try:
         for block in file_blocks(source, digest=digest):
-            blank.extend(block.first_line + i for i, raw in enumerate(block.lines) if is_blank(raw))
+            blank.extend(block.blank_lines())
     except InputError:
         digest = InputDigest()
     if digest.sha256 != recorded.get("sha256"):

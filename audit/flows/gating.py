@@ -14,6 +14,8 @@ writes three files into the output directory:
                        "raw": the line as text}  -- or, when its bytes are not UTF-8,
                       "raw_base64" instead of "raw". Either way the original line is
                       `raw.encode("utf-8")` (or `b64decode(raw_base64)`) without its "\\n".
+                      A line over `MAX_LINE_BYTES` was never read, so it is not copied:
+                      "raw_omitted": {"offset", "bytes"} says where it is in the input.
     manifest.json     what was gated, with what, and the sha256 of everything (written last)
 
 A record is a non-blank line, readable or not (the denominator of every rate in the report;
@@ -75,7 +77,7 @@ from audit.flows.gate_outputs import (
     Staged,
 )
 from audit.flows.session import Session
-from audit.records.sources import InputDigest, file_blocks
+from audit.records.sources import InputDigest, LongLine, file_blocks, file_chunks
 from audit.report.report import Report
 
 MANIFEST_SCHEMA_VERSION = 1
@@ -280,19 +282,38 @@ def _split(
             records += 1
             while pending is not None and pending[0] < line:
                 pending = next(quarantined, None)  # only if the file changed: caught by its hash
+            long = block.long_lines.get(line) if block.long_lines else None
             if pending is None or pending[0] != line:
-                clean.append(raw)
+                if long is None:
+                    clean.append(raw)
+                    continue
+                # A long line a rule set keeps (its rule turned off) goes to clean as it is, streamed.
+                _write_lines(clean_out, clean)
+                counts["clean"] += len(clean) + 1
+                clean = []
+                for chunk in file_chunks(data_file, start=long.offset, end=long.offset + long.size, chunk_bytes=block_bytes):
+                    clean_out.write(chunk)
+                clean_out.write(b"\n")
                 continue
-            quarantine_out.write(pending[1] + _raw_field(raw) + b"}\n")
+            quarantine_out.write(pending[1] + (_raw_field(raw) if long is None else _omitted_field(long)) + b"}\n")
             counts["quarantined"] += 1
             pending = next(quarantined, None)
-        if clean:
-            clean_out.write(b"\n".join(clean) + b"\n")
-            counts["clean"] += len(clean)
+        _write_lines(clean_out, clean)
+        counts["clean"] += len(clean)
         counts["blank_lines"] += len(block.lines) - records
         counts["lines"] = block.last_line
     counts["records"] = counts["clean"] + counts["quarantined"]
     return counts, digest
+
+
+def _write_lines(out: Staged | IO[bytes], lines: list[bytes]) -> None:
+    if lines:
+        out.write(b"\n".join(lines) + b"\n")
+
+
+def _omitted_field(long: LongLine) -> bytes:
+    """Where a line too long to read is in the input (never held, so never copied)."""
+    return b'"raw_omitted":{"offset":%d,"bytes":%d}' % (long.offset, long.size)
 
 
 def _raw_field(raw: bytes) -> bytes:
@@ -355,11 +376,15 @@ def _same_gate(previous: dict[str, Any], manifest: dict[str, Any]) -> bool:
 
 
 def iter_quarantine(path: Path | ObjectPath) -> Iterable[dict[str, Any]]:
-    """The entries of a quarantine.jsonl, each with `raw_bytes`: the original line, restored."""
+    """The entries of a quarantine.jsonl, each with `raw_bytes`: the original line, restored;
+    None for a line too long to read, whose entry gives its place in the input (`raw_omitted`)."""
     with path.open("rb") as handle:
         for line in handle:
             entry = orjson.loads(line)
-            entry["raw_bytes"] = (
-                entry["raw"].encode("utf-8") if "raw" in entry else base64.b64decode(entry["raw_base64"])
-            )
+            if "raw" in entry:
+                entry["raw_bytes"] = entry["raw"].encode("utf-8")
+            elif "raw_base64" in entry:
+                entry["raw_bytes"] = base64.b64decode(entry["raw_base64"])
+            else:
+                entry["raw_bytes"] = None
             yield entry

@@ -27,7 +27,7 @@ from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import resolve_trainer
 from audit.records.batch import AuditContext
-from audit.records.sources import DEFAULT_BLOCK_BYTES
+from audit.records.sources import DEFAULT_BLOCK_BYTES, first_line
 
 
 @dataclass(frozen=True)
@@ -224,8 +224,7 @@ def _recorded_fingerprints(target: Target) -> list[tuple[str, dict]]:
     if recorded is not None:
         found.append((str(target.generation.path), recorded))
     try:
-        with target.data_file.open("rb") as handle:
-            first = orjson.loads(handle.readline())
+        first = orjson.loads(first_line(target.data_file) or b"")
     except (OSError, orjson.JSONDecodeError):
         return found  # an unreadable first line is the reader's finding, not a fingerprint
     if isinstance(first, dict) and isinstance(first.get("tokenizer"), dict):

@@ -12,8 +12,10 @@ local root, and can no more escape it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,13 +101,15 @@ def resolve_target(spec: str, root: Path | ObjectPath) -> Target:
     if spec.endswith(".jsonl") or path.is_file():
         return _file_target(path)
     if names_a_path(spec):
-        if path.is_dir():
-            return _directory_target(path, path.name)
-        raise InputError(f"{spec}: no such partition directory")
+        return _path_target(path)
     if not _PARTITION_NAME.match(spec):
         raise InputError(f"{spec!r} is not a partition name (letters, digits, _ . -)")
     if isinstance(root, ObjectPath):
         return _object_partition(spec, root)
+    if os.path.lexists(spec) and not os.path.lexists(root / spec):
+        # Something of that name is here (a directory, a FIFO, a symlink...) and not under the
+        # data root: the user named it, so say what it is rather than what the root lacks.
+        return _path_target(path)
     if root.exists() and not root.is_dir():
         raise InputError(f"data root {root} is a file, not a directory: pass --data-root DIR (the directory of partitions)")
     if not root.is_dir():
@@ -113,7 +117,10 @@ def resolve_target(spec: str, root: Path | ObjectPath) -> Target:
             f"data root {root}/ does not exist: pass --data-root DIR, set AUDIT_DATA_ROOT, "
             f"or give a partition directory or .jsonl path"
         )
-    candidate = (root / spec).resolve()
+    try:
+        candidate = (root / spec).resolve()
+    except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+        raise _not_a_data_file(root / spec) or InputError(f"{root / spec}: cannot resolve it") from None
     if not candidate.is_relative_to(root.resolve()):
         raise InputError(f"partition {spec!r} resolves outside the data root {root}/")
     if not candidate.is_dir():
@@ -170,10 +177,24 @@ def partition_names(root: Path | ObjectPath) -> list[str]:
     return sorted(found)
 
 
+def _path_target(path: Path) -> Target:
+    """A local path that is not a `.jsonl` name: a partition directory, or why it is none."""
+    if path.is_dir():
+        return _directory_target(path, path.name)
+    if not os.path.lexists(path):
+        raise InputError(f"{path}: no such partition directory")
+    raise _not_a_data_file(path) or InputError(f"{path}: not a partition directory")
+
+
 def _directory_target(directory: Path | ObjectPath, name: str) -> Target:
     data_file = directory / DATA_FILE
     if not data_file.is_file():
-        raise InputError(f"{directory}: no {DATA_FILE} in this partition directory")
+        if isinstance(data_file, Path) and (problem := _not_a_data_file(data_file)) is not None:
+            raise problem
+        raise InputError(
+            f"directory {directory} holds no {DATA_FILE}: give a partition directory (one holding "
+            f"{DATA_FILE}) or a .jsonl file"
+        )
     _require_content(data_file)
     return Target(
         partition=name,
@@ -189,7 +210,8 @@ def _file_target(path: Path | ObjectPath) -> Target:
             return _directory_target(path, path.name)  # a partition directory that happens to end in .jsonl
         raise InputError(f"{path}: is a directory, not a .jsonl file, and holds no {DATA_FILE}")
     if not path.is_file():
-        raise InputError(f"{path}: no such file")
+        problem = _not_a_data_file(path) if isinstance(path, Path) else None
+        raise problem or InputError(f"{path}: no such file")
     _require_content(path)
     partition = path.parent.name if path.name == DATA_FILE else path.stem
     return Target(
@@ -198,6 +220,42 @@ def _file_target(path: Path | ObjectPath) -> Target:
         generation=read_manifest(path.parent),
         directory=path.parent,
     )
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_data_file(path: Path) -> InputError | None:
+    """Why `path` is no file to audit, or None when it is a regular file, a directory or absent.
+
+    Found from its type alone (`stat`): a FIFO is never opened, so nothing waits on a writer.
+    """
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        if path.is_symlink():
+            return InputError(f"{path} is a symlink to {os.readlink(path)}, which does not exist: point it at the data")
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return InputError(
+                f"{path} is a symlink loop (following it leads back to it): point it at a data file "
+                "or a partition directory"
+            )
+        return InputError(f"{path}: cannot look at it ({exc.strerror or exc})")
+    for test, kind in _KINDS:
+        if test(mode):
+            return InputError(
+                f"{path} is {kind}, not a data file: audit reads regular files (it reads the data "
+                "more than once: to audit it, then to split or check it unchanged); write the data "
+                "to a .jsonl file and give that"
+            )
+    return None
 
 
 def _require_content(path: Path | ObjectPath) -> None:

@@ -34,6 +34,7 @@ from audit.records.batch import AuditContext, Batch
 from audit.records.contract import in_vocabulary
 from audit.records.record_lines import LineIndex, read_record
 from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.records.sources import file_blocks
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
 DEFAULT_PROMPT_TAIL = 16
@@ -212,8 +213,8 @@ class Inspector:
         if found is not None:
             return found
         wanted = record_id.encode("utf-8", "surrogatepass")
-        with self.data_file.open("rb") as lines:
-            for number, raw in enumerate(lines, start=1):
+        for block in file_blocks(self.data_file):  # a line too long to read is never held
+            for number, raw in block.record_lines():
                 if wanted not in raw:  # a cheap test first: most lines do not mention it
                     continue
                 try:
@@ -240,13 +241,13 @@ class Inspector:
         if line in self._views:
             self._views.move_to_end(line)
             return self._views[line]
-        built = self._build(line, self.index.read(line))
+        built = self._build(line, self.index.read(line), self.index.line_bytes(line))
         self._views[line] = built
         while len(self._views) > _CACHED_VIEWS:
             self._views.popitem(last=False)
         return built
 
-    def _build(self, line: int, raw: bytes) -> RecordView:
+    def _build(self, line: int, raw: bytes, size: int) -> RecordView:
         mine = self.findings.filter(pl.col("line") == line)
         marks = [
             FindingMark(r["rule"], r["severity"], r["field"], r["position"], r["message"])
@@ -254,13 +255,13 @@ class Inspector:
         ]
         # The audit's own reader: the same normalisation (the `prompt_ids` alias, finish
         # reasons) as the rules saw; a line it refuses shows what can be salvaged, and why.
-        records, problem = read_record(raw, line)
+        records, problem = read_record(raw, line, size=size)  # `raw`: only the head of a line too long to read
         record_id = next((m for m in mine["id"].to_list() if m is not None), None)
         if records.is_empty():
             empty = pl.Series("id", [], dtype=pl.Int64)
             prompt = self._run("input_ids", empty, 0, 0, empty.cast(pl.String), [], None)
             output = self._run("output_ids", empty, 0, 0, empty.cast(pl.String), [], None)
-            return RecordView(line, record_id, marks, prompt, output, problem=problem, raw_excerpt=_excerpt(raw))
+            return RecordView(line, record_id, marks, prompt, output, problem=problem, raw_excerpt=_excerpt(raw, size=size))
         batch = Batch(records, self._context)
         record = records.row(0, named=True)
         record_id = record_id if record_id is not None else record["id"]
@@ -349,10 +350,11 @@ def _finish_text(record: dict[str, Any]) -> str | None:
     return f"{kind} ({detail})" if detail is not None else str(kind)
 
 
-def _excerpt(raw: bytes, limit: int = 240) -> str:
+def _excerpt(raw: bytes, limit: int = 240, *, size: int | None = None) -> str:
     # Control characters from the data are shown as \xNN: an ESC in a damaged line must never
-    # reach the terminal as an escape sequence.
+    # reach the terminal as an escape sequence. `size`: the whole line's, when `raw` is its head.
     text = raw.decode("utf-8", errors="replace")
+    size = len(raw) if size is None else size
     return inert.terminal(text if len(text) <= limit else text[:limit]) + (
-        f"… ({len(raw)} bytes)" if len(text) > limit else ""
+        f"… ({size} bytes)" if len(text) > limit or size > len(raw) else ""
     )

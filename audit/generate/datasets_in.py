@@ -30,11 +30,13 @@ from typing import Any
 import orjson
 
 from audit.base.errors import InputError
+from audit.records.sources import MAX_LINE_BYTES
 
 # Rows per batch read from a table: a few megabytes of chat text.
 BATCH_ROWS = 1024
-# A JSONL line longer than this is not read into memory: its row is refused as too large.
-MAX_ROW_BYTES = 64 << 20
+# A JSONL line longer than this is not read into memory: its row is refused as too large (the
+# bound the audit's reading puts on a line).
+MAX_ROW_BYTES = MAX_LINE_BYTES
 # The columns a prompt is made of; a table's other columns are never read.
 PROMPT_COLUMNS = (
     "id",

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from audit.base.json_values import json_type
+from audit.records import sources
 from audit.records.id_lists import ID_LIST_FIELDS, IdLists
 
 # A token id is an integer below this, in every id list (SGLang's ids are unsigned 32-bit).
@@ -31,6 +32,16 @@ class RejectedLine:
     problem: str  # UNREADABLE or CONTRACT
     field: str | None = None  # the id list a bad token id is in, and its index there
     position: int | None = None
+
+
+def long_line(line: int, size: int, *, unterminated: bool) -> RejectedLine:
+    """A line over `sources.MAX_LINE_BYTES`, skipped unread (`audit.records.sources`): unreadable."""
+    cut = " with no newline (cut short?)" if unterminated else ""
+    return RejectedLine(
+        line,
+        f"a line of {size:,} bytes{cut}, over the {sources.MAX_LINE_BYTES:,} bytes a line may have: skipped, not read",
+        UNREADABLE,
+    )
 
 
 # -- the strict reading of one line ------------------------------------------------------------

@@ -37,6 +37,7 @@ from audit.records.line_reading import (
     TOKEN_ID_LIMIT,
     RejectedLine,
     id_list_problem,
+    long_line,
     prompt_fields,
     read_strictly,
     source_prompt,
@@ -95,6 +96,9 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     id_lists = IdLists()
     raised: list[tuple[int, str, str]] = []
     for line, raw in block.record_lines():
+        if block.long_lines and line in block.long_lines:
+            rejected.append(long_line(line, block.long_lines[line].size, unterminated=line == last_unterminated))
+            continue
         text = raw.rstrip(b"\r")
         try:
             value, problem = read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)

@@ -14,8 +14,13 @@ import orjson
 import polars as pl
 
 from audit.base.storage import AnyPath
+from audit.records import sources
+from audit.records.line_reading import long_line
 from audit.records.reader import RECORD_COLUMNS, empty_records, parse_block
 from audit.records.sources import LineBlock
+
+# What is read of a line too long for the audit to read: enough to show how it begins.
+LONG_LINE_HEAD = 4096
 
 
 class LineIndex:
@@ -40,20 +45,30 @@ class LineIndex:
     def lines(self) -> int:
         return len(self._starts)
 
-    def read(self, line: int) -> bytes:
-        """The bytes of physical line `line` (1-based), without its newline."""
+    def line_bytes(self, line: int) -> int:
+        """The length of physical line `line` (1-based), without its newline."""
         if not 1 <= line <= self.lines:
             raise IndexError(line)
-        start = int(self._starts[line - 1])
         end = int(self._starts[line]) - 1 if line < self.lines else self.size
+        return end - int(self._starts[line - 1])
+
+    def read(self, line: int) -> bytes:
+        """The bytes of physical line `line` (1-based), without its newline; of a line over
+        `MAX_LINE_BYTES`, which the audit never reads, only its first `LONG_LINE_HEAD` bytes."""
+        size = self.line_bytes(line)
+        if size > sources.MAX_LINE_BYTES:
+            size = LONG_LINE_HEAD
         with self.path.open("rb") as handle:
-            handle.seek(start)
-            return handle.read(end - start)
+            handle.seek(int(self._starts[line - 1]))
+            return handle.read(size)
 
 
-def read_record(raw: bytes, line: int) -> tuple[pl.DataFrame, str | None]:
+def read_record(raw: bytes, line: int, *, size: int | None = None) -> tuple[pl.DataFrame, str | None]:
     """Physical line `line` as a one-row record frame and None; for a line the reader refuses,
-    the parts that are readable (an empty frame when none are) and what is wrong with it."""
+    the parts that are readable (an empty frame when none are) and what is wrong with it.
+    `size`: the line's whole length, when `raw` is only its head (`LineIndex.read`)."""
+    if size is not None and size > sources.MAX_LINE_BYTES:
+        return empty_records(), long_line(line, size, unterminated=False).reason
     parsed = parse_block(LineBlock(line, [raw.rstrip(b"\r")]), keep_source=True)
     if parsed.records.height == 1:
         return parsed.records, None

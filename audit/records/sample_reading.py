@@ -56,6 +56,8 @@ def read_sample_fields(block: LineBlock, skip: Iterable[int] = ()) -> pl.DataFra
     for line, raw in block.record_lines():
         if line in skipped:
             continue
+        if line in block.long_lines:
+            raise NotAccepted(f"line {line} is too long to read")
         record_id, prompt, output, finish = _fields(parser, raw.rstrip(b"\r"))
         lines.append(line)
         ids.append(record_id)

@@ -12,14 +12,16 @@ byte starts:
 
 A block holds at most `block_bytes` of input and `MAX_BLOCK_LINES` lines, so memory is bounded
 by the block, never by the source. Every source goes through `chunk_blocks`, so a line is cut,
-numbered and counted blank or not the same way whatever produced it.
+numbered and counted blank or not the same way whatever produced it. A line longer than
+`MAX_LINE_BYTES` is never held: it is skipped to its newline, and its block keeps only where it
+starts and its size (`LongLine`), for the reader to report.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from audit.base.errors import InputError
@@ -31,6 +33,10 @@ DEFAULT_BLOCK_BYTES = 4 << 20
 # At most this many lines per block, however short they are: what the rules hold per record
 # (decoded texts, findings) is then what bounds memory.
 MAX_BLOCK_LINES = 16_384
+# The longest line read. A longer one is no record a loader could hold, and holding it is what a
+# file ending in a crash's preallocated zeros would cost: it is skipped unread to its newline and
+# reported as unreadable with its size. The same bound `generate` puts on a prompts file's rows.
+MAX_LINE_BYTES = 64 << 20
 
 
 def is_blank(raw: bytes) -> bool:
@@ -38,15 +44,25 @@ def is_blank(raw: bytes) -> bool:
     return not raw.strip()
 
 
+@dataclass(frozen=True)
+class LongLine:
+    """A line over `MAX_LINE_BYTES`, skipped unread: where it starts in the source and its size."""
+
+    offset: int  # of its first byte, counted from the source's start (a file's, not a range's)
+    size: int  # its bytes, without the newline
+
+
 @dataclass
 class LineBlock:
     """Consecutive physical lines of the input, as raw bytes without their `\\n`, numbered
     from `first_line`. `last_unterminated`: the last line had no newline (the end of a source
-    that may still be being written)."""
+    that may still be being written). `long_lines`: the lines over `MAX_LINE_BYTES`, by line
+    number; each is a record that was not read, held in `lines` as `b""`."""
 
     first_line: int
     lines: list[bytes]
     last_unterminated: bool = False
+    long_lines: dict[int, LongLine] = field(default_factory=dict)
 
     @property
     def last_line(self) -> int:
@@ -56,13 +72,22 @@ class LineBlock:
     @property
     def nbytes(self) -> int:
         """The input bytes the block stands for, newlines included."""
-        return sum(map(len, self.lines)) + len(self.lines) - (1 if self.last_unterminated else 0)
+        skipped = sum(long.size for long in self.long_lines.values())
+        return sum(map(len, self.lines)) + skipped + len(self.lines) - (1 if self.last_unterminated else 0)
 
     def record_lines(self) -> Iterator[tuple[int, bytes]]:
-        """(physical line number, bytes) of each line that is a record (not blank)."""
+        """(physical line number, bytes) of each line that is a record (not blank): a long line
+        is one, given as `b""` (look it up in `long_lines`)."""
+        long = self.long_lines
         for offset, raw in enumerate(self.lines):
-            if not is_blank(raw):
+            if not is_blank(raw) or (long and self.first_line + offset in long):
                 yield self.first_line + offset, raw
+
+    def blank_lines(self) -> Iterator[int]:
+        """The physical line numbers of the block's blank lines (no record)."""
+        for line, raw in enumerate(self.lines, self.first_line):
+            if is_blank(raw) and line not in self.long_lines:
+                yield line
 
 
 class InputDigest:
@@ -82,32 +107,71 @@ class InputDigest:
 
 
 def chunk_blocks(
-    chunks: Iterable[bytes], *, first_line: int = 1, digest: InputDigest | None = None
+    chunks: Iterable[bytes], *, first_line: int = 1, digest: InputDigest | None = None, start: int = 0
 ) -> Iterator[LineBlock]:
     """Cut a stream of byte chunks into blocks of whole lines, numbered from `first_line`.
 
     A chunk may end anywhere: the part of a line after its last newline waits for the next
-    chunk. Bytes after the last newline of the stream are a last block of one unterminated line.
-    Each chunk becomes at most one block (or several of `MAX_BLOCK_LINES` lines), so the chunk
-    size bounds a block's size.
+    chunk, kept as pieces joined once when its newline comes, so a line costs time linear in its
+    length however many chunks it spans. A line over `MAX_LINE_BYTES` is not kept at all: only
+    its size is counted until its newline, and its block gives it as a `LongLine`. Bytes after
+    the last newline of the stream are a last block of one unterminated line. Each chunk becomes
+    at most one block (or several of `MAX_BLOCK_LINES` lines), so the chunk size bounds a
+    block's size. `start`: the source offset of the first chunk's first byte.
     """
+    limit = MAX_LINE_BYTES  # looked up now, not when the module was loaded
     next_line = first_line
-    carry = b""
+    at = start  # the source offset of the next chunk's first byte
+    pieces: list[bytes] = []  # the line carried over from earlier chunks, while it is kept
+    carried = 0  # its size so far, kept or not
+    carry_at = 0  # its offset
     for chunk in chunks:
         if digest is not None:
             digest.update(chunk)
         # Split where the chunk is (no copy of it): the line it starts with continues the last
         # chunk's, the part after its last newline waits for the next.
         lines = chunk.split(b"\n")
-        if carry:
-            lines[0] = carry + lines[0]
-        carry = lines.pop()
+        tail = lines.pop()
+        if carried and not lines:  # no newline here: the carried line goes on
+            carried += len(tail)
+            if carried <= limit:
+                pieces.append(tail)
+            else:
+                pieces.clear()
+            at += len(chunk)
+            continue
+        # A line wholly inside the chunk may be over the limit too (a chunk larger than it).
+        long = dict(_long_lines(lines, next_line, at, continued=carried > 0)) if len(chunk) > limit else {}
+        if carried:
+            size = carried + len(lines[0])
+            if size > limit:
+                long[next_line] = LongLine(carry_at, size)
+                lines[0] = b""
+            else:
+                lines[0] = b"".join([*pieces, lines[0]])
+        carried, carry_at = len(tail), at + len(chunk) - len(tail)
+        pieces = [tail] if carried <= limit else []
+        at += len(chunk)
         for begin in range(0, len(lines), MAX_BLOCK_LINES):
             part = lines[begin : begin + MAX_BLOCK_LINES]
-            yield LineBlock(next_line, part)
-            next_line += len(part)
-    if carry:
-        yield LineBlock(next_line, [carry], last_unterminated=True)
+            end = next_line + len(part)
+            yield LineBlock(next_line, part, long_lines={k: v for k, v in long.items() if next_line <= k < end})
+            next_line = end
+    if carried > limit:
+        yield LineBlock(next_line, [b""], last_unterminated=True, long_lines={next_line: LongLine(carry_at, carried)})
+    elif carried:
+        yield LineBlock(next_line, [b"".join(pieces)], last_unterminated=True)
+
+
+def _long_lines(lines: list[bytes], first_line: int, at: int, *, continued: bool) -> Iterator[tuple[int, LongLine]]:
+    """The whole lines of a chunk starting at source offset `at` that are over `MAX_LINE_BYTES`,
+    each replaced by `b""` in `lines` (the first is left alone when it `continued` a carried line)."""
+    limit = MAX_LINE_BYTES
+    for index, raw in enumerate(lines):
+        if len(raw) > limit and not (index == 0 and continued):
+            yield first_line + index, LongLine(at, len(raw))
+            lines[index] = b""
+        at += len(raw) + 1
 
 
 def file_chunks(
@@ -142,7 +206,26 @@ def file_blocks(
     `first_line` is the physical line number at `start` (see `audit.flows.parallel.plan_shards`).
     """
     chunks = file_chunks(path, start=start, end=end, chunk_bytes=block_bytes)
-    return chunk_blocks(chunks, first_line=first_line, digest=digest)
+    return chunk_blocks(chunks, first_line=first_line, digest=digest, start=start)
+
+
+def first_line(path: AnyPath, *, chunk_bytes: int = 1 << 20) -> bytes | None:
+    """The first line of `path` without its newline, or None when it is over `MAX_LINE_BYTES`
+    (read no further than that: never held)."""
+    pieces: list[bytes] = []
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            end = chunk.find(b"\n")
+            if end != -1:
+                size += end
+                pieces.append(chunk[:end])
+                break
+            size += len(chunk)
+            pieces.append(chunk)
+            if size > MAX_LINE_BYTES:
+                return None
+    return None if size > MAX_LINE_BYTES else b"".join(pieces)
 
 
 def memory_blocks(
@@ -169,6 +252,7 @@ class GrowingFile:
         self.size = 0  # the file's size at the last look
         self.pending = 0  # bytes of a partial last line, waiting for its newline
         self.restarted = False
+        self._scanned = 0  # the bytes before this offset were looked at for a newline already
 
     def new_blocks(self) -> Iterator[LineBlock]:
         """The whole lines appended since the last call, as blocks numbered in the file.
@@ -178,8 +262,12 @@ class GrowingFile:
         self.size = self.path.stat().st_size if self.path.exists() else 0
         self.restarted = self.size < self.offset
         if self.restarted:
-            self.offset = self.lines = 0
-        end = self._after_last_newline(self.offset, self.size)
+            self.offset = self.lines = self._scanned = 0
+        # A partial line is not read again at every look for its newline: only what was appended
+        # (all of it again if the file was cut meanwhile).
+        scanned = self._scanned if self._scanned <= self.size else self.offset
+        end = self._after_last_newline(max(self.offset, scanned), self.size) or self.offset
+        self._scanned = self.size
         self.pending = self.size - end
         start, self.offset = self.offset, end
         return self._blocks(start, end)
@@ -195,7 +283,7 @@ class GrowingFile:
             yield block
 
     def _after_last_newline(self, start: int, end: int, window: int = 1 << 16) -> int:
-        """The offset just past the last newline in bytes [start, end), or `start` if none."""
+        """The offset just past the last newline in bytes [start, end), or 0 if none."""
         with self.path.open("rb") as handle:
             at = end
             while at > start:
@@ -205,4 +293,4 @@ class GrowingFile:
                 if found != -1:
                     return begin + found + 1
                 at = begin
-        return start
+        return 0

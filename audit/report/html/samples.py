@@ -182,7 +182,7 @@ def _read_lines(path: AnyPath, wanted: set[int], *, full_pass: bool) -> tuple[di
         end = block.first_line + len(block.lines)
         while remaining and remaining[0] < end:
             number = remaining.pop(0)
-            if number >= block.first_line:
+            if number >= block.first_line and number not in block.long_lines:
                 found[number] = block.lines[number - block.first_line].rstrip(b"\r")
         if not remaining and digest is None:
             break  # every wanted line is in hand; no need to read the rest
