@@ -238,14 +238,8 @@ def generate(
     if plan.prompt_summary is not None and plan.prompt_summary.notable:
         for line in plan.prompt_summary.lines():
             console.print(Text(terminal(line)), soft_wrap=True)
-    if plan.resumed.truncated_bytes:
-        console.print(
-            Text(
-                f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) "
-                f"left by a crash in {terminal(out)}"
-            ),
-            soft_wrap=True,
-        )
+    if (cut := plan.resumed.what_was_cut()) is not None:
+        console.print(Text(f"resume: cut {cut} left by a crash in {terminal(out)}"), soft_wrap=True)
     if plan.resumed.keys:
         console.print(
             Text(
