@@ -385,6 +385,31 @@ def test_bad_containers_are_one_line_errors(tmp_path):
     says(tmp_path / "refused.jsonl", r"no prompts to send: 1 rows read, 1 refused, 0 dropped; e\.g\. .*the role 'bot'")
 
 
+def test_a_data_file_that_links_out_of_its_datasets_folder_is_refused(tmp_path):
+    folder = save_dataset(tmp_path / "ds", SHAREGPT)
+    expected = summarise_prompts(folder).keys
+    (data,) = folder.glob("data-*.arrow")
+    # A link to a file inside the folder is the folder's own data: read as before.
+    data.rename(folder / "kept.arrow")
+    data.symlink_to("kept.arrow")
+    assert summarise_prompts(folder).keys == expected
+    # A link out of it is refused, naming the link and where it points.
+    outside = tmp_path / "elsewhere.arrow"
+    (folder / "kept.arrow").rename(outside)
+    data.unlink()
+    data.symlink_to(outside)
+    with pytest.raises(InputError) as raised:
+        summarise_prompts(folder)
+    message = str(raised.value)
+    assert message.startswith(f"{data}: a link to {outside}, outside {folder}; ") and "\n" not in message
+    # A DatasetDict whose split folder is a link out of it: its data files are outside too.
+    splits = save_dataset_dict(tmp_path / "dd", {"train": SHAREGPT})
+    (splits / "train").rename(tmp_path / "train-elsewhere")
+    (splits / "train").symlink_to(tmp_path / "train-elsewhere")
+    with pytest.raises(InputError, match=rf"a link to {tmp_path / 'train-elsewhere'}/data-.*, outside {splits}; "):
+        summarise_prompts(splits)
+
+
 def test_generate_says_what_is_wrong_with_the_dataset_in_one_line_and_sends_nothing(servers, tmp_path):
     server = servers()
     folder = save_dataset_dict(tmp_path / "dd", {"train_sft": SHAREGPT})

@@ -16,8 +16,8 @@
 editors count), `file row N` for tables (from 0, as `datasets` and polars index them), and the
 stable id made from the container's name and that number, used when the row has none. What is
 wrong with the container (no such file, a line that is not JSON, a folder without its
-`state.json`) is an InputError naming the file and row; what is wrong with a row's conversation is
-`audit.generate.conversations`' business.
+`state.json`, a data file that links out of its folder) is an InputError naming the file and
+row; what is wrong with a row's conversation is `audit.generate.conversations`' business.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def open_container(path: Path, split: str | None = None) -> Container:
 
 def _datasets_folder(path: Path, split: str | None) -> Container:
     """A `Dataset.save_to_disk` folder, or the split of a `DatasetDict.save_to_disk` folder."""
-    label = path.name
+    label, root = path.name, path
     if (path / "dataset_dict.json").is_file():
         splits = _json_file(path / "dataset_dict.json").get("splits")
         if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
@@ -160,8 +160,20 @@ def _datasets_folder(path: Path, split: str | None) -> Container:
             )
         if not (path / name).is_file():
             raise InputError(f"{state_file}: lists {name}, which is not in {path}")
+        _inside(root, path / name)
         files.append(path / name)
     return Container("datasets", path, label, tuple(files))
+
+
+def _inside(root: Path, file: Path) -> None:
+    """Refuse a data file that is, or is reached through, a link out of the folder `root`: data
+    inside a folder is never a path outside it (a link would read whatever it names)."""
+    target = file.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise InputError(
+            f"{file}: a link to {target}, outside {root}; a `datasets` folder's data files "
+            "must be in it (copy the file in, or pass the folder it is in)"
+        )
 
 
 def _plain_name(name: str) -> bool:
