@@ -128,6 +128,82 @@ def test_a_partial_last_line_left_by_a_crash_is_cut_and_its_prompt_generated_aga
     assert lost in [s["id"] for s in samples[2:]]
 
 
+@pytest.mark.parametrize("partial", [b"", b'{"id": "glaive-0001", "input_ids": [1, 2'])
+def test_zero_bytes_after_the_last_whole_line_are_cut_and_their_prompts_generated_again(
+    servers, tmp_path, partial
+):
+    # What a crash leaves when the file system had allocated space no write reached: zeros,
+    # after the whole lines (and perhaps after a partial one).
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=6)
+    out = tmp_path / "raw_responses.jsonl"
+    assert run_cli(generate_args(prompts, out, server.url, extra=("--limit", "3"))).exit_code == 0
+    written = out.read_bytes()
+    zeros = (1 << 20) + 3  # past the 64 KiB the tail is read backwards in
+    out.write_bytes(written + partial + b"\0" * zeros)
+
+    result = run_cli(generate_args(prompts, out, server.url))
+
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.output.splitlines() if line.startswith("resume: cut")]
+    if partial:
+        assert said == [
+            f"resume: cut a partial last line ({len(partial)} bytes) and {zeros:,} zero bytes after it "
+            f"left by a crash in {out}"
+        ]
+    else:
+        assert said == [
+            f"resume: cut {zeros:,} zero bytes after the last whole line (space allocated, never "
+            f"written) left by a crash in {out}"
+        ]
+    assert out.read_bytes().startswith(written) and b"\0" not in out.read_bytes()
+    samples = read_samples(out)
+    assert sorted(str(s["id"]) for s in samples) == sorted(scan_prompts(prompts))
+
+
+def test_zero_bytes_before_other_bytes_at_the_end_are_not_cut(servers, tmp_path):
+    server = servers()
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=4)
+    out = tmp_path / "raw_responses.jsonl"
+    assert run_cli(generate_args(prompts, out, server.url, extra=("--limit", "2"))).exit_code == 0
+    damaged = out.read_bytes() + b"\0" * 100 + b"not ours"
+    out.write_bytes(damaged)
+
+    result = run_cli(generate_args(prompts, out, server.url))
+
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{out}:3: not a sample this generator wrote" in result.output
+    assert out.read_bytes() == damaged and server.generate_requests == 2
+
+
+def test_a_bad_prompt_line_names_the_flag_that_skips_it_and_the_flag_reports_each_one(servers, tmp_path):
+    server = servers()
+    good = make_prompts(tmp_path / "good.jsonl", n=6).read_bytes().splitlines(keepends=True)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b"".join([*good[:2], b'{"id": "cut", "messages": \n', *good[2:4], b"[1, 2]\n", *good[4:]]))
+
+    refused = run_cli(generate_args(prompts, tmp_path / "refused" / "raw_responses.jsonl", server.url))
+    assert refused.exit_code == 2 and server.generate_requests == 0
+    (line,) = refused.output.strip().splitlines()
+    assert line.startswith(f"audit: error: {prompts}:3: not valid JSON (")
+    assert line.endswith("--skip-bad-lines skips such lines, reporting each")
+
+    out = tmp_path / "B9" / "raw_responses.jsonl"
+    result = run_cli(generate_args(prompts, out, server.url, extra=("--skip-bad-lines",)))
+
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert f"prompts: 8 rows read from {prompts} (JSONL): 6 to send, 0 refused, 0 dropped, 2 bad lines skipped" in lines
+    skipped = [line.strip() for line in lines if line.strip().startswith("skipped ")]
+    assert [s.split(": ", 1)[0] for s in skipped] == [f"skipped {prompts}:3", f"skipped {prompts}:6"]
+    assert "not valid JSON" in skipped[0] and skipped[1].endswith("expected a JSON object (a prompt or a conversation), got a list")
+    assert "· 2 bad prompt lines skipped" in lines[-1]
+    assert sorted(str(s["id"]) for s in read_samples(out)) == sorted(str(json.loads(g)["id"]) for g in good)
+    recorded = json.loads((out.parent / "generation.json").read_text())["skipped_prompt_lines"]
+    assert recorded["count"] == 2 and [entry["line"] for entry in recorded["lines"]] == [3, 6]
+    assert recorded["lines"][1]["reason"] == "expected a JSON object (a prompt or a conversation), got a list"
+
+
 def test_canary_stops_a_run_whose_outputs_lack_the_response_token(servers, tmp_path):
     server = servers(strip_think=True)
     prompts = make_prompts(tmp_path / "prompts.jsonl")

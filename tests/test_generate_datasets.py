@@ -385,6 +385,63 @@ def test_bad_containers_are_one_line_errors(tmp_path):
     says(tmp_path / "refused.jsonl", r"no prompts to send: 1 rows read, 1 refused, 0 dropped; e\.g\. .*the role 'bot'")
 
 
+def test_a_data_file_that_links_out_of_its_datasets_folder_is_refused(tmp_path):
+    folder = save_dataset(tmp_path / "ds", SHAREGPT)
+    expected = summarise_prompts(folder).keys
+    (data,) = folder.glob("data-*.arrow")
+    # A link to a file inside the folder is the folder's own data: read as before.
+    data.rename(folder / "kept.arrow")
+    data.symlink_to("kept.arrow")
+    assert summarise_prompts(folder).keys == expected
+    # A link out of it is refused, naming the link and where it points.
+    outside = tmp_path / "elsewhere.arrow"
+    (folder / "kept.arrow").rename(outside)
+    data.unlink()
+    data.symlink_to(outside)
+    with pytest.raises(InputError) as raised:
+        summarise_prompts(folder)
+    message = str(raised.value)
+    assert message.startswith(f"{data}: a link to {outside}, outside {folder}; ") and "\n" not in message
+    # A DatasetDict whose split folder is a link out of it: its data files are outside too.
+    splits = save_dataset_dict(tmp_path / "dd", {"train": SHAREGPT})
+    (splits / "train").rename(tmp_path / "train-elsewhere")
+    (splits / "train").symlink_to(tmp_path / "train-elsewhere")
+    with pytest.raises(InputError, match=rf"a link to {tmp_path / 'train-elsewhere'}/data-.*, outside {splits}; "):
+        summarise_prompts(splits)
+
+
+def test_bad_jsonl_lines_are_one_error_or_each_skipped_counted_and_listed(tmp_path):
+    rows = [json.dumps({"id": i, "prompt": f"question {i}"}).encode() for i in range(4)]
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\n".join([rows[0], b'{"id": 9, "prompt": ', rows[1], b'"text"', b"\xff\xfe{}", rows[2], rows[3]]) + b"\n")
+    with pytest.raises(datasets_in.BadLine, match=r"rows\.jsonl:2: not valid JSON \(") as raised:
+        summarise_prompts(path)
+    assert raised.value.where == f"{path}:2"
+    summary = summarise_prompts(path, skip_bad_lines=True)
+    assert summary.keys == ["0", "1", "2", "3"] and summary.read == 7 and summary.skipped == 3
+    assert [line for line, _ in summary.skipped_lines] == [2, 4, 5]
+    assert summary.skipped_lines[1][1] == "expected a JSON object (a prompt or a conversation), got a str"
+    assert summary.skipped_lines[2][1].startswith("not valid JSON (")
+    text = summary.lines()
+    assert text[0].endswith("4 to send, 0 refused, 0 dropped, 3 bad lines skipped")
+    assert text[-3:] == [f"  skipped {path}:{line}: {reason}" for line, reason in summary.skipped_lines]
+    assert summary.skipped_record() == {
+        "count": 3, "lines": [{"line": line, "reason": reason} for line, reason in summary.skipped_lines]
+    }
+    assert [p.key for p in iter_prompts(path, skip_bad_lines=True)] == summary.keys
+    # Many bad lines: each counted, the first LISTED_SKIPS listed, the rest said in one line.
+    from audit.generate.prompts import LISTED_SKIPS
+
+    path.write_bytes(b"not json\n" * (LISTED_SKIPS + 5) + rows[0] + b"\n")
+    many = summarise_prompts(path, skip_bad_lines=True)
+    assert many.skipped == LISTED_SKIPS + 5 and len(many.skipped_lines) == LISTED_SKIPS
+    assert many.lines()[-1] == f"  skipped 5 more bad lines (the first {LISTED_SKIPS} are listed here and in generation.json)"
+    # Nothing but bad lines: no prompt to send, one line that says why.
+    path.write_bytes(b"7\n[1]\n")
+    with pytest.raises(InputError, match=r"no prompts to send: 2 rows read, 0 refused, 0 dropped, 2 bad lines skipped; e\.g\. .*rows\.jsonl:1: expected a JSON object"):
+        summarise_prompts(path, skip_bad_lines=True)
+
+
 def test_generate_says_what_is_wrong_with_the_dataset_in_one_line_and_sends_nothing(servers, tmp_path):
     server = servers()
     folder = save_dataset_dict(tmp_path / "dd", {"train_sft": SHAREGPT})
@@ -506,6 +563,14 @@ def test_fuzz_a_hostile_jsonl_file_is_prompts_or_one_line_error(tmp_path, lines)
         return
     assert summary.prompts == len(summary.keys) == len(set(summary.keys))
     assert summary.read == summary.prompts + summary.refused_rows + summary.dropped
+    # Skipping bad lines never reads fewer prompts, and counts every row read.
+    try:
+        skipping = summarise_prompts(path, skip_bad_lines=True)
+    except InputError as error:
+        assert not isinstance(error, datasets_in.BadLine) and "\n" not in str(error)
+        return
+    assert skipping.keys[: len(summary.keys)] == summary.keys
+    assert skipping.read == skipping.prompts + skipping.refused_rows + skipping.dropped + skipping.skipped
 
 
 # == audit check --prompts, and an end-to-end run =================================================

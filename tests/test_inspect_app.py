@@ -9,7 +9,7 @@ import pytest
 
 from audit.flows.token_view import Inspector
 from audit.tui.app import DetailView, InspectApp
-from tests.test_inspect_model import inspector_for, write_long_partition
+from tests.test_inspect_model import inspector_for, write_long_partition, write_long_record
 
 SIZE = (160, 45)
 
@@ -114,7 +114,8 @@ def test_help_opens_and_closes_and_q_quits(glaive: Inspector) -> None:
 
 def test_a_30k_token_output_scrolls_to_the_end_and_to_its_finding(tmp_path: Path) -> None:
     inspector = inspector_for(str(write_long_partition(tmp_path / "long")))
-    screen, app = run(InspectApp(inspector, title="long"), "end", SNAP, "home", "f")
+    # `a` shows every token of it (a long record shows the windows around its findings first).
+    screen, app = run(InspectApp(inspector, title="long"), "a", "end", SNAP, "home", "f")
     (bottom,) = app.snapshots
     assert app.detail_height > 30_000
     assert "<|im_end|>" in bottom and "end of turn" in bottom
@@ -124,3 +125,19 @@ def test_a_30k_token_output_scrolls_to_the_end_and_to_its_finding(tmp_path: Path
     # Every token row on screen is drawn, in order: no gaps after the jump.
     indexes = [int(row[1]) for row in rows if row[:1] == ["▌"]]
     assert len(indexes) > 30 and indexes == list(range(indexes[0], indexes[0] + len(indexes)))
+
+
+def test_a_long_output_shows_the_window_around_its_finding_and_a_shows_every_token(tmp_path: Path) -> None:
+    length, second = 200_000, 120_000
+    inspector = inspector_for(str(write_long_record(tmp_path / "long", length, (30, second))))
+    _, app = run(InspectApp(inspector, title="long"), SNAP, "f", SNAP, "a", SNAP, "a")
+    first, found, every = app.snapshots
+    windowed = app.detail_height  # after `a` twice: the windows again
+    assert "left out: " in first and "press a to show every token" in first
+    assert windowed < 2_000  # the ends and a window a finding, not 200,000 rows
+    rows = detail_rows(found, app)[1:-1]
+    (marked,) = [row for row in rows if "SEG002" in row]
+    assert marked[1:4] == [str(second), "163607", "</think>"]
+    assert "left out: " not in every
+    _, again = run(InspectApp(inspector, title="long"), "a")
+    assert again.detail_height > length

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from audit.cli import app
+from audit.flows import token_window
 from tests.conftest import PREPARED
+from tests.test_inspect_model import write_long_record
 
 runner = CliRunner()
 
@@ -82,3 +85,43 @@ def test_bad_choices_are_one_line_errors_with_exit_2() -> None:
         assert result.exit_code == 2, (args, result.output)
         assert message in result.stderr and "Traceback" not in result.output
         assert len(result.stderr.strip().splitlines()) <= 2  # the data-root note at most, then the error
+
+
+def test_print_of_a_two_million_id_record_shows_a_window_around_its_finding(tmp_path: Path) -> None:
+    length, first, second = 2_000_000, 500_000, 1_000_000
+    partition = write_long_record(tmp_path / "long", length, (first, second), rules='select = ["SEG"]\n')
+    result = runner.invoke(app, ["inspect", str(partition), "--print", "--rules", str(partition / "rules.toml")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    around, head, end = token_window.AROUND_FINDING, token_window.OUTPUT_HEAD, token_window.OUTPUT_END
+    assert len(lines) < head + end + (2 * around + 1) + 60  # not two million
+    (note,) = [line for line in lines if line.startswith("left out: ")]
+    omitted = length - head - end - (2 * around + 1)
+    assert f"{omitted:,} of {length:,} output tokens" in note and "--all-tokens shows every token" in note
+    (marked,) = [line for line in lines if "◀  SEG002" in line]
+    assert marked.split()[1:4] == [str(second), "163607", "</think>"]
+    gaps = [line.strip() for line in lines if "tokens left out:" in line]
+    assert gaps == [
+        f"··· {second - around - head:,} tokens left out: output_ids[{head}:{second - around}] ···",
+        f"··· {length - end - second - around - 1:,} tokens left out: output_ids[{second + around + 1}:{length - end}] ···",
+    ]
+    # The summary of special tokens still names the first </think>, which the window leaves out.
+    assert f"</think>@{first} </think>@{second} <|im_end|>@{length - 1}" in result.stdout
+
+
+def test_all_tokens_prints_every_token_and_json_counts_what_a_window_leaves_out(tmp_path: Path) -> None:
+    length, second = 5_000, 2_500
+    partition = write_long_record(tmp_path / "long", length, (100, second), rules='select = ["SEG"]\n')
+    rules = ["--rules", str(partition / "rules.toml")]
+    every = runner.invoke(app, ["inspect", str(partition), "--print", "--all-tokens", *rules])
+    assert every.exit_code == 0, every.output
+    rows = [line for line in every.stdout.splitlines() if line.startswith("▌")]
+    assert [int(row.split()[1]) for row in rows[-length:]] == list(range(length))
+    assert "left out" not in every.stdout
+    document = json.loads(runner.invoke(app, ["inspect", str(partition), "--format", "json", *rules]).stdout)
+    (record,) = document["records"]
+    output = record["output"]
+    assert output["total"] == length and output["omitted"] == length - len(output["tokens"]) > 0
+    assert second in [token["index"] for token in output["tokens"]] and record["all_tokens"] is False
+    whole = json.loads(runner.invoke(app, ["inspect", str(partition), "--format", "json", "--all-tokens", *rules]).stdout)
+    assert whole["records"][0]["output"]["omitted"] == 0 and len(whole["records"][0]["output"]["tokens"]) == length

@@ -9,6 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from audit.flows import token_window
 from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.targets import resolve_target
@@ -55,6 +56,37 @@ def write_long_partition(directory: Path) -> Path:
     (directory / "generation.json").write_text(
         json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}, "thinking": True})
     )
+    return directory
+
+
+def write_long_record(directory: Path, length: int, think_ends: tuple[int, ...], rules: str | None = None) -> Path:
+    """A partition of one record: a prompt from the clean sample, then an output of `length`
+    ids, repeated reasoning words with `</think>` at each index of `think_ends` and `<|im_end|>`
+    last (more than one `</think>` is a SEG002 finding at the second). `rules`: a rule set's
+    TOML, written beside it as `rules.toml`."""
+    from audit.model.tokenizer_loading import load_tokenizer
+
+    tokenizer = load_tokenizer(KIMI_TOKENIZER)
+    clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
+    words = tokenizer.encode_text(" the user wants the weather")
+    think_end, end_of_turn = tokenizer.token_id("</think>"), tokenizer.token_id("<|im_end|>")
+    output = (words * (length // len(words) + 1))[:length]
+    for index in think_ends:
+        output[index] = think_end
+    output[-1] = end_of_turn
+    record = {
+        "id": "long-0001",
+        "input_ids": clean["input_ids"],
+        "output_ids": output,
+        "meta_info": {"finish_reason": {"type": "stop", "matched": end_of_turn}},
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "raw_responses.jsonl").write_text(json.dumps(record) + "\n")
+    (directory / "generation.json").write_text(
+        json.dumps({"profile": "kimi-k2.5", "tokenizer": {"path": str(KIMI_TOKENIZER)}, "thinking": True})
+    )
+    if rules is not None:
+        (directory / "rules.toml").write_text(rules)
     return directory
 
 
@@ -138,7 +170,7 @@ def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path:
     inspector = inspector_for(str(write_long_partition(tmp_path / "long")))
     assert [e.line for e in inspector.entries] == [2] and "SEG002" in inspector.entries[0].rules
     started = time.perf_counter()
-    view = inspector.view(2)
+    view = inspector.view(2, all_tokens=True)  # every token, as --all-tokens shows it
     lines = DetailLines(view)
     built = time.perf_counter() - started
     assert view.output.height == view.output.total > LONG_REASONING
@@ -151,6 +183,78 @@ def test_a_30k_token_output_builds_quickly_and_renders_any_line_lazily(tmp_path:
     assert "<|im_end|>" in "".join(bottom)
     marked = [lines.line(y).plain for y in lines.first_finding_lines()]
     assert any("SEG002" in row and "</think>" in row for row in marked)
+    assert view.output.omitted == 0 and not view.windowed
+    assert not any("left out" in text.plain for text in lines)
+
+
+def test_a_long_output_shows_its_ends_and_a_window_around_its_finding(tmp_path: Path) -> None:
+    length, first, second = 200_000, 50_000, 120_000
+    inspector = inspector_for(str(write_long_record(tmp_path / "long", length, (first, second))))
+    view = inspector.view(1)
+    # The second </think> (SEG002), and the repeated words that end the output (DEG001).
+    where = {f.rule: f.position for f in view.findings if f.field == "output_ids"}
+    assert where["SEG002"] == second and set(where) == {"SEG002", "DEG001"}
+    loop = where["DEG001"]
+    shown = view.output.tokens["index"].to_list()
+    around = token_window.AROUND_FINDING
+    head, end = token_window.OUTPUT_HEAD, token_window.OUTPUT_END
+    # The output's head and end, and each finding with `around` tokens on each side: nothing else.
+    assert length - end > loop - around > second + around + 1
+    assert shown == [*range(head), *range(second - around, second + around + 1), *range(loop - around, length)]
+    assert view.output.omitted == length - head - (2 * around + 1) - (length - loop + around)
+    assert view.output.left_out == [(head, second - around), (second + around + 1, loop - around)]
+    marked = view.output.tokens.filter(pl.col("rules").is_not_null()).select("index", "piece", "rules").rows()
+    assert [(index, rules) for index, _, rules in marked] == [(second, "SEG002"), (loop, "DEG001")]
+    assert marked[0][1] == "</think>"
+    # Segments are the record's own, not the window's: the first </think> ended the reasoning.
+    assert set(view.output.tokens.filter(pl.col("index") > second)["segment"]) == {"answer"}
+    # The special tokens summary covers the whole output, the first </think> left out of the view too.
+    specials = view.special_tokens
+    assert specials.select("index", "piece").rows() == [(first, "</think>"), (second, "</think>"), (length - 1, "<|im_end|>")]
+    assert view.windowed and view.to_json()["output"]["omitted"] == view.output.omitted
+    # The prompt: its tail, as before.
+    assert view.prompt.start == view.prompt.total - inspector.prompt_tail
+    whole = inspector.view(1, all_tokens=True)
+    assert whole.output.tokens["index"].to_list() == list(range(length)) and whole.output.omitted == 0
+    assert whole.prompt.start == 0 and whole.prompt.height == whole.prompt.total
+    # The pieces shown are the tokenizer's, the same as the whole record's at those indices.
+    assert view.output.tokens.select("id", "piece").rows() == whole.output.tokens.filter(
+        pl.col("index").is_in(shown)
+    ).select("id", "piece").rows()
+
+
+def test_the_detail_of_a_long_output_says_what_it_leaves_out_once_and_where(tmp_path: Path) -> None:
+    length, second = 200_000, 120_000
+    inspector = inspector_for(str(write_long_record(tmp_path / "long", length, (30, second))))
+    view = inspector.view(1)
+    rows = [text.plain for text in DetailLines(view)]
+    findings = len(view.findings)
+    (note,) = [row for row in rows if row.startswith("left out: ")]
+    assert f"{view.output.omitted:,} of {length:,} output tokens" in note and "--all-tokens shows every token" in note
+    gaps = [row.strip() for row in rows if "tokens left out:" in row]
+    assert gaps == [
+        f"··· {lo_hi[1] - lo_hi[0]:,} tokens left out: output_ids[{lo_hi[0]}:{lo_hi[1]}] ···"
+        for lo_hi in view.output.left_out
+    ]
+    # At most: the ends, a window a finding, and a few dozen lines of header and headings.
+    windows = findings * (2 * token_window.AROUND_FINDING + 1)
+    assert len(rows) < token_window.OUTPUT_HEAD + token_window.OUTPUT_END + windows + 60
+    headings = [row for row in rows if row.startswith("── output")]
+    assert headings[0].startswith(f"── output · reasoning: output_ids[0:31] of {length}")  # </think> ends it
+    last_shown = view.output.left_out[-1][1]  # the output's end, joined to DEG001's window
+    assert headings[-1].startswith(f"── output · answer: output_ids[{last_shown}:{length}] of {length}")
+    assert len(DetailLines(inspector.view(1, all_tokens=True))) > length
+
+
+def test_the_windows_are_joined_clipped_and_a_long_prompt_keeps_its_tail() -> None:
+    spans = token_window.prompt_spans(100_000, 16, [40_000])
+    assert spans == [(40_000 - token_window.PROMPT_BEFORE_FINDING, 40_000 + token_window.AROUND_FINDING + 1), (100_000 - 16, 100_000)]
+    # Close spans are joined (a gap under SMALLEST_GAP is shown, not summarised), and clipped.
+    assert token_window.joined(50, [(-5, 10), (12, 20), (40, 60)]) == [(0, 20), (40, 50)]
+    assert token_window.output_spans(token_window.WHOLE_OUTPUT, [3]) == [(0, token_window.WHOLE_OUTPUT)]
+    assert token_window.left_out(token_window.indices([(2, 4), (7, 9)]), 12) == [(0, 2), (4, 7), (9, 12)]
+
+
 
 
 def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers(tmp_path: Path) -> None:

@@ -169,6 +169,14 @@ def generate(
             "--split", metavar="NAME", help="The split of a DatasetDict folder of prompts (default train)."
         ),
     ] = None,
+    skip_bad_lines: Annotated[
+        bool,
+        typer.Option(
+            "--skip-bad-lines",
+            help="Skip JSONL prompt lines that are not JSON objects, reporting each (line and reason) "
+            "and counting them in generation.json, instead of stopping before the first request.",
+        ),
+    ] = False,
     canary: Annotated[
         int,
         typer.Option(
@@ -223,6 +231,7 @@ def generate(
         top_p=top_p,
         limit=limit,
         split=split,
+        skip_bad_lines=skip_bad_lines,
         canary=canary,
         rules=rules,
         timeout=timeout,
@@ -238,14 +247,8 @@ def generate(
     if plan.prompt_summary is not None and plan.prompt_summary.notable:
         for line in plan.prompt_summary.lines():
             console.print(Text(terminal(line)), soft_wrap=True)
-    if plan.resumed.truncated_bytes:
-        console.print(
-            Text(
-                f"resume: cut a partial last line ({plan.resumed.truncated_bytes} bytes) "
-                f"left by a crash in {terminal(out)}"
-            ),
-            soft_wrap=True,
-        )
+    if (cut := plan.resumed.what_was_cut()) is not None:
+        console.print(Text(f"resume: cut {cut} left by a crash in {terminal(out)}"), soft_wrap=True)
     if plan.resumed.keys:
         console.print(
             Text(
@@ -277,6 +280,7 @@ def generate(
         raise fail(str(exc)) from None
 
     stats = result.stats
+    skipped = plan.prompt_summary.skipped if plan.prompt_summary is not None else 0
     console.print(
         Text(
             f"wrote {stats.written} samples to {terminal(out)} ({stats.done}/{stats.total} done"
@@ -284,6 +288,7 @@ def generate(
             + f") · {stats.output_tokens:,} output tokens in {_duration(stats.elapsed)} "
             f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · "
             f"{stats.errors} errors"
+            + (f" · {skipped:,} bad prompt lines skipped" if skipped else "")
         ),
         soft_wrap=True,
     )

@@ -63,6 +63,14 @@ def inspect_command(
     prompt_tail: Annotated[
         int, typer.Option("--prompt-tail", min=0, help="Prompt tokens shown before the output.")
     ] = 16,
+    all_tokens: Annotated[
+        bool,
+        typer.Option(
+            "--all-tokens",
+            help="Every token of each record; by default a long record shows its output's ends and "
+            "a window around each finding.",
+        ),
+    ] = False,
     data_root: DataRootOption = None,
     profile: ProfileOption = None,
     tokenizer: TokenizerOption = None,
@@ -99,6 +107,7 @@ def inspect_command(
         session.profile,
         session.tokenizer,
         prompt_tail=prompt_tail,
+        all_tokens=all_tokens,
         rules={configured.code: configured.rule for configured in session.rule_set.rules},
     )
     if not inspector.entries and record_id is None and line is None:

@@ -3,11 +3,15 @@
 `Inspector` takes the findings of an audit run and, on demand, re-reads single records from the
 data file by line number (byte offsets of every line are found once, with numpy, without
 holding the file), reads them with the audit's own reader (`audit.records.reader`), then builds a
-`RecordView`: the tail of the prompt and the whole output as a polars frame of tokens (index,
-id, decoded piece, special-token role, segment, the findings pointing at it), plus what each
+`RecordView`: the tokens shown of the prompt and of the output as polars frames (index, id,
+decoded piece, special-token role, segment, the findings pointing at it), plus what each
 flagged rule wants shown beside it (`Rule.explain`: PRM001 expected vs actual generation
 suffix, RTR001/RTR002 decoded text beside the ids). Segments and roles come from the record
 view (`audit.records.segments`), the same one the engine's statistics and the HTML samples read.
+
+Which tokens are shown is `audit.flows.token_window`'s: the whole of a short record, windows
+of a long one (every token with `all_tokens`). Only the tokens shown are decoded; the output's
+special tokens are found over the whole output, in numpy.
 
 No terminal code here: it is drawn by `audit.tui.detail` (rich text) and `audit.tui.app`
 (textual).
@@ -27,13 +31,13 @@ from audit.base import inert
 from audit.base.storage import AnyPath
 from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
+from audit.flows import token_window
+from audit.flows.token_window import TokenRun, special_tokens, token_run
 from audit.model.profiles import ResolvedProfile
-from audit.model.token_text import token_pieces
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
-from audit.records.contract import in_vocabulary
 from audit.records.record_lines import LineIndex, read_record
-from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.records.segments import token_roles, token_segments
 from audit.records.sources import file_blocks
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
@@ -42,17 +46,6 @@ DEFAULT_PROMPT_TAIL = 16
 _CACHED_VIEWS = 16
 
 SEVERITY_ORDER = {"error": 0, "warning": 1}
-
-ROLE_UNKNOWN = "out_of_vocabulary"
-
-TOKEN_SCHEMA: dict[str, pl.DataType] = {
-    "index": pl.Int64(),
-    "id": pl.Int64(),
-    "piece": pl.String(),
-    "role": pl.String(),
-    "segment": pl.String(),
-    "rules": pl.String(),  # codes of the findings pointing at this token, comma-separated
-}
 
 
 @dataclass(frozen=True)
@@ -93,23 +86,6 @@ class FindingMark:
         }
 
 
-@dataclass(frozen=True)
-class TokenRun:
-    """Consecutive tokens of one id list: `tokens` rows are `field[start:start + height]`."""
-
-    field: str  # input_ids | output_ids
-    start: int
-    total: int  # length of the whole list
-    tokens: pl.DataFrame  # TOKEN_SCHEMA
-
-    @property
-    def height(self) -> int:
-        return self.tokens.height
-
-    def to_json(self) -> dict[str, Any]:
-        return {"field": self.field, "start": self.start, "total": self.total, "tokens": self.tokens.to_dicts()}
-
-
 # What a rule wants shown beside a record it flagged (`Rule.explain`).
 Comparison = Explanation
 
@@ -127,11 +103,24 @@ class RecordView:
     finish_reason: str | None = None
     problem: str | None = None  # why the line could not be read as a record, if it could not
     raw_excerpt: str | None = None
+    # The output's tokens that have a role, shown or not (index, id, piece, role); None: the
+    # shown ones are all there is.
+    output_specials: pl.DataFrame | None = None
+    all_tokens: bool = False  # built to show every token, whatever the record's length
 
     @property
     def special_tokens(self) -> pl.DataFrame:
-        """The output's tokens that have a role (index, id, piece, role), in order."""
+        """The output's tokens that have a role (index, id, piece, role), in order: over the whole
+        output, those left out of the view too."""
+        if self.output_specials is not None:
+            return self.output_specials
         return self.output.tokens.filter(pl.col("role").is_not_null()).select("index", "id", "piece", "role")
+
+    @property
+    def windowed(self) -> bool:
+        """Are tokens left out beyond the prompt's head (which the prompt tail always leaves)?"""
+        prompt_gaps = self.prompt.left_out
+        return self.output.omitted > 0 or len(prompt_gaps) > (1 if self.prompt.start > 0 else 0)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,6 +129,7 @@ class RecordView:
             "finish_reason": self.finish_reason,
             "problem": self.problem,
             "raw_excerpt": self.raw_excerpt,
+            "all_tokens": self.all_tokens,
             "findings": [f.to_json() for f in self.findings],
             "comparisons": [c.to_json() for c in self.comparisons],
             "prompt": self.prompt.to_json(),
@@ -179,18 +169,22 @@ class Inspector:
         *,
         prompt_tail: int = DEFAULT_PROMPT_TAIL,
         rules: dict[str, Rule] | None = None,
+        all_tokens: bool = False,
     ):
+        """`all_tokens`: every token of each record, not the windows of a long one
+        (`audit.flows.token_window`)."""
         self.data_file = data_file
         self.findings = findings
         self.profile = profile
         self.tokenizer = tokenizer
         self.prompt_tail = prompt_tail
+        self.all_tokens = all_tokens
         self.entries = record_entries(findings)
         # The rules that explain their findings: the run's own when given, else the defaults.
         self.explainers = rules if rules is not None else {code: rule() for code, rule in RULES.items()}
         self._context = AuditContext(profile, tokenizer)
         self._index: LineIndex | None = None
-        self._views: OrderedDict[int, RecordView] = OrderedDict()
+        self._views: OrderedDict[tuple[int, bool], RecordView] = OrderedDict()
         roles = token_roles(profile, tokenizer)
         self._roles = pl.DataFrame(
             {"id": list(roles), "role": list(roles.values())}, schema={"id": pl.Int64, "role": pl.String}
@@ -236,18 +230,23 @@ class Inspector:
         return self._index
 
     # -- one record -----------------------------------------------------------------------
-    def view(self, line: int) -> RecordView:
-        """The view of physical line `line` (1-based); IndexError when the file has no such line."""
-        if line in self._views:
-            self._views.move_to_end(line)
-            return self._views[line]
-        built = self._build(line, self.index.read(line), self.index.line_bytes(line))
-        self._views[line] = built
+    def view(self, line: int, *, all_tokens: bool | None = None) -> RecordView:
+        """The view of physical line `line` (1-based); IndexError when the file has no such line.
+
+        `all_tokens`: every token (True), the windows of a long record (False), or the
+        inspector's own choice (None)."""
+        whole = self.all_tokens if all_tokens is None else all_tokens
+        key = (line, whole)
+        if key in self._views:
+            self._views.move_to_end(key)
+            return self._views[key]
+        built = self._build(line, self.index.read(line), self.index.line_bytes(line), whole)
+        self._views[key] = built
         while len(self._views) > _CACHED_VIEWS:
             self._views.popitem(last=False)
         return built
 
-    def _build(self, line: int, raw: bytes, size: int) -> RecordView:
+    def _build(self, line: int, raw: bytes, size: int, all_tokens: bool) -> RecordView:
         mine = self.findings.filter(pl.col("line") == line)
         marks = [
             FindingMark(r["rule"], r["severity"], r["field"], r["position"], r["message"])
@@ -258,36 +257,48 @@ class Inspector:
         records, problem = read_record(raw, line, size=size)  # `raw`: only the head of a line too long to read
         record_id = next((m for m in mine["id"].to_list() if m is not None), None)
         if records.is_empty():
-            empty = pl.Series("id", [], dtype=pl.Int64)
-            prompt = self._run("input_ids", empty, 0, 0, empty.cast(pl.String), [], None)
-            output = self._run("output_ids", empty, 0, 0, empty.cast(pl.String), [], None)
-            return RecordView(line, record_id, marks, prompt, output, problem=problem, raw_excerpt=_excerpt(raw, size=size))
+            nothing = np.zeros(0, dtype=np.int64)
+            prompt = token_run(self.tokenizer, self._roles, "input_ids", nothing, nothing, [], None)
+            output = token_run(self.tokenizer, self._roles, "output_ids", nothing, nothing, [], None)
+            return RecordView(
+                line, record_id, marks, prompt, output, problem=problem, raw_excerpt=_excerpt(raw, size=size),
+                all_tokens=all_tokens,
+            )
         batch = Batch(records, self._context)
-        record = records.row(0, named=True)
+        # The record's fields but its id lists, which stay in polars and numpy (no Python list
+        # of a million ints).
+        record = records.drop("input_ids", "output_ids", strict=False).row(0, named=True)
         record_id = record_id if record_id is not None else record["id"]
-        prompt_ids = pl.Series("id", record["input_ids"] or [], dtype=pl.Int64)
-        output_ids = pl.Series("id", record["output_ids"] or [], dtype=pl.Int64)
+        prompt_ids, output_ids = _ids(records, "input_ids"), _ids(records, "output_ids")
 
-        prompt_start = max(0, len(prompt_ids) - self.prompt_tail)
-        prompt_positions = [m.position for m in marks if m.field == "input_ids" and m.position is not None]
-        if prompt_positions:
-            prompt_start = max(0, min(prompt_start, min(prompt_positions) - 4))
-        shown_prompt = prompt_ids.slice(prompt_start)
-        pieces = pl.Series("piece", token_pieces(self.tokenizer, pl.concat([shown_prompt, output_ids]).to_list()))
-        segments = token_segments(batch)[0] if len(output_ids) else np.array([], dtype=object)
+        def pointed(field: str) -> list[tuple[int, str]]:
+            return [(m.position, m.rule) for m in marks if m.field == field and m.position is not None]
+
+        if all_tokens:
+            prompt_shown = token_window.whole(len(prompt_ids))
+            output_shown = token_window.whole(len(output_ids))
+        else:
+            prompt_shown = token_window.prompt_spans(
+                len(prompt_ids), self.prompt_tail, [p for p, _ in pointed("input_ids")]
+            )
+            output_shown = token_window.output_spans(len(output_ids), [p for p, _ in pointed("output_ids")])
+        prompt_at, output_at = token_window.indices(prompt_shown), token_window.indices(output_shown)
+        segments = token_segments(batch)[0][output_at] if len(output_ids) else np.array([], dtype=object)
         view = RecordView(
             line=line,
             id=record_id,
             findings=marks,
-            prompt=self._run(
-                "input_ids", shown_prompt, prompt_start, len(prompt_ids), pieces.head(len(shown_prompt)), marks, None
-            ),
-            output=self._run(
-                "output_ids", output_ids, 0, len(output_ids), pieces.slice(len(shown_prompt)), marks, segments
+            prompt=token_run(self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None),
+            output=token_run(
+                self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments
             ),
             finish_reason=_finish_text(record),
             problem=problem,
             raw_excerpt=_excerpt(raw) if problem else None,
+            output_specials=(
+                special_tokens(self.tokenizer, self._roles, output_ids) if len(output_at) < len(output_ids) else None
+            ),
+            all_tokens=all_tokens,
         )
         if problem is None:
             view.comparisons = self._explanations(batch, marks)
@@ -306,40 +317,12 @@ class Inspector:
                 out.append(explanation)
         return out
 
-    def _run(
-        self,
-        field: str,
-        shown: pl.Series,
-        start: int,
-        total: int,
-        pieces: pl.Series,
-        marks: list[FindingMark],
-        segments: np.ndarray | None,
-    ) -> TokenRun:
-        known = shown.implode().list.eval(in_vocabulary(self.tokenizer)).explode().fill_null(False)
-        frame = pl.DataFrame(
-            {
-                "index": pl.int_range(start, start + len(shown), eager=True, dtype=pl.Int64),
-                "id": shown,
-                "piece": pieces,
-                "known": known,
-                "segment": pl.Series(
-                    [SEGMENT_PROMPT] * len(shown) if segments is None else segments.tolist(), dtype=pl.String
-                ),
-            },
-            schema={"index": pl.Int64, "id": pl.Int64, "piece": pl.String, "known": pl.Boolean, "segment": pl.String},
-        ).join(self._roles, on="id", how="left", maintain_order="left")
-        frame = frame.with_columns(
-            pl.when(~pl.col("known")).then(pl.lit(ROLE_UNKNOWN)).otherwise(pl.col("role")).alias("role")
-        )
-        pointed = [(m.position, m.rule) for m in marks if m.field == field and m.position is not None]
-        rules = (
-            pl.DataFrame(pointed, schema={"index": pl.Int64, "rule": pl.String}, orient="row")
-            .group_by("index", maintain_order=True)
-            .agg(pl.col("rule").unique(maintain_order=True).str.join(",").alias("rules"))
-        )
-        frame = frame.join(rules, on="index", how="left", maintain_order="left")
-        return TokenRun(field=field, start=start, total=total, tokens=frame.select(list(TOKEN_SCHEMA)).cast(pl.Schema(TOKEN_SCHEMA)))
+def _ids(records: pl.DataFrame, field: str) -> np.ndarray:
+    """The first record's id list `field` as int64 (empty when it is missing)."""
+    if field not in records.columns:
+        return np.zeros(0, dtype=np.int64)
+    ids = records[field][0]
+    return np.zeros(0, dtype=np.int64) if ids is None else ids.cast(pl.Int64).to_numpy()
 
 
 def _finish_text(record: dict[str, Any]) -> str | None:

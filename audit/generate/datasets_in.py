@@ -16,8 +16,10 @@
 editors count), `file row N` for tables (from 0, as `datasets` and polars index them), and the
 stable id made from the container's name and that number, used when the row has none. What is
 wrong with the container (no such file, a line that is not JSON, a folder without its
-`state.json`) is an InputError naming the file and row; what is wrong with a row's conversation is
-`audit.generate.conversations`' business.
+`state.json`, a data file that links out of its folder) is an InputError naming the file and
+row; what is wrong with a row's conversation is `audit.generate.conversations`' business. A
+JSONL line that is not a JSON object is a `BadLine` error, or, when the caller skips bad
+lines, a `Row` that says what is wrong with it (`problem`).
 """
 
 from __future__ import annotations
@@ -64,14 +66,25 @@ _BOM = b"\xef\xbb\xbf"
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a container: its columns, or only how large it was when too large to read."""
+    """One row of a container: its columns, or only how large it was when too large to read, or
+    what is wrong with a JSONL line skipped as bad."""
 
     number: int  # the line (JSONL, from 1) or the row (tables, from 0)
     where: str  # "data.jsonl:12" or "data.parquet row 12", for messages
     row_id: str  # the stable id made from the container's name and the number
-    value: dict[str, Any] | None  # None when the row was too large to read
+    value: dict[str, Any] | None  # None when the row was too large to read, or a bad line skipped
     from_table: bool  # a table's struct columns give every field, null where a row had none
     size: int = 0  # the bytes of a JSONL line too large to read
+    problem: str | None = None  # why a JSONL line is not a row, when bad lines are skipped
+
+
+class BadLine(InputError):
+    """A JSONL line that is not a JSON object: where it is, and why."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ def open_container(path: Path, split: str | None = None) -> Container:
 
 def _datasets_folder(path: Path, split: str | None) -> Container:
     """A `Dataset.save_to_disk` folder, or the split of a `DatasetDict.save_to_disk` folder."""
-    label = path.name
+    label, root = path.name, path
     if (path / "dataset_dict.json").is_file():
         splits = _json_file(path / "dataset_dict.json").get("splits")
         if not isinstance(splits, list) or not all(isinstance(s, str) for s in splits):
@@ -162,8 +175,20 @@ def _datasets_folder(path: Path, split: str | None) -> Container:
             )
         if not (path / name).is_file():
             raise InputError(f"{state_file}: lists {name}, which is not in {path}")
+        _inside(root, path / name)
         files.append(path / name)
     return Container("datasets", path, label, tuple(files))
+
+
+def _inside(root: Path, file: Path) -> None:
+    """Refuse a data file that is, or is reached through, a link out of the folder `root`: data
+    inside a folder is never a path outside it (a link would read whatever it names)."""
+    target = file.resolve()
+    if not target.is_relative_to(root.resolve()):
+        raise InputError(
+            f"{file}: a link to {target}, outside {root}; a `datasets` folder's data files "
+            "must be in it (copy the file in, or pass the folder it is in)"
+        )
 
 
 def _plain_name(name: str) -> bool:
@@ -181,10 +206,13 @@ def _json_file(path: Path) -> dict[str, Any]:
     return value
 
 
-def iter_rows(container: Container) -> Iterator[Row]:
-    """The container's rows in order, one batch in memory at a time."""
+def iter_rows(container: Container, skip_bad_lines: bool = False) -> Iterator[Row]:
+    """The container's rows in order, one batch in memory at a time.
+
+    A JSONL line that is not a JSON object raises `BadLine`; with `skip_bad_lines`, it is a
+    `Row` with no value and its `problem`, for the caller to count and report."""
     if container.kind == "jsonl":
-        yield from _jsonl_rows(container)
+        yield from _jsonl_rows(container, skip_bad_lines)
         return
     number = 0
     for file in container.files:
@@ -195,7 +223,7 @@ def iter_rows(container: Container) -> Iterator[Row]:
                 number += 1
 
 
-def _jsonl_rows(container: Container) -> Iterator[Row]:
+def _jsonl_rows(container: Container, skip_bad_lines: bool) -> Iterator[Row]:
     path = container.path
     with path.open("rb") as handle:
         number = 0
@@ -212,20 +240,24 @@ def _jsonl_rows(container: Container) -> Iterator[Row]:
                 raw = raw.removeprefix(_BOM)
             if not raw.strip():
                 continue
-            yield Row(number, where, row_id, _json_object(raw, where), False)
+            try:
+                value = _json_object(raw, where)
+            except BadLine as bad:
+                if not skip_bad_lines:
+                    raise
+                yield Row(number, where, row_id, None, False, len(raw), problem=bad.reason)
+                continue
+            yield Row(number, where, row_id, value, False)
 
 
 def _json_object(raw: bytes, where: str) -> dict[str, Any]:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InputError(
-            f"{where}: not valid JSON ({exc}); each line must be one JSON object"
-        ) from None
+        raise BadLine(where, f"not valid JSON ({exc}); each line must be one JSON object") from None
     if not isinstance(value, dict):
-        raise InputError(
-            f"{where}: expected a JSON object (a prompt or a conversation), got a "
-            f"{type(value).__name__}"
+        raise BadLine(
+            where, f"expected a JSON object (a prompt or a conversation), got a {type(value).__name__}"
         )
     return value
 

@@ -13,6 +13,7 @@ Its fields (JSON object; a reader needs none of them):
 | `sampling_params` | object | exactly what was sent with every request |
 | `prompts` | string | the prompts file |
 | `servers` | list | per server: `url`, `model_path`, `tokenizer_path` as it reported them |
+| `skipped_prompt_lines` | object | with `--skip-bad-lines`: `count`, and `lines` (`line`, `reason`) of the first 100 |
 | `generator`, `tool` | | what wrote the file |
 | `started_at`, `updated_at` | string | UTC times of the first and the latest run into the partition |
 

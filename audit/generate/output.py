@@ -1,8 +1,11 @@
 """The run's output files: the append-only samples file, and errors.jsonl beside it.
 
 Exactly once: the output is append-only, one flushed line per finished sample. A run that
-starts on an existing output resumes it: `recover_output` cuts a partial last line left by a
-crash and lists the ids already written, which the run then skips. A write is synchronous,
+starts on an existing output resumes it: `recover_output` cuts what a crash leaves after the
+last whole line, and only that: a partial last line (it starts as a sample does, `{`), zero
+bytes (space the file system had allocated but no write reached), or a partial line followed by
+zero bytes; anything else there is refused as not this generator's. It lists the ids already
+written, which the run then skips. A write is synchronous,
 so no task switch (and no cancellation on Ctrl-C) can happen in the middle of a line.
 """
 
@@ -29,11 +32,23 @@ class Resumed:
 
     keys: frozenset[str]
     lines: int
-    truncated_bytes: int  # a partial last line cut off
+    truncated_bytes: int  # cut off after the last whole line: a partial line and zero bytes
+    zero_bytes: int = 0  # of those, the zero bytes that ended the file
+
+    def what_was_cut(self) -> str | None:
+        """What recovering the output cut after its last whole line, in words (None: nothing)."""
+        partial = self.truncated_bytes - self.zero_bytes
+        if not self.truncated_bytes:
+            return None
+        if not partial:
+            return f"{self.zero_bytes:,} zero {_bytes(self.zero_bytes)} after the last whole line (space allocated, never written)"
+        line = f"a partial last line ({partial:,} bytes)"
+        return f"{line} and {self.zero_bytes:,} zero {_bytes(self.zero_bytes)} after it" if self.zero_bytes else line
 
 
 def recover_output(path: Path) -> Resumed:
-    """Make `path` end on a whole line (cutting a crash's partial line) and list the ids in it."""
+    """Make `path` end on a whole line (cutting a crash's partial line and zero bytes after the
+    last whole line) and list the ids in it."""
     if not path.exists():
         return Resumed(frozenset(), 0, 0)
     if path.is_dir():
@@ -41,30 +56,34 @@ def recover_output(path: Path) -> Resumed:
     size = path.stat().st_size
     not_ours = "not a sample this generator wrote (no JSON object with an id); pass another --out, or move the file away"
     with path.open("rb") as handle:
-        # Find the end of the last whole line by reading backwards from the end.
-        end = size
+        # Find the end of the last whole line by reading backwards from the end, and where the
+        # zero bytes that end the file begin.
+        end = zeros_from = size
         while end > 0:
             start = max(0, end - (1 << 16))
             handle.seek(start)
             chunk = handle.read(end - start)
+            if zeros_from == end:  # every byte after this chunk is a zero
+                zeros_from = start + len(chunk.rstrip(b"\0"))
             cut = chunk.rfind(b"\n")
             if cut != -1:
                 end = start + cut + 1
                 break
             end = start
-        if end < size:
+        if zeros_from > end:  # not zero bytes alone: a partial line, perhaps zeros after it
             handle.seek(end)
             if not handle.read(1) == b"{":
                 raise InputError(f"{path}:{_line_count(path, end) + 1}: {not_ours}")
     keys: set[str] = set()
     lines = 0
     # Every whole line is checked before the partial one is cut: a file that is not ours is left intact.
+    # Only the whole lines are read: what follows them (a crash's partial line, a gigabyte of
+    # zeros) is never held.
     with path.open("rb") as handle:
-        read = 0
-        for number, raw in enumerate(handle, start=1):
-            read += len(raw)
-            if read > end:
-                break
+        number = 0
+        while handle.tell() < end:
+            raw = handle.readline()  # each ends in a newline at or before `end`
+            number += 1
             lines = number
             if not raw.strip():
                 continue
@@ -80,7 +99,11 @@ def recover_output(path: Path) -> Resumed:
             handle.truncate(end)
             handle.flush()
             os.fsync(handle.fileno())
-    return Resumed(frozenset(keys), lines, truncated)
+    return Resumed(frozenset(keys), lines, truncated, size - max(zeros_from, end))
+
+
+def _bytes(count: int) -> str:
+    return "byte" if count == 1 else "bytes"
 
 
 def _line_count(path: Path, end: int) -> int:

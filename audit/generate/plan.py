@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 
 from audit import __version__
-from audit.base.errors import ConfigError
+from audit.base.errors import ConfigError, InputError
 from audit.base.files import OutputLock, lock_output
 from audit.checks.ruleset import RuleSet, load_rule_set
+from audit.generate.datasets_in import BadLine
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import PromptSummary, summarise_prompts
@@ -54,6 +55,7 @@ class GenerateOptions:
     retry_backoff_cap: float = 30.0
     fsync_interval: float = 2.0
     split: str | None = None  # the split of a DatasetDict folder of prompts (default train)
+    skip_bad_lines: bool = False  # skip (count, report) JSONL lines that are not JSON objects
 
 
 @dataclass
@@ -147,7 +149,10 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         raise ConfigError(
             f"--out {options.out} is the prompts file itself; name another output file"
         )
-    prompt_summary = summarise_prompts(options.prompts, options.limit, options.split)
+    try:
+        prompt_summary = summarise_prompts(options.prompts, options.limit, options.split, options.skip_bad_lines)
+    except BadLine as bad:
+        raise InputError(f"{bad}; --skip-bad-lines skips such lines, reporting each") from None
     rule_set = load_rule_set(options.rules)
     tokenizer = load_tokenizer(options.tokenizer, trust_remote_code=options.trust_remote_code)
     profile = load_profile(options.profile).resolve(tokenizer, thinking=options.thinking)
@@ -162,6 +167,8 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
     lock = lock_output(options.out.resolve().parent)
     try:
         resumed, manifest = _recover(options, tokenizer, profile, params)
+        if options.skip_bad_lines:
+            manifest["skipped_prompt_lines"] = prompt_summary.skipped_record()
     except BaseException:
         lock.release()
         raise

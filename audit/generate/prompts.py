@@ -14,6 +14,8 @@ row's number; ids are unique in the file.
 re-render. What is wrong with the file itself (a line that is not JSON, a repeated id, no prompt
 left to send) is one error naming the file and row (exit 2), before anything is sent or audited;
 `summarise_prompts` says what was read, normalised, dropped and refused, before the first request.
+A reader that skips bad lines (`audit generate --skip-bad-lines`) counts each JSONL line that is
+not a JSON object instead, with its number and reason.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class PromptSummary:
     first_refused: dict[str, str] = field(default_factory=dict)  # kind -> "where: reason"
     first_dropped: str = ""  # "where: reason" of the first dropped row
     keys: list[str] = field(default_factory=list)  # the prompts' ids, in order
+    skipped: int = 0  # bad JSONL lines skipped (only when asked to skip them)
+    skipped_lines: list[tuple[int, str]] = field(default_factory=list)  # (line, reason), the first LISTED_SKIPS
 
     @property
     def refused_rows(self) -> int:
@@ -85,7 +89,14 @@ class PromptSummary:
     def notable(self) -> bool:
         """Did any row need normalising, or was any refused or dropped? (Else the file was
         prompts as the generator takes them, and the counts say nothing the run does not.)"""
-        return bool(self.normalised or self.refused or self.dropped)
+        return bool(self.normalised or self.refused or self.dropped or self.skipped)
+
+    def skipped_record(self) -> dict[str, Any]:
+        """The skipped lines as generation.json records them: how many, and the first ones."""
+        return {
+            "count": self.skipped,
+            "lines": [{"line": line, "reason": reason} for line, reason in self.skipped_lines],
+        }
 
     def lines(self) -> list[str]:
         """The summary for people, a few plain lines (data in it is untrusted: quote it inert)."""
@@ -93,6 +104,7 @@ class PromptSummary:
         head = (
             f"prompts: {self.read:,} rows read from {self.path} ({container}): "
             f"{self.prompts:,} to send, {self.refused_rows:,} refused, {self.dropped:,} dropped"
+            + (f", {self.skipped:,} bad lines skipped" if self.skipped else "")
         )
         lines = [head]
         if self.normalised:
@@ -106,7 +118,18 @@ class PromptSummary:
             )
         if self.dropped:
             lines.append(f"  dropped {self.dropped:,}: nothing to prompt with (first: {self.first_dropped})")
+        for line, reason in self.skipped_lines:
+            lines.append(f"  skipped {self.path}:{line}: {reason}")
+        if self.skipped > len(self.skipped_lines):
+            lines.append(
+                f"  skipped {self.skipped - len(self.skipped_lines):,} more bad lines "
+                f"(the first {LISTED_SKIPS:,} are listed here and in generation.json)"
+            )
         return lines
+
+
+# Skipped lines listed one by one (in the summary and generation.json); all are counted.
+LISTED_SKIPS = 100
 
 
 def _by_count(counts: Counter[str]) -> list[tuple[str, int]]:
@@ -114,17 +137,22 @@ def _by_count(counts: Counter[str]) -> list[tuple[str, int]]:
 
 
 def _read(
-    path: Path, limit: int | None, split: str | None, summary: PromptSummary
+    path: Path, limit: int | None, split: str | None, summary: PromptSummary, skip_bad_lines: bool = False
 ) -> Iterator[Prompt]:
     """Every prompt of the file in order, at most `limit`, counting what happened in `summary`."""
     container = datasets_in.open_container(path, split)
     summary.container = container.kind
     unit = "line" if container.kind == "jsonl" else "row"
     first_seen: dict[str, int] = {}
-    for row in datasets_in.iter_rows(container):
+    for row in datasets_in.iter_rows(container, skip_bad_lines):
         if limit is not None and summary.prompts >= limit:
             break
         summary.read += 1
+        if row.problem is not None:
+            summary.skipped += 1
+            if len(summary.skipped_lines) < LISTED_SKIPS:
+                summary.skipped_lines.append((row.number, row.problem))
+            continue
         if row.value is None:
             result: Any = Refused(
                 "too_large",
@@ -167,28 +195,34 @@ def _read(
     if summary.refused:
         kind = max(summary.refused, key=lambda k: summary.refused[k])
         first = summary.first_refused[kind]
+    elif summary.skipped_lines and not first:
+        first = f"{path}:{summary.skipped_lines[0][0]}: {summary.skipped_lines[0][1]}"
+    skipped = f", {summary.skipped:,} bad lines skipped" if summary.skipped else ""
     raise InputError(
         f"{path}: no prompts to send: {summary.read:,} rows read, {summary.refused_rows:,} "
-        f"refused, {summary.dropped:,} dropped; e.g. {first}"
+        f"refused, {summary.dropped:,} dropped{skipped}; e.g. {first}"
     )
 
 
-def iter_prompts(path: Path, limit: int | None = None, split: str | None = None) -> Iterator[Prompt]:
+def iter_prompts(
+    path: Path, limit: int | None = None, split: str | None = None, skip_bad_lines: bool = False
+) -> Iterator[Prompt]:
     """The prompts of a file in order, each normalised, at most `limit` of them.
 
     Raises an InputError naming the file and row when the file cannot be read, an id repeats,
-    or no prompt is left; rows that are refused or dropped are skipped (`summarise_prompts`
-    counts them).
+    or no prompt is left (a `datasets_in.BadLine` for a JSONL line that is not a JSON object,
+    unless `skip_bad_lines`); rows that are refused, dropped or skipped are left out
+    (`summarise_prompts` counts them).
     """
-    return _read(path, limit, split, PromptSummary(path))
+    return _read(path, limit, split, PromptSummary(path), skip_bad_lines)
 
 
 def summarise_prompts(
-    path: Path, limit: int | None = None, split: str | None = None
+    path: Path, limit: int | None = None, split: str | None = None, skip_bad_lines: bool = False
 ) -> PromptSummary:
     """Read the whole prompts file once, before any request: what it holds, and the ids in order."""
     summary = PromptSummary(path)
-    for _ in _read(path, limit, split, summary):
+    for _ in _read(path, limit, split, summary, skip_bad_lines):
         pass
     return summary
 

@@ -205,7 +205,8 @@ class Generator:
                 await queue.put(_Job(prompt, ids))
             batch.clear()
 
-        for prompt in iter_prompts(self.options.prompts, self.options.limit, self.options.split):
+        options = self.options
+        for prompt in iter_prompts(options.prompts, options.limit, options.split, options.skip_bad_lines):
             if prompt.key in done:
                 continue
             batch.append(prompt)

@@ -27,11 +27,16 @@ def _byte_names(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(BYTE_NAMES, _byte_names)
 
 
-def token_pieces(tokenizer: Tokenizer, ids: Sequence[int]) -> list[str]:
-    """The decoded piece of each id, "" for ids the tokenizer lacks (for display)."""
-    known = [i for i in ids if i in tokenizer.known_ids]
-    decoded = dict(zip(known, token_strings(tokenizer, known), strict=True)) if known else {}
-    return [decoded.get(i, "") for i in ids]
+def token_pieces(tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> list[str]:
+    """The decoded piece of each id, "" for ids the tokenizer lacks (for display). Each
+    distinct id is decoded once: a long list costs its vocabulary, not its length, in Python."""
+    values = np.asarray(ids, dtype=np.int64)
+    distinct, where = np.unique(values, return_inverse=True)
+    known = tokenizer.knows(distinct)
+    pieces = np.full(len(distinct), "", dtype=object)
+    if known.any():
+        pieces[known] = token_strings(tokenizer, distinct[known].tolist())
+    return pieces[where.reshape(-1)].tolist()
 
 
 def tokens_at(tokenizer: Tokenizer, ids: Sequence[int], chars: Sequence[int]) -> list[int]:

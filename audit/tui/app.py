@@ -1,7 +1,8 @@
 """The interactive viewer of `audit inspect`: a list of records with findings, and a detail pane.
 
 The detail pane is a line-API `ScrollView`: it asks `DetailLines` for the rows on screen only,
-so an output of tens of thousands of tokens scrolls as fast as a short one.
+so an output of tens of thousands of tokens scrolls as fast as a short one. A long record is
+shown as `--print` shows it, the windows around its findings; `a` shows every token of it.
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from audit.base.inert import CELL_LIMIT, terminal
 from audit.flows.token_view import Inspector, RecordEntry
 from audit.tui.detail import SEVERITY_STYLE, DetailLines
 
+# How to see every token of a long record, as the viewer says it.
+ALL_TOKENS_KEY = "press a to show every token"
+
 HELP = """\
 audit inspect: the records with findings, token by token
 
   n / p        next / previous record in the list
   ↑ ↓ PgUp PgDn Home End   scroll the tokens (or move in the list when it has focus)
   f            jump to the next token a finding points at
+  a            every token of a long record, or back to the windows around its findings
   /            filter the list by id, line or rule code (Enter applies, Esc cancels)
   r            cycle the rule filter through the rules with findings
   g            go to a line of the file (any line, with findings or not)
@@ -79,7 +84,9 @@ class DetailView(ScrollView, can_focus=True):
         # Findings wrap to the pane: a new width, a new layout of the same record.
         if self.lines is not None:
             y = self.scroll_offset.y
-            self.lines = DetailLines(self.lines.view, self.lines.title, width=self.wrap_width())
+            self.lines = DetailLines(
+                self.lines.view, self.lines.title, width=self.wrap_width(), all_tokens_hint=self.lines.all_tokens_hint
+            )
             self.virtual_size = Size(self.lines.width, len(self.lines))
             self.scroll_to(0, y, animate=False)
             self.refresh()
@@ -153,6 +160,8 @@ class InspectApp(App[None]):
         Binding("n", "move(1)", "next"),
         Binding("p", "move(-1)", "previous"),
         Binding("f", "next_finding", "finding"),
+        # Off the footer (full at 80 columns): a long record's note says to press it; so does `?`.
+        Binding("a", "all_tokens", "all tokens", show=False),
         Binding("slash", "ask('filter')", "filter"),
         Binding("r", "cycle_rule", "rule"),
         Binding("g", "ask('line')", "go to line"),
@@ -178,6 +187,7 @@ class InspectApp(App[None]):
         self.current_line: int | None = None
         self._start_line = start_line
         self._asking: str | None = None
+        self.all_tokens = inspector.all_tokens
 
     # -- layout ---------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -221,7 +231,7 @@ class InspectApp(App[None]):
     def show_line(self, line: int) -> None:
         """Show the record on `line` in the detail pane."""
         try:
-            view = self.inspector.view(line)
+            view = self.inspector.view(line, all_tokens=self.all_tokens)
         except IndexError:
             self.notify(
                 f"line {line} is not in the file ({self.inspector.lines} lines)",
@@ -231,7 +241,7 @@ class InspectApp(App[None]):
             return
         self.current_line = line
         detail = self.query_one(DetailView)
-        detail.show(DetailLines(view, width=detail.wrap_width()))
+        detail.show(DetailLines(view, width=detail.wrap_width(), all_tokens_hint=ALL_TOKENS_KEY))
         self._update_status()
 
     def _update_status(self) -> None:
@@ -275,6 +285,12 @@ class InspectApp(App[None]):
     def action_next_finding(self) -> None:
         if not self.query_one(DetailView).jump_to_next_finding():
             self.notify("no finding of this record points at a token")
+
+    def action_all_tokens(self) -> None:
+        self.all_tokens = not self.all_tokens
+        if self.current_line is not None:
+            self.show_line(self.current_line)
+        self.notify("every token of each record" if self.all_tokens else "long records: the windows around their findings")
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen())

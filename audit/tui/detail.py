@@ -2,7 +2,8 @@
 
 `DetailLines` is lazy: it knows how many lines a record takes and renders any one of them on
 request, so the viewer draws only the rows on screen, even for outputs of tens of thousands
-of tokens. `--print` walks every line.
+of tokens. `--print` walks every line. Where the view leaves tokens out (a long record's
+windows, `audit.flows.token_window`), one line says how many, and the header how to see them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from rich.console import Console
 from rich.text import Text
 
 from audit.base.inert import CELL_LIMIT, terminal
-from audit.flows.token_view import ROLE_UNKNOWN, RecordView, TokenRun
+from audit.flows.token_view import RecordView
+from audit.flows.token_window import ROLE_UNKNOWN, TokenRun
 from audit.records.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
@@ -56,6 +58,8 @@ SEGMENT_STYLE = {
     SEGMENT_TOOL_CALLS: "yellow",
 }
 SEVERITY_STYLE = {"error": "bold red", "warning": "bold yellow"}
+# How to see every token, as `--print` says it (the viewer has a key for it).
+ALL_TOKENS_HINT = "--all-tokens shows every token"
 FINDING_STYLE = "bold white on dark_red"
 # How many of the output's special tokens the summary line names before "+N more".
 SUMMARY_SPECIALS = 14
@@ -119,12 +123,16 @@ class _TokenBlock:
 class DetailLines:
     """Every line of a record's detail, rendered one at a time on request."""
 
-    def __init__(self, view: RecordView, title: str = "", width: int | None = None):
+    def __init__(
+        self, view: RecordView, title: str = "", width: int | None = None, all_tokens_hint: str = ALL_TOKENS_HINT
+    ):
         """`width`: the pane's, to wrap the findings and comparisons at (None: the caller wraps,
-        as a terminal does for `--print`)."""
+        as a terminal does for `--print`); `all_tokens_hint`: how to see the tokens a long
+        record's view leaves out."""
         self.view = view
         self.title = title
-        self._blocks: list[list[Text] | _TokenBlock] = [_header(view, title, width)]
+        self.all_tokens_hint = all_tokens_hint
+        self._blocks: list[list[Text] | _TokenBlock] = [_header(view, title, width, all_tokens_hint)]
         self._blocks.extend(_token_blocks(view, view.prompt, "prompt"))
         self._blocks.extend(_token_blocks(view, view.output, "output"))
         self._starts: list[int] = []
@@ -191,7 +199,7 @@ def _wrapped(text: Text, width: int | None, indent: int) -> list[Text]:
     return out
 
 
-def _header(view: RecordView, title: str, width: int | None = None) -> list[Text]:
+def _header(view: RecordView, title: str, width: int | None = None, hint: str = ALL_TOKENS_HINT) -> list[Text]:
     lines: list[Text] = []
     heading = Text(no_wrap=True, end="")
     if title:
@@ -203,6 +211,8 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
         heading.append(f"  ·  finish {terminal(view.finish_reason, CELL_LIMIT)}", style="dim")
     heading.append(f"  ·  prompt {view.prompt.total}, output {view.output.total} tokens", style="dim")
     lines.extend(_wrapped(heading, width, indent=4))
+    if view.windowed:
+        lines.extend(_wrapped(_window_note(view, hint), width, indent=4))
     for summary in _special_summary(view):
         lines.extend(_wrapped(summary, width, indent=4))
     for mark in view.findings:
@@ -232,13 +242,30 @@ def _header(view: RecordView, title: str, width: int | None = None) -> list[Text
     return lines
 
 
+def _window_note(view: RecordView, hint: str) -> Text:
+    """One line: how much of a long record the view leaves out, and how to see it."""
+    parts = [
+        f"{run.omitted:,} of {run.total:,} {name} tokens"
+        for name, run in (("output", view.output), ("prompt", view.prompt))
+        if run.omitted
+    ]
+    text = Text(no_wrap=True, end="")
+    text.append("left out: ", style="bold yellow")
+    text.append(
+        f"{' and '.join(parts)} (shown: the output's first and last tokens, the prompt's tail and "
+        f"each finding's window); {hint}"
+    )
+    return text
+
+
 def _special_summary(view: RecordView) -> list[Text]:
     """Where the special tokens are, by role colour: the output's, then the prompt tail's."""
     lines = []
     for label, run, limit in (("output", view.output, SUMMARY_SPECIALS), ("prompt end", view.prompt, 4)):
         text = Text(no_wrap=True, end="")
         text.append(f"special tokens, {label}: ", style="bold")
-        specials = run.tokens.filter(pl.col("role").is_not_null())
+        # The output's over the whole of it, those left out of a long record's view too.
+        specials = view.special_tokens if run.field == "output_ids" else run.tokens.filter(pl.col("role").is_not_null())
         # The prompt's last special tokens are its generation suffix; the output's first matter most.
         shown = specials.tail(limit) if run.field == "input_ids" else specials.head(limit)
         if shown.is_empty():
@@ -265,25 +292,37 @@ def _legend() -> Text:
     return text
 
 
-def _token_blocks(view: RecordView, run: TokenRun, name: str) -> list[_TokenBlock]:
-    """A run split where its segment changes, each part under its own heading."""
+def _token_blocks(view: RecordView, run: TokenRun, name: str) -> list[_TokenBlock | list[Text]]:
+    """A run split where its segment changes, each part under its own heading, and a line
+    wherever the view leaves tokens out between the parts."""
     messages = {
         (m.rule, m.position): m.message for m in view.findings if m.field == run.field and m.position is not None
     }
     if run.height == 0:
         heading = Text(f"── {name}: {run.field} is empty or unreadable ──", style="bold", end="")
         return [_TokenBlock(heading, run.tokens, messages)]
-    segments = run.tokens["segment"]
-    starts = (segments != segments.shift(1)).fill_null(True).arg_true().to_list()
-    blocks = []
+    segments, indexes = run.tokens["segment"], run.tokens["index"]
+    jumps = (indexes.diff() != 1).fill_null(True)
+    starts = ((segments != segments.shift(1)).fill_null(True) | jumps).arg_true().to_list()
+    blocks: list[_TokenBlock | list[Text]] = []
     for first, after in zip(starts, [*starts[1:], run.height], strict=True):
         part = run.tokens.slice(first, after - first)
         segment = part["segment"][0]
-        lo, hi = run.start + first, run.start + after
+        lo, hi = int(indexes[first]), int(indexes[after - 1]) + 1
+        if first and jumps[first]:
+            blocks.append([_gap_line(run.field, int(indexes[first - 1]) + 1, lo)])
         if name == "prompt":
-            title = f"── prompt tail: {run.field}[{lo}:{hi}] of {run.total} "
+            title = f"── {'prompt tail' if hi == run.total and lo > 0 else 'prompt'}: {run.field}[{lo}:{hi}] of {run.total} "
         else:
             title = f"── {name} · {segment.replace('_', ' ')}: {run.field}[{lo}:{hi}] of {run.total} "
         heading = Text(title + "─" * 20, style=f"bold {SEGMENT_STYLE.get(segment, '')}", end="", no_wrap=True)
         blocks.append(_TokenBlock(heading, part, messages))
+    last = int(indexes[-1]) + 1
+    if last < run.total:
+        blocks.append([_gap_line(run.field, last, run.total)])
     return blocks
+
+
+def _gap_line(field: str, lo: int, hi: int) -> Text:
+    """The line that stands for the tokens `field[lo:hi]` the view leaves out."""
+    return Text(f"   ··· {hi - lo:,} tokens left out: {field}[{lo}:{hi}] ···", style="dim yellow", end="", no_wrap=True)
