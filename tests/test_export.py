@@ -393,8 +393,9 @@ def test_a_target_with_no_clean_record_writes_nothing(tmp_path: Path) -> None:
     data_file.write_text('{"id":"a","input_ids":[1,2],"output_ids":[3]}\n{"id":"b","input_ids":[1],"output_ids":[]}\n')
     result = runner.invoke(app, ["export", str(data_file), "--out", str(tmp_path / "out"), "--profile", "kimi-k2.5",
                                  "--tokenizer", str(FIXTURES / "tokenizers" / "kimi-k2.5-mini")])
-    assert result.exit_code == 2 and "no clean record" in result.output, result.output
-    assert list((tmp_path / "out").iterdir()) == []
+    # Exit 1, as the gate that quarantined every record: the tool ran, the data failed.
+    assert result.exit_code == 1 and "no clean record" in result.output, result.output
+    assert not (tmp_path / "out").exists()  # made by this run, and removed again empty
 
 
 def test_a_gate_output_that_changed_or_another_tokenizer_is_refused(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 import audit.base.files
 from audit.base import inert
 from audit.base.errors import ConfigError, InputError
-from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_atomically
+from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_file
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine.runner import audit_file
@@ -727,12 +727,12 @@ def test_a_temporary_a_live_process_holds_is_never_removed(tmp_path):
     try:
         live = Path(writer.stdout.readline().strip())
         stale = killed_writer_leftover(tmp_path, "report.json")
-        write_atomically(tmp_path / "report.json", "{}\n")  # a write into the directory cleans it
+        write_file(tmp_path / "report.json", "{}\n")  # a write into the directory cleans it
         assert live.exists() and not stale.exists()
     finally:
         writer.kill()
         writer.wait()
-    write_atomically(tmp_path / "report.json", "{}\n")
+    write_file(tmp_path / "report.json", "{}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
@@ -743,7 +743,7 @@ def test_leftovers_that_are_links_or_directories_are_left_alone(tmp_path):
     link.symlink_to(target)
     directory = tmp_path / ".report.json.audit-ijklmnop.tmp"
     directory.mkdir()
-    write_atomically(tmp_path / "report.json", "{}\n")
+    write_file(tmp_path / "report.json", "{}\n")
     assert link.is_symlink() and directory.is_dir() and target.read_text() == "keep"
 
 
@@ -794,7 +794,7 @@ def assert_durable(log: list[tuple[str, str]], output: Path) -> None:
 
 def test_atomic_writes_are_durable(tmp_path, sync_log):
     target = tmp_path / "report.json"
-    write_atomically(target, "{}\n")
+    write_file(target, "{}\n")
     assert_durable(sync_log, target)
 
 

@@ -38,7 +38,7 @@ from audit.base.files import (
     lock_output,
     open_temporary,
     remove_leftover_temporaries,
-    write_atomically,
+    write_file,
 )
 from audit.base.object_locks import lock_prefix
 from audit.base.storage import LOCK_FILE, ObjectPath, store_errors
@@ -332,7 +332,7 @@ class ExportDirectory:
         for name in stale:
             (directory / name).unlink(missing_ok=True)
         fsync_directory(directory)
-        write_atomically(directory / self.summary_name, [summary])
+        write_file(directory / self.summary_name, [summary])
         self._staged.clear()
 
     def _publish_objects(self, prefix: ObjectPath, files: list[WrittenFile], summary: bytes, stale: list[str]) -> None:
