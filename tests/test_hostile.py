@@ -936,6 +936,14 @@ def test_report_naming_the_gates_clean_jsonl_overwrites_nothing(tmp_path):
     assert not (tmp_path / "r").exists() and not (tmp_path / "v").exists()
 
 
+def test_a_page_drawn_from_a_saved_report_never_replaces_it(tmp_path):
+    saved = tmp_path / "r.json"
+    assert cli("check", str(copied_data(tmp_path)), *KIMI, "--report", str(saved)).exit_code == 0
+    before = saved.read_bytes()
+    assert_one_line_error(cli("report", str(saved), "--html", str(saved)), f"--html {saved} would overwrite the report")
+    assert saved.read_bytes() == before
+
+
 def test_the_api_refuses_a_report_or_a_gate_over_its_input(tmp_path):
     data = copied_data(tmp_path)
     original = data.read_bytes()
