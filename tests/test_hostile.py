@@ -853,6 +853,21 @@ def test_a_device_named_by_report_or_html_is_still_a_device_afterwards(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "g", "null", "v"]
 
 
+def test_a_device_or_a_fifo_under_a_gate_outputs_name_is_written_through_and_kept(tmp_path):
+    out = tmp_path / "g"
+    out.mkdir()
+    device_node(out / "manifest.json")  # the old manifest is removed before the new: not this
+    os.mkfifo(out / "clean.jsonl")
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append((out / "clean.jsonl").read_bytes()), daemon=True)
+    reader.start()
+    result = cli("gate", str(copied_data(tmp_path)), *KIMI, "--out", str(out), "--force")
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert received == [CLEAN_DATA.read_bytes()]
+    assert stat.S_ISCHR(os.lstat(out / "manifest.json").st_mode) and stat.S_ISFIFO(os.lstat(out / "clean.jsonl").st_mode)
+
+
 def test_a_fifo_named_by_report_gets_the_json_and_stays_a_fifo(tmp_path):
     fifo = tmp_path / "report.fifo"
     os.mkfifo(fifo)

@@ -95,10 +95,9 @@ class Temporary:
             os.fsync(self.file.fileno())
 
     def commit(self, destination_path: Path, *, sync_directory: bool = True) -> None:
-        """Put the content at `destination_path` by the rule of `audit.base.destinations`: fsync,
-        rename onto it (onto a link's target), then (unless told not to) fsync the directory;
-        or copy it through to a device or FIFO. Raises InputError, the temporary kept for
-        `discard()`, when the destination may not be written."""
+        """fsync and rename onto `destination_path` (a link's target), then (unless told not to)
+        fsync the directory; or copy through to a device or FIFO (`audit.base.destinations`).
+        InputError, the temporary kept for `discard()`, when it may not be written."""
         target = destination(destination_path)
         self.sync()
         if target.through or target.path.parent != self.path.parent:
@@ -158,10 +157,8 @@ def open_temporary(directory: Path, name: str) -> Temporary:
 def write_file(path: Path, text: str | Iterable[bytes]) -> Path:
     """Write `text` (a str as UTF-8, or bytes pieces as they come) to `path` by the rule of
     `audit.base.destinations`: durably through a temporary file and a rename, or through to a
-    device or FIFO; a destination that may not be written raises InputError before anything is.
-
-    On any failure the old file is left as it was and no temporary file remains.
-    """
+    device or FIFO; InputError, before anything is written, when it may not be written. On any
+    failure the old file is left as it was and no temporary file remains."""
     target = destination(path)
     pieces = [text.encode("utf-8")] if isinstance(text, str) else text
     if target.through:
@@ -178,6 +175,17 @@ def write_file(path: Path, text: str | Iterable[bytes]) -> Path:
         temporary.discard()
         raise
     return path
+
+
+def remove_output(path: Path, *, follow: bool = True) -> None:
+    """Remove the output at `path` before it is written again: a regular file only (a link
+    followed to it, as writing would; `follow=False`: left alone), never a device or FIFO."""
+    try:
+        target = destination(path).path if follow else path
+        if stat.S_ISREG(os.lstat(target).st_mode):
+            target.unlink()
+    except (FileNotFoundError, InputError):
+        pass  # nothing there, or nothing an output may replace: writing it will say so
 
 
 def write_directory_atomically(
