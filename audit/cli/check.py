@@ -286,7 +286,7 @@ def check(
         resolved = [resolve_target(spec, root) for spec in targets]
         for target in resolved:
             refuse_destructive_outputs(
-                target, files=_named_outputs(target, report if not no_report else None, html, several=len(resolved) > 1),
+                target, files=_named_outputs(target, report if report and not no_report else None, html, several=len(resolved) > 1),
                 inputs=[("the rule set", options.rules), ("--prompts", options.prompts)],
             )
         # --jobs: the workers start now and prepare the first target while this process does.
@@ -300,11 +300,11 @@ def check(
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
                 result = check_session(session, progress)
             path = None
-            if report is not None and not no_report:
+            if report and not no_report:
                 path = location(report)
                 with writing("the report", path):
                     result.write_json(path)
-            elif report is None:
+            elif not no_report:
                 path = _dated_report(result, location(reports_dir), keep_reports)
             reports.append(result)
             if output_format is OutputFormat.rich:
