@@ -61,6 +61,8 @@ def refuse_destructive_outputs(
     """
     outputs: list[tuple[str, AnyPath]] = []
     for what, directory, names in directories:
+        if isinstance(directory, Path) and directory.exists() and not directory.is_dir():
+            raise InputError(f"--out {directory}: exists and is not a directory")
         outputs += [(what, directory / name) for name in names]
     outputs += [(what, path) for what, path in files if path is not None]
     refuse_overlap(outputs, protected_inputs(target, inputs))
