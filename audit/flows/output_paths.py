@@ -15,6 +15,8 @@ compared as `audit.base.destinations.same_file` does: links followed, hard links
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -77,6 +79,8 @@ def require_readable(path: AnyPath) -> None:
     if isinstance(path, ObjectPath):
         return  # read in ranges as the run goes; the store's own errors say what is wrong
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return  # a FIFO is opened once, by the reading itself (which says what it is)
         with open(path, "rb"):
             pass
     except OSError as exc:
