@@ -146,7 +146,9 @@ def gate(
     Targets and options as for `check_target`. A record is quarantined on a finding of severity
     `error` (`quarantine_on="warning"`: of any severity). Returns the `GateResult`: its
     `report`, the `manifest` written, and the `clean` and `quarantined` counts. Raises
-    `InputError` (nothing written) when `out` holds another input's gate and `force` is false.
+    `InputError` (nothing written) when `out` holds another input's gate and `force` is false,
+    when one of its files would replace the input or a file of its partition, or when the
+    input cannot be read (then no `out` is made).
     """
     session = _session(
         target,
@@ -220,7 +222,9 @@ def export(
     `summary["trainers"]` says per trainer how many rows its default maximum length cuts and
     drops, and what to pass instead. Returns the `ExportResult` (`summary`: export.json;
     `rows`; `files`; `exit_code()`). Raises `InputError`
-    (nothing written) when `out` is not empty and `force` is false, or no record is left.
+    (nothing written) when `out` is not empty and `force` is false, when it would replace an
+    input, or when the input cannot be read; an `InputError` saying why (its
+    `source` holds the check's report) when no row is left: the command exits 1 on it.
     """
     source = _sample_source(
         target, profile=profile, tokenizer=tokenizer, rules=rules, data_root=data_root, thinking=thinking,

@@ -311,6 +311,8 @@ def test_generate_out_that_is_a_directory_or_the_prompts_file(tmp_path, prompts)
     assert_one_line_error(_generate(prompts, tmp_path), "is a directory")
     before = prompts.read_bytes()
     assert_one_line_error(_generate(prompts, prompts), "is the prompts file itself")
+    os.link(prompts, tmp_path / "hard.jsonl")  # the same file under another name
+    assert_one_line_error(_generate(prompts, tmp_path / "hard.jsonl"), "is the prompts file itself")
     assert prompts.read_bytes() == before
 
 

@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from audit.cli import app
 from tests.conftest import PREPARED
+from tests.permissions import audit_bound_by_permissions
 
 runner = CliRunner()
 
@@ -54,3 +55,24 @@ def test_targets_and_all_together_or_neither_are_usage_errors(tmp_path):
 def test_all_with_an_empty_data_root_says_so(tmp_path):
     result = runner.invoke(app, ["check", "--all", "--data-root", str(tmp_path)])
     assert result.exit_code == 2 and "no partitions under" in result.stderr
+
+
+def test_a_default_report_that_cannot_be_written_keeps_the_verdict_and_its_exit_code(tmp_path):
+    """In a read-only directory the dated report under reports/ cannot be written: the table
+    and the verdict are printed, one line says so and what to pass, and the exit code is the
+    verdict's. A --report named on the command line that cannot be written stays an error."""
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    for partition, code, verdict in (("B0_clean", 0, "PASS"), ("B1_glaive", 1, "FAIL")):
+        result = audit_bound_by_permissions("check", partition, "--data-root", str(PREPARED), cwd=read_only)
+        assert result.returncode == code, result.stderr
+        assert f"{verdict} {partition}" in result.stdout
+        said = [line for line in result.stderr.splitlines() if "could not write the report" in line]
+        assert len(said) == 1 and f"reports/{partition}-" in said[0] and "--report FILE" in said[0], result.stderr
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    named = audit_bound_by_permissions(
+        "check", "B0_clean", "--data-root", str(PREPARED), "--report", str(read_only / "r.json"), cwd=read_only
+    )
+    assert named.returncode == 2 and "cannot write the report" in named.stderr, named.stderr
+    assert list(read_only.iterdir()) == []

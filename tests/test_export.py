@@ -408,8 +408,9 @@ def test_a_target_with_no_clean_record_writes_nothing(tmp_path: Path) -> None:
     data_file.write_text('{"id":"a","input_ids":[1,2],"output_ids":[3]}\n{"id":"b","input_ids":[1],"output_ids":[]}\n')
     result = runner.invoke(app, ["export", str(data_file), "--out", str(tmp_path / "out"), "--profile", "kimi-k2.5",
                                  "--tokenizer", str(FIXTURES / "tokenizers" / "kimi-k2.5-mini")])
-    assert result.exit_code == 2 and "no clean record" in result.output, result.output
-    assert list((tmp_path / "out").iterdir()) == []
+    # Exit 1, as the gate that quarantined every record: the tool ran, the data failed.
+    assert result.exit_code == 1 and "no clean record" in result.output, result.output
+    assert not (tmp_path / "out").exists()  # made by this run, and removed again empty
 
 
 def test_a_gate_output_that_changed_or_another_tokenizer_is_refused(tmp_path: Path) -> None:
@@ -458,3 +459,16 @@ def test_a_gate_directory_whose_manifest_is_not_one_is_refused(tmp_path: Path) -
         (gated / "manifest.json").write_text(manifest)
         result = runner.invoke(app, ["export", str(gated), "--out", str(tmp_path / "out")])
         assert result.exit_code == 2 and "not a gate manifest" in result.output and "--force" not in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [("export",), ("vocab", "--draft-vocab", "10")])
+def test_nothing_left_to_write_exits_1_with_the_reason_in_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
+    """The gate passed, --long drop left no row: the tool ran and the data cannot train, so the
+    exit is 1 (2 is a broken run), after the check's verdict, and nothing is left behind."""
+    out = tmp_path / "out"
+    result = cli(*command, "B0_clean", "--out", str(out), "--max-length", "1", "--long", "drop")
+    assert result.exit_code == 1, result.output
+    assert "PASS B0_clean" in result.stdout
+    said = result.stderr.strip().splitlines()
+    assert len(said) == 1 and "none of its 30 clean records is left as a sample (30 dropped by --long" in said[0], result.stderr
+    assert not out.exists()

@@ -11,10 +11,14 @@ import io
 import json
 import os
 import re
+import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,7 +33,7 @@ from typer.testing import CliRunner
 import audit.base.files
 from audit.base import inert
 from audit.base.errors import ConfigError, InputError
-from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_atomically
+from audit.base.files import LOCK_FILE, lock_output, open_temporary, write_file
 from audit.cli import app
 from audit.cli.tables import first_findings, report_table, verdict_line
 from audit.engine.runner import audit_file
@@ -42,6 +46,7 @@ from audit.report.history import diff_reports, load_report
 from audit.report.html import render_html
 from tests import tiktoken_remote_code
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT
+from tests.permissions import audit_bound_by_permissions
 
 runner = CliRunner()
 CLEAN_DATA = PREPARED / "B0_clean" / "raw_responses.jsonl"
@@ -727,12 +732,12 @@ def test_a_temporary_a_live_process_holds_is_never_removed(tmp_path):
     try:
         live = Path(writer.stdout.readline().strip())
         stale = killed_writer_leftover(tmp_path, "report.json")
-        write_atomically(tmp_path / "report.json", "{}\n")  # a write into the directory cleans it
+        write_file(tmp_path / "report.json", "{}\n")  # a write into the directory cleans it
         assert live.exists() and not stale.exists()
     finally:
         writer.kill()
         writer.wait()
-    write_atomically(tmp_path / "report.json", "{}\n")
+    write_file(tmp_path / "report.json", "{}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
@@ -743,7 +748,7 @@ def test_leftovers_that_are_links_or_directories_are_left_alone(tmp_path):
     link.symlink_to(target)
     directory = tmp_path / ".report.json.audit-ijklmnop.tmp"
     directory.mkdir()
-    write_atomically(tmp_path / "report.json", "{}\n")
+    write_file(tmp_path / "report.json", "{}\n")
     assert link.is_symlink() and directory.is_dir() and target.read_text() == "keep"
 
 
@@ -794,7 +799,7 @@ def assert_durable(log: list[tuple[str, str]], output: Path) -> None:
 
 def test_atomic_writes_are_durable(tmp_path, sync_log):
     target = tmp_path / "report.json"
-    write_atomically(target, "{}\n")
+    write_file(target, "{}\n")
     assert_durable(sync_log, target)
 
 
@@ -815,6 +820,176 @@ def test_generation_json_is_durable(tmp_path, sync_log, slow_server):
     # The append-only output: its lines synced, and its name in the directory once created.
     assert ("fsync", str(out.resolve())) in sync_log
     assert ("fsync", str(out.parent.resolve())) in sync_log
+
+
+# == Files named as outputs: devices, FIFOs, links, the data itself ==============================
+
+
+def device_node(path: Path) -> Path:
+    """A character device with the null device's numbers, in the test's folder (never /dev)."""
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root (CAP_MKNOD)")
+    return path
+
+
+def copied_data(tmp_path: Path) -> Path:
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(CLEAN_DATA.read_bytes())
+    return data
+
+
+def test_a_device_named_by_report_or_html_is_still_a_device_afterwards(tmp_path):
+    null = device_node(tmp_path / "null")
+    data = copied_data(tmp_path)
+    checked = cli("check", str(data), *KIMI, "--report", str(null), "--html", str(null))
+    assert checked.exit_code == 0, checked.output
+    gated = cli("gate", str(data), *KIMI, "--out", str(tmp_path / "g"), "--report", str(null))
+    assert gated.exit_code == 0, gated.output
+    vocab = cli("vocab", str(data), *KIMI, "--out", str(tmp_path / "v"), "--draft-vocab", "10", "--html", str(null))
+    assert vocab.exit_code == 0, vocab.output
+    assert stat.S_ISCHR(os.lstat(null).st_mode) and os.lstat(null).st_rdev == os.makedev(1, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "g", "null", "v"]
+
+
+def test_a_device_or_a_fifo_under_a_gate_outputs_name_is_written_through_and_kept(tmp_path):
+    out = tmp_path / "g"
+    out.mkdir()
+    device_node(out / "manifest.json")  # the old manifest is removed before the new: not this
+    os.mkfifo(out / "clean.jsonl")
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append((out / "clean.jsonl").read_bytes()), daemon=True)
+    reader.start()
+    result = cli("gate", str(copied_data(tmp_path)), *KIMI, "--out", str(out), "--force")
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert received == [CLEAN_DATA.read_bytes()]
+    assert stat.S_ISCHR(os.lstat(out / "manifest.json").st_mode) and stat.S_ISFIFO(os.lstat(out / "clean.jsonl").st_mode)
+
+
+def test_a_fifo_named_by_report_gets_the_json_and_stays_a_fifo(tmp_path):
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    result = cli("check", str(copied_data(tmp_path)), *KIMI, "--report", str(fifo))
+    reader.join(timeout=30)
+    assert result.exit_code == 0, result.output
+    assert json.loads(received[0])["verdict"] == "pass"
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_report_through_a_symlink_lands_at_its_target_and_a_loop_is_one_line(tmp_path):
+    (tmp_path / "kept").mkdir()
+    link = tmp_path / "latest.json"
+    link.symlink_to("kept/report.json")
+    result = cli("check", str(copied_data(tmp_path)), *KIMI, "--report", str(link))
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and json.loads((tmp_path / "kept" / "report.json").read_text())["verdict"] == "pass"
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    assert_one_line_error(cli("check", str(tmp_path / "data.jsonl"), *KIMI, "--report", str(tmp_path / "a")),
+                          "loop of symbolic links")
+    assert (tmp_path / "a").is_symlink() and (tmp_path / "b").is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["directory", "socket"])
+def test_a_report_that_names_a_directory_or_a_socket_is_refused_before_the_audit(tmp_path, kind):
+    target = tmp_path / "out"
+    if kind == "directory":
+        target.mkdir()
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(target))
+        server.close()
+    result = cli("gate", str(copied_data(tmp_path)), *KIMI, "--out", str(tmp_path / "g"), "--report", str(target))
+    assert_one_line_error(result, f"it is a {kind}")
+    assert not (tmp_path / "g").exists()
+
+
+def test_report_or_html_naming_the_input_overwrites_nothing(tmp_path):
+    data = copied_data(tmp_path)
+    original = data.read_bytes()
+    os.link(data, tmp_path / "hard.jsonl")
+    for args in (
+        ("check", str(data), *KIMI, "--report", str(data)),
+        ("check", str(data), *KIMI, "--report", str(tmp_path / "hard.jsonl")),
+        ("check", str(data), *KIMI, "--html", str(data)),
+        ("gate", str(data), *KIMI, "--out", str(tmp_path / "g"), "--report", str(data)),
+        ("trainer-view", str(data), *KIMI, "--trainer", "speculators", "--report", str(data)),
+        ("vocab", str(data), *KIMI, "--out", str(tmp_path / "v"), "--draft-vocab", "10", "--html", str(data)),
+    ):
+        assert_one_line_error(cli(*args), f"would overwrite the input {data}")
+        assert data.read_bytes() == original
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "hard.jsonl"]
+
+
+def test_report_naming_a_file_of_the_partition_overwrites_nothing(tmp_path):
+    partition = tmp_path / "B0_clean"
+    shutil.copytree(PREPARED / "B0_clean", partition)
+    before = {p.name: p.read_bytes() for p in partition.iterdir()}
+    result = cli("check", str(partition), *KIMI, "--report", str(partition / "generation.json"))
+    assert_one_line_error(result, "would overwrite a file of the partition")
+    assert {p.name: p.read_bytes() for p in partition.iterdir()} == before
+
+
+def test_report_naming_the_gates_clean_jsonl_overwrites_nothing(tmp_path):
+    data, out = copied_data(tmp_path), tmp_path / "g"
+    assert cli("gate", str(data), *KIMI, "--out", str(out)).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = cli("gate", str(data), *KIMI, "--out", str(out), "--report", str(out / "clean.jsonl"))
+    assert_one_line_error(result, f"and the gate output {out / 'clean.jsonl'} are one file")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # Two outputs of one run, and a vocabulary page over the vocabulary's own summary.
+    assert_one_line_error(cli("check", str(data), *KIMI, "--report", str(tmp_path / "r"), "--html", str(tmp_path / "r")),
+                          "are one file")
+    vocab = cli("vocab", str(data), *KIMI, "--out", str(tmp_path / "v"), "--draft-vocab", "10",
+                "--html", str(tmp_path / "v" / "vocab.json"))
+    assert_one_line_error(vocab, "are one file")
+    assert not (tmp_path / "r").exists() and not (tmp_path / "v").exists()
+
+
+def test_a_page_drawn_from_a_saved_report_never_replaces_it(tmp_path):
+    saved = tmp_path / "r.json"
+    assert cli("check", str(copied_data(tmp_path)), *KIMI, "--report", str(saved)).exit_code == 0
+    before = saved.read_bytes()
+    assert_one_line_error(cli("report", str(saved), "--html", str(saved)), f"--html {saved} would overwrite the report")
+    assert saved.read_bytes() == before
+
+
+def test_the_api_refuses_a_report_or_a_gate_over_its_input(tmp_path):
+    data = copied_data(tmp_path)
+    original = data.read_bytes()
+    report = check_session(prepare(resolve_target(str(data), PREPARED), CheckOptions(
+        profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER)))
+    os.link(data, tmp_path / "hard.jsonl")
+    for named in (data, tmp_path / "hard.jsonl"):
+        with pytest.raises(InputError, match="would overwrite its input"):
+            report.write_json(named)
+    clean = tmp_path / "clean.jsonl"
+    clean.write_bytes(original)
+    session = prepare(resolve_target(str(clean), PREPARED), CheckOptions(profile="kimi-k2.5", tokenizer=KIMI_TOKENIZER))
+    with pytest.raises(InputError, match="would overwrite the input"):
+        gate_session(session, tmp_path)
+    assert data.read_bytes() == original and clean.read_bytes() == original
+
+
+@pytest.mark.parametrize("command", [
+    ("gate", "--out"),
+    ("export", "--format", "jsonl", "--out"),
+    ("vocab", "--draft-vocab", "10", "--out"),
+])
+def test_an_unreadable_input_is_one_line_and_leaves_no_output_directory(tmp_path, command):
+    data = copied_data(tmp_path)
+    data.chmod(0)
+    out = tmp_path / "out"
+    result = audit_bound_by_permissions(*command[:1], str(data), *KIMI, *command[1:], str(out))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"audit: error: {data}: cannot read it (Permission denied)"
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    assert not out.exists()  # with the result cache on (inherited AUDIT_CACHE_DIR) too
 
 
 # == Hostile records: what the audit reads, trusts and keeps ======================================

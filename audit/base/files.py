@@ -1,7 +1,10 @@
 """Writing outputs: atomically, durably, and one run at a time.
 
+- **Guarded.** Every output goes by the rule of `audit.base.destinations`: a device or a FIFO
+  is written through, never replaced; a directory, a block device or a socket is refused; a
+  symbolic link is followed, never replaced. `write_file` and `Temporary.commit` apply it.
 - **Atomic.** An output is written to a temporary file beside it and renamed into place, so a
-  crash leaves the old file or the new one, never half of one (`write_atomically`, or
+  crash leaves the old file or the new one, never half of one (`write_file`, or
   `open_temporary` + `Temporary.commit` for writers that stream). A directory of files that
   belong together (a cache entry) is filled beside its place and renamed in whole
   (`write_directory_atomically`).
@@ -24,20 +27,17 @@ import fcntl
 import json
 import os
 import re
-import shlex
 import shutil
-import socket
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-from audit.base import inert
+from audit.base.destinations import destination
 from audit.base.errors import InputError
+from audit.base.holders import describe_holder, holder_record
 
 LOCK_FILE = ".audit.lock"
 TEMPORARY_MARK = ".audit-"
@@ -47,9 +47,6 @@ _TEMPORARY_NAME = re.compile(
     r"^\..+\.audit-[a-z0-9_]{8}\.tmp$"
     r"|^\.(clean\.jsonl|quarantine\.jsonl|manifest\.json|generation\.json)\.[a-z0-9_]{8}\.tmp$"
 )
-# What the lock file may say about its holder: a few short fields, shown in one line.
-_HOLDER_FIELDS = ("pid", "host", "command", "started_at")
-_HOLDER_FIELD_LIMIT = 300
 
 
 def _umask() -> int:
@@ -97,13 +94,28 @@ class Temporary:
             self.file.flush()
             os.fsync(self.file.fileno())
 
-    def commit(self, destination: Path, *, sync_directory: bool = True) -> None:
-        """fsync, rename onto `destination`, then (unless told not to) fsync the directory."""
+    def commit(self, destination_path: Path, *, sync_directory: bool = True) -> None:
+        """fsync and rename onto `destination_path` (a link's target), then (unless told not to)
+        fsync the directory; or copy through to a device or FIFO (`audit.base.destinations`).
+        InputError, the temporary kept for `discard()`, when it may not be written."""
+        target = destination(destination_path)
         self.sync()
-        os.replace(self.path, destination)
+        if target.through or target.path.parent != self.path.parent:
+            # Through to a device or FIFO; or, for a link into another directory, a temporary
+            # beside its target (a rename stays within one directory).
+            self.file.close()
+            with self.path.open("rb") as content:
+                if target.through:
+                    with target.open() as out:
+                        shutil.copyfileobj(content, out, 1 << 20)
+                else:
+                    write_file(target.path, iter(lambda: content.read(1 << 20), b""))
+            self.path.unlink(missing_ok=True)
+            return
+        os.replace(self.path, target.path)
         self.file.close()
         if sync_directory:
-            fsync_directory(destination.parent)
+            fsync_directory(target.path.parent)
 
     def discard(self) -> None:
         """Close and remove the temporary file (nothing is renamed)."""
@@ -142,24 +154,38 @@ def open_temporary(directory: Path, name: str) -> Temporary:
     return Temporary(Path(temporary), os.fdopen(handle, "wb"))
 
 
-def write_atomically(path: Path, text: str | Iterable[bytes]) -> Path:
-    """Write `text` (a str as UTF-8, or bytes pieces as they come) to `path` durably, through a
-    temporary file and a rename.
-
-    On any failure the old file is left as it was and no temporary file remains.
-    """
-    temporary = open_temporary(path.parent, path.name)
+def write_file(path: Path, text: str | Iterable[bytes]) -> Path:
+    """Write `text` (a str as UTF-8, or bytes pieces as they come) to `path` by the rule of
+    `audit.base.destinations`: durably through a temporary file and a rename, or through to a
+    device or FIFO; InputError, before anything is written, when it may not be written. On any
+    failure the old file is left as it was and no temporary file remains."""
+    target = destination(path)
+    pieces = [text.encode("utf-8")] if isinstance(text, str) else text
+    if target.through:
+        with target.open() as out:
+            for piece in pieces:
+                out.write(piece)
+        return path
+    temporary = open_temporary(target.path.parent, target.path.name)
     try:
-        if isinstance(text, str):
-            temporary.file.write(text.encode("utf-8"))
-        else:
-            for piece in text:
-                temporary.file.write(piece)
-        temporary.commit(path)
+        for piece in pieces:
+            temporary.file.write(piece)
+        temporary.commit(target.path)
     except BaseException:
         temporary.discard()
         raise
     return path
+
+
+def remove_output(path: Path, *, follow: bool = True) -> None:
+    """Remove the output at `path` before it is written again: a regular file only (a link
+    followed to it, as writing would; `follow=False`: left alone), never a device or FIFO."""
+    try:
+        target = destination(path).path if follow else path
+        if stat.S_ISREG(os.lstat(target).st_mode):
+            target.unlink()
+    except (FileNotFoundError, InputError):
+        pass  # nothing there, or nothing an output may replace: writing it will say so
 
 
 def write_directory_atomically(
@@ -174,6 +200,9 @@ def write_directory_atomically(
     call is left behind. The files are not fsync'd one by one: for stores that can be rebuilt.
     """
     destination.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(destination) and not stat.S_ISDIR(os.lstat(destination).st_mode):
+        # Not a leftover of ours (a link, a device, a file): left as it is, nothing written.
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory, left as it is", str(destination))
     staging = Path(
         tempfile.mkdtemp(dir=destination.parent, prefix=f".{destination.name}{TEMPORARY_MARK}", suffix=".tmp")
     )
@@ -368,22 +397,3 @@ def _holder_of(handle: int) -> str:
             break
         time.sleep(0.01)
     return describe_holder(data)
-
-
-def holder_record(command: str | None = None) -> dict[str, Any]:
-    """Who this run is, as a lock records its holder: pid, host, command line, start time."""
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "command": command or shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-        "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-    }
-
-
-def describe_holder(data: Any) -> str:
-    """A lock's holder as one line of text (what a lock says is not trusted)."""
-    if not isinstance(data, dict):
-        return "holder not recorded"
-    fields = {k: inert.terminal(data.get(k), _HOLDER_FIELD_LIMIT) for k in _HOLDER_FIELDS}
-    started = fields["started_at"]
-    return f"pid {fields['pid']} on {fields['host']}, started {started}: {fields['command']}"

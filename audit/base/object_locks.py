@@ -49,7 +49,8 @@ def lock_prefix(prefix: ObjectPath, command: str | None = None) -> PrefixLock:
     host that is gone is taken over; one from another host stays until someone deletes it (the
     error says which object), since nothing here can tell whether that run still lives.
     """
-    from audit.base.files import OutputInUse, holder_record
+    from audit.base.files import OutputInUse
+    from audit.base.holders import holder_record
 
     path = prefix / LOCK_FILE
     token = os.urandom(16).hex()
@@ -69,7 +70,7 @@ def lock_prefix(prefix: ObjectPath, command: str | None = None) -> PrefixLock:
 
 
 def _in_use(prefix: ObjectPath, path: ObjectPath, holder: dict[str, Any]) -> str:
-    from audit.base.files import describe_holder
+    from audit.base.holders import describe_holder
 
     return (
         f"{prefix} is in use by another audit run ({describe_holder(holder or None)}); wait for it "

@@ -241,12 +241,12 @@ AnyPath = Path | ObjectPath  # a path the tool reads or writes: local, or in obj
 
 
 def write_output(path: Path | ObjectPath, content: str | Iterable[bytes]) -> Path | ObjectPath:
-    """Write an output whole: on disk atomically (`audit.base.files.write_atomically`), in object
+    """Write an output whole: on disk atomically (`audit.base.files.write_file`), in object
     storage as one upload that readers see only once it is complete."""
     if not isinstance(path, ObjectPath):
-        from audit.base.files import write_atomically
+        from audit.base.files import write_file
 
-        return write_atomically(path, content)
+        return write_file(path, content)
     with path.open("wb") as handle:
         for chunk in [content.encode()] if isinstance(content, str) else content:
             handle.write(chunk)

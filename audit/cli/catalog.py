@@ -46,7 +46,7 @@ def list_rules(
 def write_rule_pages(directory: Path) -> int:
     """Write every rule's page and the index into `directory` (created if missing), and remove
     the pages of rules that no longer exist. Returns the number of pages written."""
-    from audit.base.files import write_atomically
+    from audit.base.files import write_file
 
     if directory.exists() and not directory.is_dir():
         raise fail(f"--docs {directory}: not a directory")
@@ -57,7 +57,7 @@ def write_rule_pages(directory: Path) -> int:
             if _RULE_PAGE.match(stale.name) and stale.name not in pages and stale.is_file():
                 stale.unlink()
         for name, text in pages.items():
-            write_atomically(directory / name, text)
+            write_file(directory / name, text)
     except OSError as exc:
         raise fail(f"--docs {directory}: cannot write the rule pages: {exc.strerror or exc}") from None
     return len(pages)

@@ -178,6 +178,40 @@ def all_partitions(root) -> list[str]:
     return names
 
 
+def _named_outputs(target, report: str | None, html: str | None, *, several: bool) -> list[tuple[str, AnyPath]]:
+    """The files --report and --html name for `target` (a page each with several targets)."""
+    from audit.base.storage import location
+
+    named: list[tuple[str, AnyPath]] = []
+    if report is not None:
+        named.append(("--report", location(report)))
+    if html is not None:
+        from audit.report.html import html_path
+
+        named.append(("--html", html_path(location(html), target.partition, several=several)))
+    return named
+
+
+def _dated_report(result: Report, directory: AnyPath, keep: int) -> AnyPath | None:
+    """Save the report in `directory` under a dated name, pruning older ones; when it cannot be
+    written, say so in one line and go on: the verdict and its exit code do not depend on a
+    report nobody named (see docs/gating-and-ci.md)."""
+    path = dated_report_path(directory, result.target)
+    try:
+        result.write_json(path)
+    except (OSError, AuditError) as exc:
+        reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+        problem = (
+            f"audit: could not write the report {path} ({reason}); the verdict stands: "
+            "pass --report FILE (or --reports-dir DIR) to keep it elsewhere, or --report none"
+        )
+        errors.print(plain(problem, "yellow", limit=None), soft_wrap=True)
+        return None
+    if isinstance(path, Path):  # an object store keeps its own
+        prune_reports(path.parent, result.target, keep)
+    return path
+
+
 @app.command(short_help="Audit partitions; exit 0 pass, 1 gate failed, 2 error.")
 def check(
     targets: OptionalTargets = None,
@@ -236,6 +270,7 @@ def check(
     """
     from audit.base.storage import location
     from audit.flows.checking import check_session
+    from audit.flows.output_paths import refuse_destructive_outputs
     from audit.flows.parallel import start_workers
     from audit.flows.session import prepare
     from audit.flows.targets import resolve_target
@@ -259,6 +294,11 @@ def check(
         if report is not None and not no_report and len(targets) > 1:
             raise fail("--report names one file; with several targets use --reports-dir")
         resolved = [resolve_target(spec, root) for spec in targets]
+        for target in resolved:
+            refuse_destructive_outputs(
+                target, files=_named_outputs(target, report if report and not no_report else None, html, several=len(resolved) > 1),
+                inputs=[("the rule set", options.rules), ("--prompts", options.prompts)],
+            )
         # --jobs: the workers start now and prepare the first target while this process does.
         start_workers(jobs, resolved[0] if resolved else None, options)
         sessions = [prepare(target, options) for target in resolved]
@@ -270,12 +310,12 @@ def check(
             with audit_progress(errors, session.target.partition, session.target.data_file) as progress:
                 result = check_session(session, progress)
             path = None
-            if not no_report:
-                path = location(report) if report else dated_report_path(location(reports_dir), result.target)
+            if report and not no_report:
+                path = location(report)
                 with writing("the report", path):
                     result.write_json(path)
-                if report is None and isinstance(path, Path):  # an object store keeps its own
-                    prune_reports(path.parent, result.target, keep_reports)
+            elif not no_report:
+                path = _dated_report(result, location(reports_dir), keep_reports)
             reports.append(result)
             if output_format is OutputFormat.rich:
                 # as each finishes: a long run shows progress

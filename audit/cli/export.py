@@ -4,7 +4,7 @@ draft vocabulary their trained tokens call for."""
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich import box
@@ -26,6 +26,7 @@ from audit.cli.app import (
     check_options,
     console,
     data_root_for,
+    errors,
     fail,
     internal_errors_line,
     os_error,
@@ -112,7 +113,7 @@ def export(
     failed (the clean records are exported either way), 2 error.
     """
     from audit.base.storage import location
-    from audit.flows.export import ExportOptions, export_samples
+    from audit.flows.export import ExportOptions, NothingToExport, export_samples
 
     out_dir = location(out)
     try:
@@ -121,6 +122,8 @@ def export(
         options = ExportOptions(format=output_format.value, rows_per_shard=rows_per_shard, force=force)
         with writing("the export into", out_dir):
             result = export_samples(source, out_dir, options, samples)
+    except NothingToExport as exc:
+        _nothing_left(exc)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -164,8 +167,10 @@ def vocab(
     and write the draft vocabulary both trainers define: d2t[i] = used[i] - i, t2d over the
     target vocabulary. Exit codes as for export."""
     from audit.base.storage import location
-    from audit.flows.draft_vocab import VocabOptions
+    from audit.flows.draft_vocab import VOCAB_NAMES, VocabOptions
     from audit.flows.draft_vocab import draft_vocab as build
+    from audit.flows.export import NothingToExport
+    from audit.flows.output_paths import refuse_destructive_outputs
     from audit.report.html.vocab import write_vocab_html
 
     out_dir = location(out)
@@ -174,11 +179,16 @@ def vocab(
         source, samples = _prepare(target, data_root, profile, tokenizer, trust_remote_code, thinking, rules, jobs,
                                    no_cache, no_end_of_turn, no_reasoning, max_length, long)
         options = VocabOptions(draft_size=draft_vocab, tie_break=tie_break.value, target_size=target_vocab, force=force)
+        refuse_destructive_outputs(
+            source.session.target, files=[("--html", html_path)], directories=[("the draft vocabulary", out_dir, VOCAB_NAMES)]
+        )
         with writing("the draft vocabulary into", out_dir):
             result = build(source, out_dir, options, samples)
         if html_path is not None:
             with writing("the page", html_path):
                 write_vocab_html(result.summary, html_path)
+    except NothingToExport as exc:
+        _nothing_left(exc)
     except AuditError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -234,6 +244,14 @@ def _notes(counts: dict[str, Any], samples: Any) -> None:
 
 def _say(line: str) -> None:
     console.print(Text(terminal(line)), soft_wrap=True)
+
+
+def _nothing_left(exc: Any) -> NoReturn:
+    """No row left to write: the check's report, why in one line, and exit 1 as a failed gate
+    does (2 stays for a run the tool could not finish: a rule that raised on a record)."""
+    _print_report(exc.source)
+    errors.print(Text.assemble(("audit:", "bold"), " ", terminal(str(exc))), soft_wrap=True)
+    raise typer.Exit(max(1, exc.source.exit_code()))
 
 
 def _finish(source: Any) -> None:

@@ -86,7 +86,14 @@ def gate(
     as for check: 0 the gate passed, 1 it failed (the split is written either way), 2 error.
     """
     from audit.base.storage import location
-    from audit.flows.gating import CLEAN_FILE, MANIFEST_FILE, QUARANTINE_FILE, gate_session
+    from audit.flows.gating import (
+        CLEAN_FILE,
+        MANIFEST_FILE,
+        OUTPUT_FILES,
+        QUARANTINE_FILE,
+        gate_session,
+    )
+    from audit.flows.output_paths import refuse_destructive_outputs
     from audit.flows.session import prepare
     from audit.flows.targets import resolve_target
 
@@ -99,7 +106,12 @@ def gate(
     )
     fail_on_warning = fail_on is FailOn.warning
     try:
-        session = prepare(resolve_target(target, root), options)
+        resolved = resolve_target(target, root)
+        refuse_destructive_outputs(
+            resolved, files=[("--report", report_path)], directories=[("the gate output", out_dir, OUTPUT_FILES)],
+            inputs=[("the rule set", options.rules)],
+        )
+        session = prepare(resolved, options)
         with writing("the gate output into", out_dir):
             result = gate_session(session, out_dir, quarantine_on=quarantine_on.value, force=force)
         if report_path is not None:

@@ -54,6 +54,7 @@ def report_command(
     --tokenizer DIR names the tokenizer instead of the path the report records; it is required with
     --trust-remote-code, since a report is data and never chooses whose code runs.
     """
+    from audit.base.destinations import refuse_overlap
     from audit.base.storage import location
     from audit.report.history import load_report
 
@@ -69,8 +70,9 @@ def report_command(
             from audit.report.html import html_path, samples_for_saved_report, write_html
 
             for saved in reports:
-                samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
                 page = html_path(location(html), saved.target, several=len(reports) > 1)
+                refuse_overlap([("--html", page)], [("the report", location(path)) for path in files])
+                samples = samples_for_saved_report(saved, tokenizer=tokenizer, trust_remote_code=trust_remote_code)
                 with writing("the HTML page", page):
                     write_html(saved, page, samples)
                 pages.append(page)

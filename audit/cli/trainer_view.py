@@ -83,6 +83,7 @@ def trainer_view(
     """
     from audit.base.storage import location
     from audit.flows.checking import check_session
+    from audit.flows.output_paths import refuse_destructive_outputs
     from audit.flows.session import prepare
     from audit.flows.targets import resolve_target
 
@@ -92,13 +93,17 @@ def trainer_view(
         options, trainer, trainer_max_length, only=True, reply_shape=reply_shape, python=trainer_python
     )
     try:
-        session = prepare(resolve_target(target, root), options)
+        resolved = resolve_target(target, root)
+        written = location(report) if report is not None else None
+        refuse_destructive_outputs(
+            resolved, files=[("--report", written)], inputs=[("the rule set", options.rules), ("--prompts", options.prompts)]
+        )
+        session = prepare(resolved, options)
         # The data file and the report may be object-store paths: these helpers only name them.
         with audit_progress(errors, session.target.partition, cast(Path, session.target.data_file)) as progress:
             result = check_session(session, progress)
         path: Path | None = None
-        if report is not None:
-            written = location(report)
+        if written is not None:
             with writing("the report", cast(Path, written)):
                 result.write_json(written)
             path = written if isinstance(written, Path) else None

@@ -45,8 +45,10 @@ from audit.flows.export import SampleOptions, SampleTally, check_output, no_samp
 from audit.flows.export_rows import SampleBlock
 from audit.flows.export_sources import SampleSource, judge
 from audit.flows.export_writers import ExportDirectory, WrittenFile
+from audit.flows.output_paths import removed_if_left_empty
 
 VOCAB_FILE = "vocab.json"
+VOCAB_NAMES = ("d2t.npy", "t2d.npy", "vocab_mapping.safetensors", "token_counts.npy", VOCAB_FILE)
 VOCAB_OUTPUTS = re.compile(r"^(d2t\.npy|t2d\.npy|vocab_mapping\.safetensors|token_counts\.npy|vocab\.json)(\.partial)?$")
 TIE_BREAKS = ("specforge", "speculators")
 COVERAGE_SIZES = (8_000, 16_000, 32_000, 64_000)
@@ -216,9 +218,9 @@ def draft_vocab(source: SampleSource, out: str | os.PathLike[str] | ObjectPath, 
     """Count the trained tokens of the source's samples and write the draft vocabulary into `out`."""
     samples = samples or SampleOptions()
     out = location(out)
-    check_output(out, source)
+    check_output(out, source, "the draft vocabulary", VOCAB_NAMES)
     directory = ExportDirectory(out, VOCAB_FILE, VOCAB_OUTPUTS)
-    with directory:
+    with removed_if_left_empty(out), directory:
         directory.refuse_unless(options.force, "draft vocabulary")
         judge(source)
         size, size_from = target_vocab_size(source, options.target_size)

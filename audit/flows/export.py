@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.base.destinations import same_file
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, location
 from audit.flows.export_rows import (
@@ -43,10 +44,16 @@ from audit.flows.export_rows import (
 from audit.flows.export_sources import SampleSource, SourceTally, clean_records, judge
 from audit.flows.export_writers import (
     FORMATS,
+    JSONL_FILE,
     ExportDirectory,
     WrittenFile,
     datasets_metadata,
     write_samples,
+)
+from audit.flows.output_paths import (
+    refuse_destructive_outputs,
+    removed_if_left_empty,
+    require_readable,
 )
 from audit.model.trainer_rules import all_trainer_rules
 
@@ -138,14 +145,29 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
         yield block
 
 
-def no_samples(source: SampleSource, tally: SampleTally) -> InputError:
+class NothingToExport(InputError):
+    """No sample is left to write: every record was quarantined, or every clean one dropped.
+
+    Not a broken run: `audit export` and `audit vocab` exit 1 on it (as a failed gate does),
+    after the check's report; `source` holds it.
+    """
+
+    def __init__(self, message: str, source: SampleSource):
+        super().__init__(message)
+        self.source = source
+
+
+def no_samples(source: SampleSource, tally: SampleTally) -> NothingToExport:
     """The error for a source that gave no sample at all."""
     target = source.provenance()["source"]["target"]
     if tally.source.clean == 0:
-        return InputError(f"{target}: no clean record to export (every record was quarantined); nothing was written")
-    return InputError(
+        return NothingToExport(
+            f"{target}: no clean record to export (every record was quarantined); nothing was written", source
+        )
+    return NothingToExport(
         f"{target}: none of its {tally.source.clean} clean records is left as a sample "
-        f"({tally.length.dropped} dropped by --long, {tally.source.unreadable} unreadable); nothing was written"
+        f"({tally.length.dropped} dropped by --long, {tally.source.unreadable} unreadable); nothing was written",
+        source,
     )
 
 
@@ -170,13 +192,17 @@ class ExportResult:
         return self.source.exit_code()
 
 
-def check_output(out: Path | ObjectPath, source: SampleSource) -> None:
-    """An output directory that cannot be one: a file, or the input's own directory."""
+def check_output(out: Path | ObjectPath, source: SampleSource, what: str, names: tuple[str, ...]) -> None:
+    """An output directory that cannot be one (a file, the input's own directory), one whose
+    files `names` would replace an input (`audit.flows.output_paths`), or an input that cannot
+    be read: refused before the directory is made."""
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}: exists and is not a directory")
     own = source.input_directory
-    if own is not None and str(out.resolve()) == str(own.resolve()):
+    if own is not None and same_file(out, own):
         raise InputError(f"--out {out} is the input's own directory; choose another directory")
+    refuse_destructive_outputs(source.session.target, directories=[(what, out, names)])
+    require_readable(source.session.target.data_file)
 
 
 def export_samples(source: SampleSource, out: str | os.PathLike[str] | ObjectPath, options: ExportOptions,
@@ -186,9 +212,9 @@ def export_samples(source: SampleSource, out: str | os.PathLike[str] | ObjectPat
     `force` is not set, when no sample is left, or when the input changed while being read."""
     samples = samples or SampleOptions()
     out = location(out)
-    check_output(out, source)
+    check_output(out, source, "the export", (JSONL_FILE, "dataset_info.json", "state.json", EXPORT_FILE))
     directory = ExportDirectory(out, EXPORT_FILE, EXPORT_OUTPUTS)
-    with directory:
+    with removed_if_left_empty(out), directory:
         directory.refuse_unless(options.force, "export")
         judge(source)
         provenance = {**source.provenance(), "options": {**samples.to_dict(), "format": options.format}}

@@ -40,7 +40,8 @@ from audit.base.files import (
     lock_output,
     open_temporary,
     remove_leftover_temporaries,
-    write_atomically,
+    remove_output,
+    write_file,
 )
 from audit.base.object_locks import lock_prefix
 from audit.base.storage import LOCK_FILE, ObjectPath, store_errors
@@ -338,14 +339,14 @@ class ExportDirectory:
             written.staged.file.sync()
         # The old summary goes first, the new one comes last: a directory with a summary holds
         # what it lists, even after a crash between the steps.
-        (directory / self.summary_name).unlink(missing_ok=True)
+        remove_output(directory / self.summary_name)
         fsync_directory(directory)
         for written in files:
             written.staged.file.commit(directory / written.name, sync_directory=False)
         for name in stale:
-            (directory / name).unlink(missing_ok=True)
+            remove_output(directory / name, follow=False)
         fsync_directory(directory)
-        write_atomically(directory / self.summary_name, [summary])
+        write_file(directory / self.summary_name, [summary])
         self._staged.clear()
 
     def _publish_objects(self, prefix: ObjectPath, files: list[WrittenFile], summary: bytes, stale: list[str]) -> None:

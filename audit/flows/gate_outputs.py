@@ -13,6 +13,7 @@ from audit.base.files import (
     lock_output,
     open_temporary,
     remove_leftover_temporaries,
+    remove_output,
 )
 from audit.base.object_locks import abort_unfinished_writes, lock_prefix
 from audit.base.storage import ObjectPath
@@ -75,7 +76,7 @@ class DirectoryOutputs:
             # The old manifest goes first and the new one comes last: a crash in between leaves a
             # directory without a manifest, which no consumer may take for a finished gate. Each
             # step is synced before the next, so a power cut cannot reorder them either.
-            (directory / MANIFEST_FILE).unlink(missing_ok=True)
+            remove_output(directory / MANIFEST_FILE)
             fsync_directory(directory)
             for index, output in enumerate(staged):
                 output.file.commit(directory / output.name, sync_directory=index == len(staged) - 1)

@@ -76,6 +76,11 @@ from audit.flows.gate_outputs import (
     PrefixOutputs,
     Staged,
 )
+from audit.flows.output_paths import (
+    refuse_destructive_outputs,
+    removed_if_left_empty,
+    require_readable,
+)
 from audit.flows.session import Session
 from audit.records.sources import InputDigest, LongLine, file_blocks, file_chunks
 from audit.report.report import Report
@@ -118,7 +123,8 @@ def gate_session(
 
     `out_dir` is a directory, or a prefix in object storage (a URL). Raises InputError (nothing
     written) when `out_dir` holds the gate of a different input and `force` is false, when an
-    output would overwrite the input, or when the input changes while it is being gated.
+    output would overwrite the input or a file of its partition, when the input cannot be read
+    (no `out_dir` is created then), or when the input changes while it is being gated.
     """
     if quarantine_on not in QUARANTINE_SEVERITIES:
         raise InputError(f"--quarantine-on must be error or warning, got {quarantine_on!r}")
@@ -127,13 +133,12 @@ def gate_session(
     input_path = data_file.resolve()
     if out_dir.exists() and not out_dir.is_dir():
         raise InputError(f"--out {out_dir}: exists and is not a directory")
-    for name in OUTPUT_FILES:
-        if (out_dir / name).resolve() == input_path:
-            raise InputError(f"--out {out_dir}: {name} would overwrite the input itself; choose another directory")
+    refuse_destructive_outputs(session.target, directories=[("the gate output", out_dir, OUTPUT_FILES)])
+    require_readable(data_file)  # before --out is made: an unreadable input leaves nothing behind
     outputs = PrefixOutputs(out_dir) if isinstance(out_dir, ObjectPath) else DirectoryOutputs(out_dir)
     # One gate at a time per output: two runs into one --out would leave a manifest of one
     # input beside the clean.jsonl of the other.
-    with outputs.lock():
+    with removed_if_left_empty(out_dir), outputs.lock():
         outputs.remove_leftovers()  # what a killed gate left: up to the input's size
         previous = read_manifest(out_dir)
         if not force:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.base.errors import ConfigError, InputError
-from audit.base.files import write_atomically
+from audit.base.files import write_file
 from audit.base.storage import AnyPath, ObjectPath
 
 GENERATION_FILE = "generation.json"
@@ -172,5 +172,5 @@ def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
         "started_at": started if isinstance(started, str) else now,
         "updated_at": now,
     }
-    write_atomically(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+    write_file(path, json.dumps(data, ensure_ascii=False, indent=2) + "\n")
     return path

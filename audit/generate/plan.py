@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from audit import __version__
+from audit.base.destinations import same_file
 from audit.base.errors import ConfigError, InputError
 from audit.base.files import OutputLock, lock_output
 from audit.checks.ruleset import RuleSet, load_rule_set
@@ -144,8 +145,9 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         raise ConfigError(
             f"--out {options.out} is a directory; name the output file, e.g. {options.out / 'raw_responses.jsonl'}"
         )
-    if options.out.exists() and options.out.resolve() == options.prompts.resolve():
-        # Resuming would read the prompts as samples, and appending would write into them.
+    if options.out.exists() and same_file(options.out, options.prompts):
+        # Resuming would read the prompts as samples, and appending would write into them (a
+        # hard link to the prompts is the prompts too).
         raise ConfigError(
             f"--out {options.out} is the prompts file itself; name another output file"
         )

@@ -19,8 +19,9 @@ import orjson
 import polars as pl
 
 from audit import __version__
+from audit.base.destinations import refuse_overlap
 from audit.base.errors import InputError
-from audit.base.storage import ObjectPath, write_output
+from audit.base.storage import ObjectPath, location, write_output
 from audit.checks.ruleset import RuleSet
 from audit.checks.verdict import EXIT_ERROR, Verdict, threshold_text
 from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog
@@ -193,7 +194,12 @@ class Report:
         streamed."""
         if path.is_dir():
             raise InputError(f"report path {path} is a directory; name a file, e.g. {path / 'report.json'}")
+        refuse_overlap([("the report", path)], [("its input", self.input_location())])
         return write_output(path, self.json_chunks())
+
+    def input_location(self) -> Path | ObjectPath:
+        """The audited file, as a path (or a URL in object storage)."""
+        return location(str(self.input["path"]))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Report:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from audit import __version__
+from audit.base.destinations import refuse_overlap
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
@@ -58,6 +59,7 @@ def write_html(report: Report, path: Path | ObjectPath, samples: Samples | None 
     """Write the page atomically (temporary file then rename, or one upload)."""
     if path.is_dir():
         raise InputError(f"--html {path} is a directory; name a file, e.g. {path / 'report.html'}")
+    refuse_overlap([("--html", path)], [("the report's input", report.input_location())])
     return write_output(path, render_html(report, samples))
 
 

@@ -1,0 +1,182 @@
+"""How a trainer's pinned transformers loads a tokenizer folder, where it differs from the folder.
+
+The audit reads a folder's `tokenizer.json` itself. A trainer calls `AutoTokenizer.
+from_pretrained` under the transformers it pins, and some releases build another tokenizer from
+the same folder: transformers 5.8.1 (SpecForge 0.2.0's pin) turns a folder whose
+`tokenizer_config.json` names `LlamaTokenizerFast` over a byte-level BPE `tokenizer.json`
+(DeepSeek-V3.2, R1-0528 and other DeepSeek-format folders), with no `config.json` model type it
+maps to its own tokenizer, into a Llama tokenizer with a Metaspace pre-tokenizer: spaces vanish,
+text outside its pieces is lost (transformers #45488, #48206). A trainer's rules file says so as
+data (`[transformers]`, `[[transformers.loads]]`: which folders, and the pipeline they get), and
+`trainer_encoder` builds that pipeline from the folder's own vocabulary and merges, so the
+trainer view encodes as the trainer would.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audit.base.config import expect, reject_unknown, string_list
+from audit.base.errors import ConfigError
+from audit.model.flat_ids import FlatIds
+
+# The parts of a tokenizer.json a load rule may set, as the loaded tokenizer has them.
+_PIPELINE_KEYS = ("normalizer", "pre_tokenizer", "decoder", "post_processor")
+
+
+@dataclass(frozen=True)
+class LoadRule:
+    """One kind of folder the trainer's transformers loads otherwise, and what it builds."""
+
+    tokenizer_classes: tuple[str, ...]  # tokenizer_config.json's tokenizer_class
+    pre_tokenizer: str  # the folder's tokenizer.json pre-tokenizer type (within a Sequence too)
+    # config.json model types that make transformers load the folder's own tokenizer.json ("": none)
+    loaded_by_model_type: tuple[str, ...]
+    builds: str  # what it builds, as a finding names it
+    pipeline: dict[str, Any]  # tokenizer.json parts replaced (null: removed)
+    model: dict[str, Any]  # model keys replaced
+    fix: str
+
+    def matches(self, folder: FolderFacts) -> bool:
+        return (
+            folder.tokenizer_class in self.tokenizer_classes
+            and self.pre_tokenizer in folder.pre_tokenizers
+            and folder.model_type not in self.loaded_by_model_type
+        )
+
+
+@dataclass(frozen=True)
+class TokenizerLoading:
+    """A trainer's pinned transformers and the folders it loads otherwise than their tokenizer.json."""
+
+    transformers: str
+    cited: str
+    loads: tuple[LoadRule, ...]
+
+
+@dataclass(frozen=True)
+class FolderFacts:
+    """What decides how transformers loads a tokenizer folder."""
+
+    tokenizer_class: str
+    model_type: str  # "" without a config.json or a model_type in it
+    pre_tokenizers: tuple[str, ...]
+
+
+def parse_loading(table: Any, where: str) -> TokenizerLoading | None:
+    """The `[transformers]` table of a trainer's rules file (None when it has none)."""
+    if table is None:
+        return None
+    at = f"{where}: [transformers]"
+    reject_unknown(expect(table, dict, at), {"version", "cited", "loads"}, at)
+    loads = []
+    for index, rule in enumerate(expect(table.get("loads", []), list, f"{at}.loads")):
+        here = f"{at}.loads[{index}]"
+        keys = {"tokenizer_class", "pre_tokenizer", "loaded_by_model_type", "builds", "pipeline", "model", "fix"}
+        reject_unknown(expect(rule, dict, here), keys, here)
+        pipeline = {key: json.loads(value) for key, value in expect(rule.get("pipeline", {}), dict, f"{here}.pipeline").items()}
+        unknown = sorted(set(pipeline) - set(_PIPELINE_KEYS))
+        if unknown:
+            raise ConfigError(f"{here}.pipeline: {unknown[0]!r} is not a part of a tokenizer.json ({', '.join(_PIPELINE_KEYS)})")
+        loads.append(
+            LoadRule(
+                tokenizer_classes=tuple(string_list(rule.get("tokenizer_class"), f"{here}.tokenizer_class")),
+                pre_tokenizer=expect(rule.get("pre_tokenizer"), str, f"{here}.pre_tokenizer"),
+                loaded_by_model_type=tuple(string_list(rule.get("loaded_by_model_type", []), f"{here}.loaded_by_model_type")),
+                builds=expect(rule.get("builds"), str, f"{here}.builds"),
+                pipeline=pipeline,
+                model=dict(expect(rule.get("model", {}), dict, f"{here}.model")),
+                fix=expect(rule.get("fix"), str, f"{here}.fix"),
+            )
+        )
+    return TokenizerLoading(
+        transformers=expect(table.get("version"), str, f"{at}.version"),
+        cited=expect(table.get("cited", ""), str, f"{at}.cited"),
+        loads=tuple(loads),
+    )
+
+
+def folder_facts(directory: Path) -> FolderFacts | None:
+    """The folder's declared class, model type and pre-tokenizer; None without a tokenizer.json
+    (a tiktoken or remote-code folder: no load rule is about it)."""
+    try:
+        backend = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+        config = _json_object(directory / "tokenizer_config.json")
+        model = _json_object(directory / "config.json")
+    except (OSError, ValueError):
+        return None
+    if not isinstance(backend, dict):
+        return None
+    return FolderFacts(
+        tokenizer_class=str(config.get("tokenizer_class") or ""),
+        model_type=str(model.get("model_type") or ""),
+        pre_tokenizers=_types(backend.get("pre_tokenizer")),
+    )
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    value = json.loads(path.read_text(encoding="utf-8"))
+    return value if isinstance(value, dict) else {}
+
+
+def _types(part: Any) -> tuple[str, ...]:
+    """The types of a pipeline part, a Sequence's members included."""
+    if not isinstance(part, dict):
+        return ()
+    members = part.get("pretokenizers") or part.get("pre_tokenizers") or []
+    return (str(part.get("type")), *(t for member in members for t in _types(member)))
+
+
+@dataclass
+class TrainerEncoder:
+    """The tokenizer the trainer's transformers builds from a folder, for its encodes."""
+
+    rule: LoadRule
+    transformers: str
+    backend: Any  # tokenizers.Tokenizer
+
+    def encode_flat(self, texts: list[str]) -> FlatIds:
+        """Each text's ids as the trainer encodes it (`add_special_tokens=False`, as SpecForge)."""
+        return FlatIds.from_sequences([e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)])
+
+    @property
+    def cause(self) -> str:
+        """One sentence: why the trainer's ids are not the folder's, and the fix."""
+        return (
+            f"its transformers {self.transformers} loads this tokenizer folder as {self.rule.builds} "
+            f"(fix: {self.rule.fix})"
+        )
+
+
+_BUILT: dict[tuple[Path, str, LoadRule], TrainerEncoder | None] = {}
+
+
+def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> TrainerEncoder | None:
+    """The encoder of the tokenizer `loading`'s transformers builds from `directory`, where a
+    load rule says it differs from the folder's tokenizer.json; else None (the folder's own)."""
+    if loading is None:
+        return None
+    facts = folder_facts(directory)
+    rule = next((r for r in loading.loads if facts is not None and r.matches(facts)), None)
+    if rule is None:
+        return None
+    key = (directory, loading.transformers, rule)
+    if key not in _BUILT:
+        import tokenizers
+
+        backend = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
+        backend.update(rule.pipeline)
+        backend["model"] = {**backend["model"], **rule.model}
+        _BUILT[key] = TrainerEncoder(rule, loading.transformers, tokenizers.Tokenizer.from_str(json.dumps(backend)))
+    return _BUILT[key]
+
+
+def _unused(values: np.ndarray) -> None:  # pragma: no cover - keeps numpy's import honest for mypy
+    del values
