@@ -174,6 +174,7 @@ def _result(result: Any, index: int) -> None:
                 "severity": "text",
                 "summary": "text",
                 "failing": "count",
+                "detail": "text?",
                 "warn_above": "threshold",
                 "fail_above": "threshold",
             },
@@ -253,3 +254,12 @@ def _distributions(shape: dict[str, Any]) -> None:
         counts = _object(shape.get(key), f"distributions.{key}")
         if not all(_is_count(n) for n in counts.values()):
             raise _Wrong(f"distributions.{key}", "an object of counts")
+    if "serving_mix" in shape:  # reports before the serving mix have none
+        where = "distributions.serving_mix"
+        mix = _object(shape["serving_mix"], where)
+        keys = ("records", "thinking_known", "thinking_on", "thinking_off", "tool_calls")
+        _fields(mix, where, dict.fromkeys(keys, "count"), required=keys)
+        if mix["thinking_on"] + mix["thinking_off"] > mix["thinking_known"] or max(
+            mix["thinking_known"], mix["tool_calls"]
+        ) > mix["records"]:
+            raise _Wrong(where, "counts of modes within the records counted")
