@@ -73,26 +73,73 @@ def test_where_the_model_is_right_the_trainers_own_code_changes_no_finding(train
     assert installed["trainer_view"]["summary"] == modelled["trainer_view"]["summary"]
 
 
-def test_a_folder_the_trainer_loads_otherwise_is_caught_on_every_record(trainer_python, tmp_path):
-    # A DeepSeek-format folder declaring LlamaTokenizerFast over its byte-level BPE: the audit
-    # reads its tokenizer.json, but the trainer's transformers loads a Metaspace Llama tokenizer
-    # (spaces vanish), so SpecForge trains other ids on every record.
-    folder = tmp_path / "deepseek-llama-class"
+def llama_class_folder(tmp_path: Path, model_type: str | None = None) -> Path:
+    """The shipped DeepSeek tokenizer as DeepSeek-format folders ship: tokenizer_config.json
+    naming LlamaTokenizerFast over the byte-level BPE tokenizer.json (and a config.json)."""
+    folder = tmp_path / f"deepseek-llama-class-{model_type}"
     shutil.copytree(DEEPSEEK_TOKENIZER, folder)
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizerFast"}))
-    trainer = ("--trainer", "specforge:deepseek-v3", "--tokenizer", str(folder))
+    if model_type is not None:
+        (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return folder
+
+
+def test_the_trainers_tokenizer_load_is_modelled_and_named_with_its_fix(tmp_path):
+    # The audit reads the folder's tokenizer.json; SpecForge's transformers 5.8.1 loads a
+    # Metaspace Llama tokenizer from it (spaces vanish): every record trains other ids.
+    trainer = ("--trainer", "specforge:deepseek-v3")
+    status, report, output = trainer_view("D1_deepseek", tmp_path, *trainer, "--tokenizer", str(llama_class_folder(tmp_path)))
+    records = report["input"]["records"]
+    changed = [f for f in report["findings"] if f["rule"] == "TRN002"]
+    assert status == 1 and len({f["line"] for f in changed}) == records, output
+    assert all("transformers 5.8.1 loads this tokenizer folder as a Metaspace LlamaTokenizer" in f["message"]
+               and '"model_type": "deepseek_v3"' in f["message"] for f in changed)
+    assert "Youareahelpfulassistant" in changed[0]["message"]
+    summary = report["trainer_view"]["summary"]
+    assert summary.count("loads this tokenizer folder as") == 1 and "fix:" in summary
+    assert report["trainer_view"]["tokenizer_load"]["transformers"] == "5.8.1"
+    # The fix it names: a config.json whose model type 5.8.1 loads the folder's tokenizer.json by.
+    _, fixed, _ = trainer_view("D1_deepseek", tmp_path, *trainer, "--tokenizer", str(llama_class_folder(tmp_path, "deepseek_v3")))
+    assert sum(1 for f in fixed["findings"] if f["rule"] == "TRN002") < records
+    assert "tokenizer_load" not in fixed["trainer_view"]
+    # Model types 5.8.1 does not map load the Metaspace tokenizer too.
+    _, unmapped, _ = trainer_view("D1_deepseek", tmp_path, *trainer, "--tokenizer", str(llama_class_folder(tmp_path, "deepseek_v32")))
+    assert len({f["line"] for f in unmapped["findings"] if f["rule"] == "TRN002"}) == records
+
+
+def test_the_modelled_load_encodes_as_the_pinned_transformers_does(trainer_python, tmp_path):
+    from audit.model.trainer_load import trainer_encoder
+    from audit.model.trainer_rules import load_trainer_rules
+
+    folder = llama_class_folder(tmp_path)
+    texts = ["You are a helpful assistant.", "你好，世界！\n\tTabs  and  spaces ", "émigré 🙂 123 4567",
+             "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>ok<｜end▁of▁sentence｜>",
+             "def f(x):\n    return {'a': [1, 2]}  # ▁marker", "", " leading", "trailing \n\n"]
+    script = (
+        "import json, sys, logging, warnings; logging.disable(logging.CRITICAL); warnings.simplefilter('ignore');"
+        "from transformers import AutoTokenizer; t = AutoTokenizer.from_pretrained(sys.argv[1]);"
+        "print(json.dumps([t.encode(x, add_special_tokens=False) for x in json.loads(sys.stdin.read())]))"
+    )
+    real = subprocess.run([str(trainer_python), "-c", script, str(folder)], input=json.dumps(texts),
+                          capture_output=True, text=True, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    encoder = trainer_encoder(load_trainer_rules("specforge").loading, folder)
+    assert encoder is not None
+    flat = encoder.encode_flat(texts)
+    modelled = [flat.values[flat.offsets[i] : flat.offsets[i + 1]].tolist() for i in range(len(texts))]
+    assert modelled == json.loads(real.stdout.strip().splitlines()[-1])
+
+
+def test_a_folder_the_trainer_loads_otherwise_gets_the_same_findings_from_its_own_code(trainer_python, tmp_path):
+    trainer = ("--trainer", "specforge:deepseek-v3", "--tokenizer", str(llama_class_folder(tmp_path)))
     _, modelled, _ = trainer_view("D1_deepseek", tmp_path, *trainer)
     status, installed, output = trainer_view(
         "D1_deepseek", tmp_path, *trainer, "--trainer-python", str(trainer_python)
     )
     records = installed["input"]["records"]
-    changed = [f for f in installed["findings"] if f["rule"] == "TRN002"]
-    assert status == 1 and len({f["line"] for f in changed}) == records, output
-    assert sum(1 for f in modelled["findings"] if f["rule"] == "TRN002") < records
-    assert all("as installed (transformers 5.8.1)" in f["message"] for f in changed)
-    assert installed["profile"] and installed["trainer_view"]
-    assert "python" in json.dumps(installed)
+    assert status == 1 and flagged(installed) == flagged(modelled), output
+    assert len({line for line, rule in flagged(installed) if rule == "TRN002"}) == records
+    assert "python" in installed["trainer_view"]
 
 
 def test_a_python_that_cannot_run_the_trainer_is_one_line(tmp_path):

@@ -18,6 +18,7 @@ from audit.engine.runner import FileAudit, ProgressCallback, audit_file
 from audit.flows.cache import AuditCache
 from audit.flows.parallel import audit_file_parallel
 from audit.flows.session import Session
+from audit.model.trainer_load import trainer_encoder
 from audit.report.report import Report, build_report
 
 
@@ -75,4 +76,12 @@ def check_session(session: Session, progress: ProgressCallback | None = None) ->
 def _trainer_description(session: Session) -> dict[str, Any] | None:
     """The run's trainer for its report (None: no trainer view)."""
     trainer = session.context.trainer
-    return None if trainer is None else {**trainer.to_dict(), "label": trainer.label}
+    if trainer is None:
+        return None
+    described = {**trainer.to_dict(), "label": trainer.label}
+    loaded = trainer_encoder(trainer.rules.loading, session.tokenizer.directory)
+    if loaded is not None:
+        described["tokenizer_load"] = {
+            "transformers": loaded.transformers, "builds": loaded.rule.builds, "fix": loaded.rule.fix
+        }
+    return described

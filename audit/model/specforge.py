@@ -27,10 +27,11 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from audit.model.flat_ids import FlatIds
 from audit.model.templating import failure_reason, utf8_text
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import PatternRules, TemplateRules, Trainer
@@ -281,8 +282,15 @@ def mask_bounds(text: str, template: TemplateRules, pattern: PatternRules) -> tu
     return trained, ignored
 
 
+class Encoder(Protocol):
+    """What encodes a trainer's texts: the run's tokenizer, or the one the trainer's own
+    transformers builds from the folder (`audit.model.trainer_load.TrainerEncoder`)."""
+
+    def encode_flat(self, texts: list[str]) -> FlatIds: ...
+
+
 def masked_sequences(
-    tokenizer: Tokenizer,
+    tokenizer: Encoder,
     texts: list[str],
     template: TemplateRules,
     pattern: PatternRules,

@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from audit.base.config import expect, reject_unknown, string_list
 from audit.base.errors import ConfigError
 from audit.model.flat_ids import FlatIds
@@ -29,7 +27,7 @@ from audit.model.flat_ids import FlatIds
 _PIPELINE_KEYS = ("normalizer", "pre_tokenizer", "decoder", "post_processor")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LoadRule:
     """One kind of folder the trainer's transformers loads otherwise, and what it builds."""
 
@@ -155,7 +153,8 @@ class TrainerEncoder:
         )
 
 
-_BUILT: dict[tuple[Path, str, LoadRule], TrainerEncoder | None] = {}
+# Built once per folder and rule in a process (a run's batches share it).
+_BUILT: dict[tuple[Path, str, str], TrainerEncoder] = {}
 
 
 def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> TrainerEncoder | None:
@@ -167,7 +166,7 @@ def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> Traine
     rule = next((r for r in loading.loads if facts is not None and r.matches(facts)), None)
     if rule is None:
         return None
-    key = (directory, loading.transformers, rule)
+    key = (directory, loading.transformers, rule.builds)
     if key not in _BUILT:
         import tokenizers
 
@@ -176,7 +175,3 @@ def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> Traine
         backend["model"] = {**backend["model"], **rule.model}
         _BUILT[key] = TrainerEncoder(rule, loading.transformers, tokenizers.Tokenizer.from_str(json.dumps(backend)))
     return _BUILT[key]
-
-
-def _unused(values: np.ndarray) -> None:  # pragma: no cover - keeps numpy's import honest for mypy
-    del values

@@ -20,11 +20,12 @@ from typing import Any
 
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.base.errors import ConfigError
+from audit.model.trainer_load import TokenizerLoading, parse_loading
 
 TRAINERS_DIR = BUILTIN_RULES_DIR / "trainers"
 
 _TOP_KEYS = {"name", "version", "display", "source", "preprocessing", "parsers", "patterns", "profiles",
-             "templates", "roles", "messages"}
+             "templates", "roles", "messages", "transformers"}
 _TEMPLATE_TEXTS = ("assistant_header", "user_header", "system_prompt", "end_of_turn_token")
 _TEMPLATE_KEYS = {*_TEMPLATE_TEXTS, "parser_type", "assistant_pattern_type", "enable_thinking", "ignore_token"}
 _PARSER_KEYS = {"keys", "pass_enable_thinking", "enable_thinking_default", "unsupported"}
@@ -86,6 +87,8 @@ class TrainerRules:
     profiles: dict[str, dict[str, str]] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)  # speculators: role name -> role
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # speculators: kept keys
+    # The transformers it pins and the folders that release loads otherwise (`[transformers]`).
+    loading: TokenizerLoading | None = None
 
     def length_setting(self, length: int) -> str:
         """What to pass for the trainer to keep `length` tokens: `data.max_length=4096`."""
@@ -261,6 +264,7 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
         name=data["name"], version=data["version"], display=data["display"], source=source,
         cited=data["source"], max_length=max_length, max_length_setting=setting, templates=templates, parsers=parsers,
         patterns=patterns, profiles=profiles, roles=roles, messages=messages,
+        loading=parse_loading(data.get("transformers"), where),
     )
 
 

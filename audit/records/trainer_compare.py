@@ -77,3 +77,20 @@ def compare(exact: np.ndarray, prompt_length: int, trained: np.ndarray, trained_
         exact_at[(ours == 1) & (theirs == 0)],
         exact_at[(ours == 0) & (theirs == 1)],
     )
+
+
+def boundary_mask(length: int, boundary: int) -> np.ndarray:
+    """A loss mask of `length` ids trained from `boundary` on (a row's own turn)."""
+    mask = np.zeros(length, dtype=np.int64)
+    mask[boundary:] = 1
+    return mask
+
+
+def early_and_history(extra: np.ndarray, prompt_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt tokens a trainer trains (`extra`, ascending), split: those that run up to the
+    output (the mask starts early: its assistant header ends before the generation prompt
+    does), and the rest (earlier turns)."""
+    run = 0
+    while run < len(extra) and extra[len(extra) - 1 - run] == prompt_length - 1 - run:
+        run += 1
+    return extra[len(extra) - run :], extra[: len(extra) - run]

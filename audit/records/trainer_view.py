@@ -35,9 +35,16 @@ from audit.model.specforge import (
     render_plans,
 )
 from audit.model.speculators import normalize_conversation, speculators_rows
+from audit.model.trainer_load import trainer_encoder
 from audit.model.trainer_rules import Trainer
 from audit.records.batch import Batch
-from audit.records.trainer_compare import Comparison, compare, trailing_separator
+from audit.records.trainer_compare import (
+    Comparison,
+    boundary_mask,
+    compare,
+    early_and_history,
+    trailing_separator,
+)
 from audit.records.trainer_input import NotViewed, TrainerInput, trainer_inputs
 
 VIEW_SCHEMA: dict[str, pl.DataType] = {
@@ -138,7 +145,11 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         wanted.append(own if isinstance(own, str) else "")
         rendered.append((r, plan, own))
     distinct = list(dict.fromkeys(wanted))  # a text and its undone rendering are often one text
-    made = dict(zip(distinct, masked_sequences(batch.tokenizer, distinct, template, pattern, None), strict=True))
+    # Encoded as the trainer encodes: through the tokenizer its own transformers builds from the
+    # folder, where that differs from the folder's tokenizer.json (`audit.model.trainer_load`).
+    loaded = trainer_encoder(trainer.rules.loading, batch.tokenizer.directory)
+    encoder = loaded if loaded is not None else batch.tokenizer
+    made = dict(zip(distinct, masked_sequences(encoder, distinct, template, pattern, None), strict=True))
     modelled: dict[int, TrainedSequence] = {}
     for r, plan, own in rendered:
         as_trained, as_undone = made[r.trained_text], made[own if isinstance(own, str) else ""]
@@ -151,6 +162,8 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
             r.facts.pop("_lost", None)
             continue
         r.trained = as_undone
+        if loaded is not None:
+            r.facts["_load_cause"] = loaded.cause
         _reasoning_facts(trainer, r, own, parser_drops=any(k == "reasoning_content" for _, k in plan.dropped_keys))
     job = trainer_job(trainer, batch.tokenizer)
     if job is not None:
@@ -272,7 +285,7 @@ def _speculators(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
             r.facts["refused"] = f"{label} trains nothing of it: {why}"
             continue
         row = result.rows[-1]
-        r.trained = TrainedSequence(row.untruncated, _boundary_mask(len(row.untruncated), row.boundary),
+        r.trained = TrainedSequence(row.untruncated, boundary_mask(len(row.untruncated), row.boundary),
                                     result.texts[row.turn], len(row.untruncated))
         r.trained_text = result.texts[row.turn]
         history = [j for j, turn in enumerate(normalize_conversation(r.item.conversation, trainer))
@@ -282,12 +295,6 @@ def _speculators(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         if row.full_length > trainer.max_length:
             r.facts["_lost"] = row.full_length - trainer.max_length
         _reasoning_facts(trainer, r, r.trained_text, parser_drops=False)
-
-
-def _boundary_mask(length: int, boundary: int) -> np.ndarray:
-    mask = np.zeros(length, dtype=np.int64)
-    mask[boundary:] = 1
-    return mask
 
 
 def _compare(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
@@ -307,7 +314,7 @@ def _compare(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         at = comparison.first
         windows.append(r.exact[max(0, at - _CONTEXT) : at + _CONTEXT])
         windows.append(core[max(0, at - _CONTEXT) : at + _CONTEXT])
-        early, _ = _early_and_history(comparison.extra, r.prompt_length)
+        early, _ = early_and_history(comparison.extra, r.prompt_length)
         for index in (comparison.missing[:1], early[:1], comparison.extra[:1]):
             windows.append(r.exact[index[0] : index[0] + 3] if len(index) else r.exact[:0])
     texts = iter(batch.tokenizer.decode_batch([w.tolist() for w in windows]))
@@ -347,6 +354,7 @@ def _ids_fact(label: str, r: _Row, comparison: Comparison, exact_text: str, trai
         f"{label} re-renders and re-tokenizes the record into other ids from {where}: the sample has "
         f"{exact_text!r}, the trainer {trained_text!r} ({len(r.exact)} ids in the sample, "
         f"{len(r.exact) - comparison.exact_end + comparison.trained_end} trained)"
+        + (f"; {r.facts['_load_cause']}" if "_load_cause" in r.facts else "")
     )
     r.facts["ids_at"] = at - r.prompt_length if at >= r.prompt_length else None
 
@@ -354,7 +362,7 @@ def _ids_fact(label: str, r: _Row, comparison: Comparison, exact_text: str, trai
 def _mask_fact(label: str, r: _Row, comparison: Comparison, texts: list[str]) -> None:
     """The mask over the record's own turn (TRN003), and over the prompt's earlier turns (TRN009)."""
     missing = comparison.missing
-    early, history = _early_and_history(comparison.extra, r.prompt_length)
+    early, history = early_and_history(comparison.extra, r.prompt_length)
     parts = []
     if len(missing):
         at = missing[0] - r.prompt_length
@@ -375,16 +383,6 @@ def _mask_fact(label: str, r: _Row, comparison: Comparison, texts: list[str]) ->
             f"{label} also builds {rows} row(s) that train the earlier assistant turns of this record's "
             "prompt: text the model did not write in this record"
         )
-
-
-def _early_and_history(extra: np.ndarray, prompt_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """The prompt tokens a trainer trains (`extra`, ascending), split: those that run up to the
-    output (the mask starts early: its assistant header ends before the generation prompt
-    does), and the rest (earlier turns)."""
-    run = 0
-    while run < len(extra) and extra[len(extra) - 1 - run] == prompt_length - 1 - run:
-        run += 1
-    return extra[len(extra) - run :], extra[: len(extra) - run]
 
 
 def _blank_ids(batch: Batch, tails: list[np.ndarray]) -> set[int]:

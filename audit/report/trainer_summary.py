@@ -63,8 +63,19 @@ def trainer_summary(log: FindingsLog, rule_set: RuleSet, trainer: dict[str, Any]
         "changed": changed,
         "rate": round(changed / viewed, 6) if viewed else 0.0,
         "causes": causes,
-        "summary": _sentence(label, viewed, not_viewed, changed, causes),
+        "summary": _sentence(label, viewed, not_viewed, changed, causes) + _load_sentence(trainer),
     }
+
+
+def _load_sentence(trainer: dict[str, Any]) -> str:
+    """Once per run: the trainer's transformers loads the tokenizer folder otherwise, and the fix."""
+    load = trainer.get("tokenizer_load")
+    if not isinstance(load, dict):
+        return ""
+    return (
+        f" Its transformers {load.get('transformers')} loads this tokenizer folder as {load.get('builds')}: "
+        f"every text it encodes differs from the folder's tokenizer.json (fix: {load.get('fix')})."
+    )
 
 
 def _cause(code: str) -> str:
