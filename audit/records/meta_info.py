@@ -38,7 +38,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _is_duration(value: Any) -> bool:
+def _is_non_negative(value: Any) -> bool:
     return _is_number(value) and value >= 0
 
 
@@ -62,7 +62,7 @@ def _is_string(value: Any) -> bool:
 # (what holds, how the contract says it)
 _Kind = tuple[Callable[[Any], bool], str]
 COUNT: _Kind = (_is_count, "an integer from 0 to 2**63 - 1")
-DURATION: _Kind = (_is_duration, "a non-negative number")
+NON_NEGATIVE: _Kind = (_is_non_negative, "a non-negative number")
 NUMBER: _Kind = (_is_number, "a number")
 STRING: _Kind = (_is_string, "a string")
 LIST: _Kind = (_is_list, "a list")
@@ -90,7 +90,7 @@ META_FIELDS: dict[str, _Kind] = {
     "hidden_states": LIST,
     "routed_experts": STRING,  # base64
     "indexer_topk": STRING,  # base64
-    "e2e_latency": DURATION,
+    "e2e_latency": NON_NEGATIVE,
     # return_logprob
     "input_token_logprobs": LIST,
     "output_token_logprobs": LIST,
@@ -104,10 +104,10 @@ META_FIELDS: dict[str, _Kind] = {
     "output_token_sampling_logprobs": LIST,
     "output_token_sampling_mask_length": COUNT,
     # speculative decoding
-    "spec_accept_rate": DURATION,
-    "spec_accept_length": DURATION,
-    "spec_cap_length": DURATION,
-    "spec_block_accept_length": DURATION,
+    "spec_accept_rate": NON_NEGATIVE,
+    "spec_accept_length": NON_NEGATIVE,
+    "spec_cap_length": NON_NEGATIVE,
+    "spec_block_accept_length": NON_NEGATIVE,
     "spec_num_correct_drafts": COUNT,
     "spec_num_proposed_drafts": COUNT,
     "spec_verify_ct": COUNT,
@@ -118,8 +118,8 @@ META_FIELDS: dict[str, _Kind] = {
     "api_server_dispatch_finish_ts": NUMBER,
     "response_sent_to_client_ts": NUMBER,
     "request_finished_ts": NUMBER,
-    "first_token_latency": DURATION,
-    "decode_throughput": DURATION,
+    "first_token_latency": NON_NEGATIVE,
+    "decode_throughput": NON_NEGATIVE,
     "forward_entry_time": NUMBER,
     "prefill_finished_time": NUMBER,
     "queue_time": NUMBER,
