@@ -118,3 +118,17 @@ def test_the_site_builds_with_no_warning(tmp_path: Path) -> None:
     assert (tmp_path / "site" / "rules" / "SEG001" / "index.html").is_file()
     api = (tmp_path / "site" / "python-api" / "index.html").read_text(encoding="utf-8")
     assert 'id="audit.api.check_target"' in api  # mkdocstrings read the docstrings
+
+
+def test_the_input_contract_page_types_every_meta_info_field_the_reader_checks() -> None:
+    """The page's meta_info table names exactly the fields `audit/records/meta_info.py` types."""
+    from audit.records.meta_info import FINISH_FIELDS, META_FIELDS
+
+    page = (ROOT / "docs" / "input-contract.md").read_text(encoding="utf-8")
+    table = page.split("## meta_info", 1)[1]
+    named = set()
+    for row in table.splitlines():
+        if row.startswith("| `"):
+            named |= set(re.findall(r"`([a-z_.0-9]+)`", row.split(" | ")[0]))
+    typed = set(META_FIELDS) | {f"finish_reason.{name}" for name in FINISH_FIELDS}
+    assert named - {"finish_reason", "finish_reason.type"} == typed

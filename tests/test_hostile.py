@@ -1178,8 +1178,16 @@ def test_ids_of_different_json_types_that_print_alike_are_duplicates(tmp_path):
         (lambda r: r["meta_info"]["finish_reason"].__setitem__("matched", [1]), "matched must be"),
         (lambda r: r.__setitem__("meta_info", [1]), "meta_info must be an object"),
         (lambda r: r.__setitem__("prompt_ids", [1, 2]), "input_ids and prompt_ids"),
+        (lambda r: r["meta_info"]["finish_reason"].__setitem__("matched", -1), "matched must be a token id"),
+        (lambda r: r["meta_info"]["finish_reason"].__setitem__("matched", 2**40), "matched must be a token id"),
+        (lambda r: r["meta_info"]["finish_reason"].__setitem__("matched", 2**70), "matched must be a token id"),
+        (lambda r: r["meta_info"].__setitem__("cached_tokens", [0]), "cached_tokens must be an integer"),
+        (lambda r: r["meta_info"].__setitem__("cached_tokens", 10**6), "more than meta_info.prompt_tokens"),
+        (lambda r: r["meta_info"].__setitem__("e2e_latency", -0.5), "e2e_latency must be a non-negative number"),
+        (lambda r: r["meta_info"].__setitem__("id", 7), "meta_info.id must be a string"),
     ],
-    ids=["text", "messages", "tools", "prompt_tokens", "finish-type", "matched", "meta_info", "both-prompts"],
+    ids=["text", "messages", "tools", "prompt_tokens", "finish-type", "matched", "meta_info", "both-prompts",
+         "matched-negative", "matched-2**40", "matched-2**70", "cached-list", "cached-past-prompt", "latency", "rid"],
 )
 def test_wrong_json_types_that_polars_would_coerce_are_int002(tmp_path, change, says):
     broken = record()
@@ -1187,6 +1195,18 @@ def test_wrong_json_types_that_polars_would_coerce_are_int002(tmp_path, change, 
     result = cli("check", str(data_file(tmp_path, broken)), *TOKENIZER_ARGS, "--format", "json")
     [finding] = json.loads(result.stdout)["findings"]
     assert (finding["line"], finding["rule"]) == (2, "INT002") and says in finding["message"]
+
+
+def test_a_matched_stop_id_past_the_vocabulary_is_int003_and_a_digit_stop_string_is_not(tmp_path):
+    past = record()
+    past["meta_info"]["finish_reason"]["matched"] = 10**6  # Kimi's mini vocabulary ends at 163607
+    result = cli("check", str(data_file(tmp_path, past)), *TOKENIZER_ARGS, "--format", "json", "--no-cache")
+    [finding] = json.loads(result.stdout)["findings"]
+    assert (finding["line"], finding["rule"]) == (2, "INT003")
+    assert "meta_info.finish_reason.matched = 1000000 is not in the tokenizer's vocabulary" in finding["message"]
+    digits = record()
+    digits["meta_info"]["finish_reason"]["matched"] = "1000000"  # a stop string, whatever it spells
+    assert findings_of(data_file(tmp_path, digits)) == []
 
 
 def test_every_command_reads_bad_ids_alike(tmp_path):

@@ -233,3 +233,82 @@ def test_the_cheap_repeated_key_test_flags_every_repeat_and_nothing_else(pairs, 
         assert flagged
     elif b"\\u003" not in line:
         assert not flagged
+
+
+# -- meta_info, field by field ------------------------------------------------------------------
+
+META_VALUES = st.one_of(
+    st.sampled_from([0, 1, -1, 287, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63, 2**70, 0.5, -0.5, 1e300, True,
+                     False, "7", "", [0], [], {}, {"device": 3, "host": 0}, {"device": -1}, {"backend": "file"}]),
+    st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=4),
+        lambda children: st.lists(children, max_size=2) | st.dictionaries(st.text(max_size=3), children, max_size=2),
+        max_leaves=4,
+    ),
+)
+# Where a value goes: a field of meta_info, or of its finish_reason ("finish_reason.matched").
+META_FIELD_NAMES = st.sampled_from([
+    "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "num_retractions", "id",
+    "weight_version", "e2e_latency", "queue_time", "cached_tokens_details", "output_token_logprobs",
+    "finish_reason.matched", "finish_reason.length", "finish_reason.message", "finish_reason.status_code",
+    "an_unknown_field", "finish_reason.an_unknown_field",
+])
+
+
+def _is_integer(value, below: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < below
+
+
+def typed_as_the_contract_page_says(field: str, value) -> bool:
+    """The docs' meta_info table, written out again: does `value` fit `field`? (null: absent)"""
+    if value is None:
+        return True
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if field in ("prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens", "num_retractions",
+                 "finish_reason.length", "finish_reason.status_code"):
+        return _is_integer(value, 2**63)
+    if field == "finish_reason.matched":
+        return isinstance(value, str) or _is_integer(value, 2**32)
+    if field in ("id", "weight_version", "finish_reason.message"):
+        return isinstance(value, str)
+    if field == "e2e_latency":
+        return number and value >= 0
+    if field == "queue_time":
+        return number
+    if field == "cached_tokens_details":
+        return isinstance(value, dict) and all(isinstance(v, str) or _is_integer(v, 2**63) for v in value.values())
+    if field == "output_token_logprobs":
+        return isinstance(value, list)
+    return True  # a field SGLang does not write: kept and ignored
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes=st.lists(st.tuples(META_FIELD_NAMES, META_VALUES), min_size=1, max_size=3))
+def test_meta_info_values_of_any_type_are_read_or_rejected_as_the_contract_says(changes) -> None:
+    """A clean record whose meta_info fields are given values of random JSON types is read when
+    each fits its field (and no more tokens are cached than the prompt has), else rejected with
+    a reason naming a meta_info field; reading never raises."""
+    value = json.loads(SAMPLE[0])
+    meta = value["meta_info"]
+    for field, item in changes:
+        target, name = (meta["finish_reason"], field.split(".")[1]) if "." in field else (meta, field)
+        target[name] = item
+    line = json.dumps(value).encode()
+    meta = orjson.loads(line)["meta_info"]  # as a strict reader reads it: 2**70 is a float there
+    fits = all(typed_as_the_contract_page_says(field, meta.get(field) if "." not in field
+                                                 else meta["finish_reason"].get(field.split(".")[1]))
+               for field, _ in changes)
+    cached, prompt = meta.get("cached_tokens"), meta.get("prompt_tokens")
+    if fits and cached is not None and prompt is not None and cached > prompt:
+        fits = False
+    parsed = parse_block(LineBlock(1, [line]))
+    assert parsed.raised == []
+    if fits:
+        assert parsed.rejected == [] and parsed.records.height == 1
+        assert parsed.records["finish_matched_id"].to_list() == [
+            None if isinstance(meta["finish_reason"].get("matched"), str) else meta["finish_reason"].get("matched")
+        ]
+    else:
+        [rejected] = parsed.rejected
+        assert rejected.problem == "contract" and rejected.reason.startswith("meta_info.")

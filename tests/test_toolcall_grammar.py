@@ -178,9 +178,31 @@ def test_declared_types_follow_sglangs_inference() -> None:
     ("1e3", "number", True), ("{'a': 1}", "object", True), ("[1, 2]", "object", False),
     ("anything {", "string", True), ("x", "enum", True), ("x", "some-custom-type", True),
     ("None", "integer", True), ("None", "boolean", True), ("none", "integer", False),
+    ('{"a": 1,}', "object", False), ("[1, 2,]", "array", False), ("{'a': [1,]}", "object", False),
+    ('{"a": ",}"}', "object", True), ("['x,]', 'y']", "array", True),
 ])
 def test_value_error_by_declared_type(value: str, kind: str, ok: bool) -> None:
     assert (value_error(value, kind) is None) is ok
+
+
+_JSON_CONTAINERS = st.recursive(
+    st.none() | st.booleans() | st.integers(-9, 9) | st.text(alphabet=",]} [{:'\"a", max_size=5),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(alphabet=",]}a", max_size=3), children,
+                                                                      max_size=3),
+    max_leaves=6,
+).filter(lambda value: isinstance(value, list | dict) and len(value) > 0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_JSON_CONTAINERS, spaced=st.booleans(), space=st.sampled_from(["", " ", "\n"]))
+def test_an_object_or_array_value_is_judged_alike_but_for_a_trailing_comma(value, spaced, space) -> None:
+    """A declared object or array written as JSON (commas and brackets inside its strings too)
+    reads; the same text with a comma before its closing bracket is not JSON, and says so."""
+    kind = "object" if isinstance(value, dict) else "array"
+    text = json.dumps(value, indent=2 if spaced else None)
+    assert value_error(text, kind) is None
+    broken = text[:-1].rstrip() + "," + space + text[-1]
+    assert "a trailing comma" in (value_error(broken, kind) or "")
 
 
 @settings(max_examples=300, deadline=None)

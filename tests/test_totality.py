@@ -3,9 +3,11 @@
 Clean records of every model family (rendered with the family's real tokenizer and template,
 `fixtures/family_partitions.py`) are mutated the ways a broken pipeline mutates ids: inserted,
 replaced, deleted, duplicated and swapped, with weight on special and out-of-vocabulary ids and
-on the tool-call sections. The full rule set then runs in-process (property-based, seeded) and
-through the CLI: no record may hit an internal error (ERR001), every record is accounted for,
-and every id the tokenizer lacks is an INT003 finding on its line.
+on the tool-call sections, and their `meta_info` fields given values of any JSON type. The full
+rule set then runs in-process (property-based, seeded) and through the CLI: no record may hit
+an internal error (ERR001), every record is accounted for, every id the tokenizer lacks (the
+`matched` stop id too) is an INT003 finding on its line, and every mistyped `meta_info` an
+INT002 finding.
 
 Examples per profile: `HYPOTHESIS_PROFILE=ci` (the default, a few hundred mutated records a
 profile, fast enough for every run) or `HYPOTHESIS_PROFILE=thorough` (ten times as many).
@@ -38,6 +40,7 @@ from fixtures.family_partitions import (
     make_family_partition,
     spec_tokenizer_dir,
 )
+from tests.test_reader import META_FIELD_NAMES, META_VALUES, typed_as_the_contract_page_says
 
 settings.register_profile("ci", max_examples=12, deadline=None, derandomize=True,
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -131,7 +134,25 @@ def mutated(draw: st.DrawFn, fam: Family) -> dict:
             ids.clear()
     if draw(st.booleans()):
         record.pop("meta_info", None)  # the mutated ids no longer match its counts: a finding, not the point
+    elif "meta_info" in record and not draw(st.integers(0, 2)):
+        # A meta_info field of any JSON type; `matched` an id the tokenizer may lack.
+        field, value = draw(st.tuples(META_FIELD_NAMES, META_VALUES | st.sampled_from(fam.unknown)))
+        meta = record["meta_info"]
+        target, name = (meta["finish_reason"], field.split(".")[1]) if "." in field else (meta, field)
+        target[name] = value
     return record
+
+
+def _meta_fits(record: dict) -> bool:
+    """Is the record's meta_info typed as the contract page says? (else it is INT002's alone)"""
+    meta = json.loads(json.dumps(record)).get("meta_info")
+    if meta is None:
+        return True
+    finish = meta.get("finish_reason") or {}
+    fields = [(name, meta.get(name)) for name in meta] + [(f"finish_reason.{n}", v) for n, v in finish.items()]
+    cached, prompt = meta.get("cached_tokens"), meta.get("prompt_tokens")
+    typed = all(typed_as_the_contract_page_says(name, value) for name, value in fields if name != "finish_reason")
+    return typed and not (cached is not None and prompt is not None and cached > prompt)
 
 
 def audited(fam: Family, records: list[dict]):
@@ -149,7 +170,9 @@ def test_every_rule_is_total_over_mutated_records(case, workdir) -> None:
         shard = audited(fam, records)
         assert shard.internal_errors == [], shard.internal_errors[0].traceback
         assert shard.records == len(records)
-        assert shard.identities["line"].to_list() == list(range(1, len(records) + 1))
+        # A record whose meta_info is mistyped is a rejected line (INT002's), with no identity.
+        typed = [line for line, record in enumerate(records, start=1) if _meta_fits(record)]
+        assert shard.identities["line"].to_list() == typed
         findings = [part.read() for part in shard.parts]
         by_line: dict[int, set[str]] = {}
         for frame in findings:
@@ -157,7 +180,13 @@ def test_every_rule_is_total_over_mutated_records(case, workdir) -> None:
                 by_line.setdefault(line, set()).add(rule)
         for line, record in enumerate(records, start=1):
             assert INTERNAL_ERROR not in by_line.get(line, set())
+            if not _meta_fits(record):
+                assert "INT002" in by_line.get(line, set()), f"line {line}: a mistyped meta_info without INT002"
+                continue
             ids = record["input_ids"] + record["output_ids"]
+            matched = record.get("meta_info", {}).get("finish_reason", {}).get("matched")
+            if isinstance(matched, int) and not isinstance(matched, bool):
+                ids = [*ids, matched]
             if any(fam.is_unknown(token) for token in ids):
                 assert "INT003" in by_line.get(line, set()), f"line {line}: an unknown id without INT003"
 

@@ -300,8 +300,9 @@ def test_contract_failures_are_those_pandera_finds(vocabulary, data) -> None:
     rows = data.draw(st.integers(1, 8))
     columns = {name: [None] * rows for name in RECORD_COLUMNS}
     columns["line"] = list(range(1, rows + 1))
+    matched = st.one_of(st.none(), st.sampled_from([0, 7, 50, 99, 100, 5000]))
     for name, values in (("input_ids", ids), ("output_ids", ids), ("prompt_tokens", count),
-                         ("completion_tokens", count),
+                         ("completion_tokens", count), ("finish_matched_id", matched),
                          ("finish_type", st.sampled_from([None, "stop", "length", "abort", "cancelled"]))):
         columns[name] = data.draw(st.lists(values, min_size=rows, max_size=rows))
     records = pl.DataFrame(columns, schema=RECORD_COLUMNS)
@@ -313,11 +314,12 @@ def test_pandera_itself_reports_the_contract_checks() -> None:
     """The reference is live: pandera runs the expression checks and finds each kind of problem."""
     columns = {name: [None] * 3 for name in RECORD_COLUMNS}
     columns.update(line=[1, 2, 3], input_ids=[[], [1], [1]], output_ids=[[1], [100], None],
-                   completion_tokens=[1, 5, 5])
+                   completion_tokens=[1, 5, 5], finish_matched_id=[None, 3, 100])
     records = pl.DataFrame(columns, schema=RECORD_COLUMNS)
     schema = record_contract(VOCABULARIES["contiguous"])
     expected = [(0, "contract", "input_ids"), (2, "contract", "output_ids"),
-                (1, "out_of_vocabulary", "output_ids"), (1, "count_mismatch", "completion_tokens")]
+                (1, "out_of_vocabulary", "output_ids"), (1, "count_mismatch", "completion_tokens"),
+                (2, "out_of_vocabulary", "finish_matched_id")]
     assert sorted(validated_by_pandera(schema, records).rows()) == sorted(expected)
     assert contract_failures(schema, records).rows() == validated_by_pandera(schema, records).rows()
 

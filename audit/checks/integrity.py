@@ -67,8 +67,12 @@ class RecordContract(ContractRule):
         `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of token
         ids (integers from 0 to 2**32 - 1: no null, negative, fraction, boolean or string),
         the prompt is not empty, the `id` is a string or an integer, and `text`, `messages`,
-        `tools` and `meta_info` have SGLang's JSON types. Lines that are JSON but of the wrong
-        shape are reported here with the field that is wrong (and for a bad id, its index).
+        `tools` and `meta_info` have SGLang's JSON types: every field SGLang writes in
+        `meta_info` has its own (counts are integers from 0, `finish_reason.matched` a token
+        id or a stop string, `e2e_latency` a non-negative number...; the table is in the
+        input contract's page), and `cached_tokens` is no more than `prompt_tokens`. A field
+        SGLang does not write is kept and ignored. Lines that are JSON but of the wrong shape
+        are reported here with the field that is wrong (and for a bad id, its index).
 
     Why it matters:
         A record without its prompt or output ids cannot become a training sequence; a
@@ -76,6 +80,7 @@ class RecordContract(ContractRule):
 
     Example:
         {"id": "glaive-9", "input_ids": [163587, 101], "output_ids": "The weather is..."}
+        "meta_info": {"finish_reason": {"type": "stop", "matched": -1}, "cached_tokens": [0]}
 
     Fix:
         Save the `input_ids` you sent and the `output_ids` SGLang's `/generate` returned,
@@ -108,7 +113,8 @@ class TokenOutOfVocabulary(ContractRule):
     """A token id that the tokenizer in use does not have.
 
     What it checks:
-        Every id in `input_ids` and `output_ids` is one the tokenizer can decode: below the
+        Every id in `input_ids` and `output_ids`, and the stop id SGLang reports as
+        `meta_info.finish_reason.matched`, is one the tokenizer can decode: below the
         vocabulary size and not in a hole of the id space. (A value that is no token id at
         all, e.g. negative or null, is INT002's.)
 
@@ -119,6 +125,7 @@ class TokenOutOfVocabulary(ContractRule):
 
     Example:
         output_ids = [..., 1234, 999999, 163586] with a 163840-entry vocabulary.
+        finish_reason = {"type": "stop", "matched": 200001} with the same vocabulary.
 
     Fix:
         Audit with the tokenizer the server used (compare `audit check` fingerprints), and
@@ -152,7 +159,15 @@ class TokenOutOfVocabulary(ContractRule):
         return (
             pl.when(self._first_bad(batch, "output_ids").is_not_null())
             .then(describe("output_ids"))
-            .otherwise(describe("input_ids"))
+            .when(self._first_bad(batch, "input_ids").is_not_null())
+            .then(describe("input_ids"))
+            .otherwise(
+                pl.format(
+                    "meta_info.finish_reason.matched = {} is not in the tokenizer's vocabulary ({} ids)",
+                    pl.col("finish_matched_id"),
+                    pl.lit(size),
+                )
+            )
         )
 
 

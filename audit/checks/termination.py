@@ -95,7 +95,7 @@ class EndOfTurnMissing(RecordRule):
 
     def violation(self, batch: Batch) -> pl.Expr:
         last = pl.col("output_ids").list.last()
-        matched = pl.col("finish_matched").cast(pl.Int64, strict=False)
+        matched = pl.col("finish_matched_id")
         stop_string = pl.col("finish_matched").is_not_null() & matched.is_null()
         finished = pl.col("finish_type").is_null() | (pl.col("finish_type") == "stop")
         ends_well = last.is_in(id_set(batch.profile.stop_ids)) | (last == matched)

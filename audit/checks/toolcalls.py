@@ -128,7 +128,9 @@ class ToolArgumentsInvalidJson(ToolCallRule):
         detectors convert them, by the type the record's `tools` declare for the parameter
         (from the line, or `--prompts`): a `string` is any text (`[WIP] fix` is fine), an
         integer, number, boolean (`true`/`false` in any case), object or array must read as
-        one, and a parameter the tools do not declare is never an error.
+        one, and a parameter the tools do not declare is never an error. An object or array
+        with a trailing comma (`{"a": 1,}`) is not JSON, in any family: no template's `tojson`
+        writes it, though the serving parsers' `literal_eval` fallback reads it.
 
     Why it matters:
         The target model writes valid arguments nearly always; broken ones are the trace

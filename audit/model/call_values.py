@@ -160,7 +160,8 @@ def value_error(value: str, declared: str | tuple[str, ...] | list[str] | None) 
     null value (`| string`); an undeclared parameter is never an error. Booleans are accepted
     in any case (`True` is what Qwen's template writes for a Python bool). An integer may be
     written as an integral number (`3.0`, what a template renders for the JSON-schema integer
-    3.0). Objects and arrays read as JSON or as a Python literal, as SGLang falls back.
+    3.0). Objects and arrays read as JSON or as a Python literal, as SGLang falls back, but
+    never with a trailing comma (`{"a": 1,}`: neither JSON nor what the template renders).
     """
     if declared is None:
         return None
@@ -193,10 +194,30 @@ def _kind_error(text: str, declared: str) -> str | None:
         return None
     if kind == "boolean":
         return None if text.lower() in ("true", "false") else "not true or false"
+    if _trailing_comma(text):
+        return f"not a JSON {kind} (a trailing comma, which JSON and the template's tojson never write)"
     wanted = dict if kind == "object" else list
     if not isinstance(_literal(text), wanted):
         return f"not a JSON {kind}"
     return None
+
+
+def _trailing_comma(text: str) -> bool:
+    """Is `text` an object or array with a comma just before a closing bracket? Not JSON, and
+    no template writes it; only the literal_eval fallback of SGLang's detectors reads it.
+    Tokenized, so a comma inside a string is not one."""
+    if not text.startswith(("{", "[")) or "," not in text:
+        return False
+    try:
+        orjson.loads(text)
+        return False  # JSON has no trailing comma
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        tokens = [t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.string.strip()]
+    except (SyntaxError, tokenize.TokenError):
+        return False
+    return any(a == "," and b in ")]}" for a, b in zip(tokens, tokens[1:], strict=False))
 
 
 def python_literal(text: str, *, scalars: bool = True) -> str | None:

@@ -1,8 +1,8 @@
 """The record contract: a pandera model on polars, its checks written as polars expressions.
 
 Parsing already fixes the column types; the contract adds what a type cannot say: a prompt
-that is present and non-empty, ids inside the tokenizer's vocabulary, and `meta_info` counts
-that equal the list lengths. Each check is named after the kind of problem it finds
+that is present and non-empty, ids inside the tokenizer's vocabulary (the stop id SGLang
+reports as `matched` too), and `meta_info` counts that equal the list lengths. Each check is named after the kind of problem it finds
 (`PROBLEMS`); the rule that reports a kind names it (`Rule.problem`), so a failure case maps
 straight onto a finding.
 
@@ -40,12 +40,16 @@ FINISH_TYPES = ("stop", "length", "abort")
 
 def in_vocabulary(tokenizer: Tokenizer) -> pl.Expr:
     """Element-wise: is this id one the tokenizer can decode?"""
-    element = pl.element()
-    in_range = (element >= 0) & (element < tokenizer.vocab_size)
+    return known_token(tokenizer, pl.element())
+
+
+def known_token(tokenizer: Tokenizer, token: pl.Expr) -> pl.Expr:
+    """Is this id (a column of ids, or `pl.element()` in a list's) one the tokenizer can decode?
+    (null for a missing one.)"""
+    in_range = (token >= 0) & (token < tokenizer.vocab_size)
     if tokenizer.contiguous:
         return in_range
-    known = pl.lit(pl.Series(sorted(tokenizer.known_ids), dtype=pl.Int64)).implode()
-    return in_range & element.is_in(known)
+    return in_range & token.is_in(pl.lit(pl.Series(sorted(tokenizer.known_ids), dtype=pl.Int64)).implode())
 
 
 def all_in_vocabulary(tokenizer: Tokenizer, ids: pl.Expr) -> pl.Expr:
@@ -122,6 +126,9 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
     def known_to_the_tokenizer(ids: pl.Expr) -> pl.Expr:
         return all_in_vocabulary(tokenizer, ids).fill_null(True)
 
+    def a_known_token(token: pl.Expr) -> pl.Expr:
+        return known_token(tokenizer, token).fill_null(True)
+
     def counts(list_column: str) -> Callable[[pl.Expr], pl.Expr]:
         def check(count: pl.Expr) -> pl.Expr:
             return (count.is_null() | (count == pl.col(list_column).list.len())).fill_null(True)
@@ -139,6 +146,7 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
             "input_ids": (pl.List(pl.Int64()), True),
             "output_ids": (pl.List(pl.Int64()), True),
             "finish_type": (pl.String(), True),
+            "finish_matched_id": (pl.Int64(), True),
             "prompt_tokens": (pl.Int64(), True),
             "completion_tokens": (pl.Int64(), True),
         },
@@ -148,6 +156,7 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
             ContractCheck("output_ids", present, CONTRACT),
             ContractCheck("output_ids", known_to_the_tokenizer, OUT_OF_VOCABULARY),
             ContractCheck("finish_type", known_finish_type, CONTRACT),
+            ContractCheck("finish_matched_id", a_known_token, OUT_OF_VOCABULARY),
             ContractCheck("prompt_tokens", counts("input_ids"), COUNT_MISMATCH),
             ContractCheck("completion_tokens", counts("output_ids"), COUNT_MISMATCH),
         ),

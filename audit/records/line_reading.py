@@ -12,9 +12,10 @@ import orjson
 from audit.base.json_values import json_type
 from audit.records import sources
 from audit.records.id_lists import ID_LIST_FIELDS, IdLists
+from audit.records.meta_info import TOKEN_ID_LIMIT as TOKEN_ID_LIMIT  # the id lists' limit too
+from audit.records.meta_info import meta_info_problem
+from audit.records.meta_info import shown as _shown
 
-# A token id is an integer below this, in every id list (SGLang's ids are unsigned 32-bit).
-TOKEN_ID_LIMIT = 1 << 32
 NOT_A_TOKEN_ID = "is not a token id (integers only, from 0 to 2**32 - 1)"
 
 # The kinds of problem that keep a line from being a record (`RejectedLine.problem`); the rule
@@ -152,14 +153,6 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < 1 << 63
 
 
-def _shown(value: Any) -> str:
-    """A value for a message: its JSON type and a short excerpt."""
-    if value is None:
-        return "null"
-    text = orjson.dumps(value).decode() if not isinstance(value, float) else repr(value)
-    return f"{json_type(value)} {text[:40]}{'…' if len(text) > 40 else ''}"
-
-
 def _field_problem(value: dict[str, Any]) -> str | None:
     """What is wrong with the JSON types of the fields the audit reads, or None.
 
@@ -181,42 +174,7 @@ def _field_problem(value: dict[str, Any]) -> str | None:
         prompt = value.get(name)
         if prompt is not None and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
             return f"{name} must be a list of objects, got {_shown(prompt)}"
-    meta = value.get("meta_info")
-    if meta is None:
-        return None
-    if not isinstance(meta, dict):
-        return f"meta_info must be an object, got {_shown(meta)}"
-    for name in ("prompt_tokens", "completion_tokens"):
-        count = meta.get(name)
-        if count is not None and not _is_int(count):
-            return f"meta_info.{name} must be an integer, got {_shown(count)}"
-    finish = meta.get("finish_reason")
-    if finish is None:
-        return None
-    if not isinstance(finish, dict):
-        return (
-            f"meta_info.finish_reason must be an object like SGLang's "
-            f"{{\"type\": \"stop\", ...}}, got {_shown(finish)}"
-        )
-    kind = finish.get("type")
-    if kind is None:
-        return "meta_info.finish_reason has no type (SGLang writes stop, length or abort)"
-    if not isinstance(kind, str):
-        shown = orjson.dumps(kind).decode()[:40]
-        return (
-            f"meta_info.finish_reason.type is '{shown}' (a JSON {json_type(kind)}), not one SGLang "
-            "writes (stop, length, abort)"
-        )
-    matched = finish.get("matched")
-    if matched is not None and not (_is_int(matched) or isinstance(matched, str)):
-        return f"meta_info.finish_reason.matched must be a token id or a string, got {_shown(matched)}"
-    length = finish.get("length")
-    if length is not None and not _is_int(length):
-        return f"meta_info.finish_reason.length must be an integer, got {_shown(length)}"
-    message = finish.get("message")
-    if message is not None and not isinstance(message, str):
-        return f"meta_info.finish_reason.message must be a string, got {_shown(message)}"
-    return None
+    return meta_info_problem(value.get("meta_info"))
 
 
 def id_list_problem(value: dict[str, Any]) -> tuple[str, int, str] | None:

@@ -54,6 +54,7 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "has_meta": pl.Boolean(),
     "finish_type": pl.String(),
     "finish_matched": pl.String(),
+    "finish_matched_id": pl.Int64(),  # `matched` when it is a token id, not a stop string
     "finish_length": pl.Int64(),
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
@@ -203,6 +204,7 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         return ids_column(name, [value.get(name) for value in values])
 
     given_input, given_prompt = ids("input_ids"), ids("prompt_ids")
+    matched = finish("matched")
     columns = [
         pl.Series("line", lines, dtype=pl.UInt32()),
         pl.Series("id", [_text(value.get("id")) for value in values], dtype=pl.String()),
@@ -211,7 +213,8 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         pl.Series("text", [value.get("text") for value in values], dtype=pl.String()),
         pl.Series("has_meta", [m is not None for m in metas], dtype=pl.Boolean()),
         pl.Series("finish_type", finish("type"), dtype=pl.String()),
-        pl.Series("finish_matched", [_text(v) for v in finish("matched")], dtype=pl.String()),
+        pl.Series("finish_matched", [_text(v) for v in matched], dtype=pl.String()),
+        pl.Series("finish_matched_id", [None if isinstance(v, str) else v for v in matched], dtype=pl.Int64()),
         pl.Series("finish_length", finish("length"), dtype=pl.Int64(), strict=True),
         pl.Series("finish_message", finish("message"), dtype=pl.String()),
         pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
