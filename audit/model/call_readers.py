@@ -124,10 +124,15 @@ TOO_DEEP = "are nested too deeply to be written again (over 253 levels of arrays
 # -- parameters as text ------------------------------------------------------------------------
 
 _GLM_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+# Between the name and the tags GLM's template writes nothing (4.7, 5) or a newline (4.5);
+# GLM-4.6 also writes the two characters `\n` there, which SGLang's glm4_moe_detector reads as
+# that newline (its tests keep such output as real model output): both are a separator.
+_GLM_GAP = r"(?:\s|\\n)*"
 _GLM_PAIR = re.compile(
-    rf"\s*<arg_key>({_tag_free(*_GLM_TAGS)})</arg_key>\s*<arg_value>({_tag_free(*_GLM_TAGS)})</arg_value>",
+    rf"{_GLM_GAP}<arg_key>({_tag_free(*_GLM_TAGS)})</arg_key>{_GLM_GAP}<arg_value>({_tag_free(*_GLM_TAGS)})</arg_value>",
     re.DOTALL,
 )
+_GLM_TRAILING_GAP = re.compile(rf"{_GLM_GAP}$")
 
 
 def glm_call(head: str, body: str) -> list[ToolCall]:
@@ -145,12 +150,13 @@ def glm_call(head: str, body: str) -> list[ToolCall]:
         pairs.append((pair.group(1).strip(), _glm_value(pair.group(2))))
         at = pair.end()
     malformed = problem_at = None
-    if head[at:].strip():
+    if not _GLM_TRAILING_GAP.match(head, at):
         problem_at = _first_text(head, at)
         malformed = f"text where <arg_key>k</arg_key><arg_value>v</arg_value> belongs: {head[problem_at:][:40]!r}"
+    written = _GLM_TRAILING_GAP.sub("", name).strip()
     return [
         ToolCall(
-            name=name.strip() or None, arguments=head[len(name) :], parameters=tuple(pairs),
+            name=written or None, arguments=head[len(name) :], parameters=tuple(pairs),
             malformed=malformed, problem_at=problem_at,
         )
     ]
