@@ -15,7 +15,7 @@ SGLang on purpose, the case says why (`exception`), and the opposite is asserted
 Keys of a file: `profile`, `thinking` (default true), `[defaults]` (`before`, `after`, `tools`),
 then `[[case]]` tables: `source` (SGLang file and test), `sglang` ("well-formed" or "malformed"),
 `output` (the string as the test feeds it), optionally `before`, `after`, `tools`, `exception`,
-`rules` (the codes a malformed case is flagged by, any of them).
+`rules` (the codes a flagged case is flagged by, any of them).
 """
 
 from __future__ import annotations
