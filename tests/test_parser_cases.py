@@ -15,7 +15,7 @@ SGLang on purpose, the case says why (`exception`), and the opposite is asserted
 Keys of a file: `profile`, `thinking` (default true), `[defaults]` (`before`, `after`, `tools`),
 then `[[case]]` tables: `source` (SGLang file and test), `sglang` ("well-formed" or "malformed"),
 `output` (the string as the test feeds it), optionally `before`, `after`, `tools`, `exception`,
-`rules` (the codes a flagged case is flagged by, any of them).
+`rules` (the codes that flag the case, any of them; an exception names them, warnings too).
 """
 
 from __future__ import annotations
@@ -131,6 +131,19 @@ def test_the_corpus_covers_every_family_with_tool_calls() -> None:
     assert {case.sglang for case in CASES} == set(_VERDICTS)
 
 
+def test_every_exception_is_one_the_profiles_page_documents() -> None:
+    """A case judged otherwise than SGLang names the rules that judge it, and the profiles page
+    lists each of them among the deliberate differences."""
+    page = (Path(__file__).parent.parent / "docs" / "profiles.md").read_text(encoding="utf-8")
+    listed = page.split("Some are judged otherwise, on", 1)[-1].split("\n## ", 1)[0]
+    for case in CASES:
+        if case.exception is None:
+            continue
+        assert case.rules, f"{case.label}: an exception names the rules that judge the case"
+        missing = [code for code in case.rules if code not in listed]
+        assert not missing, f"{case.label}: {missing} not among the profiles page's exceptions"
+
+
 @pytest.mark.parametrize("case", CASES, ids=[case.label for case in CASES])
 def test_sglang_parser_case(case: ParserCase, audited: dict[str, Any]) -> None:
     """Well-formed for SGLang: no error finding; malformed: flagged at error severity (or the
@@ -145,3 +158,5 @@ def test_sglang_parser_case(case: ParserCase, audited: dict[str, Any]) -> None:
             assert set(errors["rule"].to_list()) & set(case.rules), context
     else:
         assert errors.is_empty(), context
+        if case.rules:  # judged otherwise, at warning severity (an undeclared tool: TCL006)
+            assert set(found["rule"].to_list()) & set(case.rules), context
