@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from audit.checks.base import Rule, Severity
 from audit.checks.degenerate import RepetitionLoop, SegmentTooShort
-from audit.checks.harmony import ChannelGrammar, ChannelOrder, ChannelToolCall
+from audit.checks.harmony import ChannelGrammar, ChannelOrder, ChannelStrayText, ChannelToolCall
 from audit.checks.integrity import (
     DuplicateSampleId,
     MetaCountMismatch,
@@ -24,6 +24,7 @@ from audit.checks.segmentation import (
 )
 from audit.checks.template import TemplateMismatch
 from audit.checks.termination import Aborted, EmptyOutput, EndOfTurnMissing, Truncated, TurnJoined
+from audit.checks.tool_names import ToolNotDeclared
 from audit.checks.toolcalls import (
     ToolArgumentPythonLiteral,
     ToolArgumentsInvalidJson,
@@ -62,11 +63,13 @@ RULES: dict[str, type[Rule]] = {
         ChannelGrammar,
         ChannelOrder,
         ChannelToolCall,
+        ChannelStrayText,
         ToolMarkerGrammar,
         ToolArgumentsInvalidJson,
         ToolCallIdMalformed,
         ToolMarkerAsText,
         ToolArgumentPythonLiteral,
+        ToolNotDeclared,
         RoundTrip,
         TextMismatch,
         Truncated,

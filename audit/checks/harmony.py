@@ -14,7 +14,13 @@ import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
 from audit.records.batch import Batch
-from audit.records.channels import LETTERS, channel_letters, grammar_ok, harmony_messages
+from audit.records.channels import (
+    LETTERS,
+    channel_letters,
+    grammar_ok,
+    harmony_messages,
+    text_outside_messages,
+)
 from audit.records.expressions import first_index_in
 
 
@@ -197,3 +203,41 @@ class ChannelToolCall(ChannelRule):
                     positions.append(body_at + 1)
                     problems.append(f"arguments of call {recipient} are not valid JSON ({exc}): {text[:80]!r}")
         return findings_frame(rows, positions, problems)
+
+
+class ChannelStrayText(ChannelRule):
+    """Text outside every harmony message: before the first `<|channel|>`, or between messages.
+
+    What it checks:
+        In an output whose harmony markers are in order (CHN001's), every token but
+        whitespace belongs to a message: nothing before the first message's `<|channel|>`
+        but its recipient (`to=functions.NAME`, which harmony lets the role header carry),
+        and nothing between a message's `<|end|>` and the next `<|start|>`.
+
+    Why it matters:
+        The harmony format has no place for such text: gpt-oss opens every message with
+        `<|channel|>` right after the role, and the prompt already holds
+        `<|start|>assistant`. Text there is not in the model's grammar (the openai-harmony
+        parser stops on it); it is the trace of a pipeline that joined a decoded
+        `content` or a tool parser's normal text back into the stream, and the drafter
+        would learn to write outside the messages.
+
+    Example:
+        Sure.<|channel|>analysis<|message|>Think.<|end|>
+        <|start|>assistant<|channel|>final<|message|>4<|return|>   ("Sure." before any message)
+
+    Fix:
+        Save `output_ids` from `/generate` untouched; never splice parsed text back into the
+        harmony stream.
+    """
+
+    code = "CHN004"
+    name = "channel-stray-text"
+
+    def find(self, batch: Batch) -> pl.DataFrame:
+        stray = text_outside_messages(batch)
+        return findings_frame(
+            stray["row"].to_list(),
+            stray["position"].to_list(),
+            [f"text outside any harmony message: {text.strip()[:40]!r}" for text in stray["text"].to_list()],
+        )

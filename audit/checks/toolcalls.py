@@ -48,7 +48,8 @@ class ToolMarkerGrammar(ToolCallRule):
         Where part of a call's structure is text (Qwen3.5/3.6's `<function=NAME>` and
         `<parameter=K>` tags, DeepSeek's DSML tags, MiniMax-M3's `<invoke name="NAME">`), that
         text follows the format too, and every call names its function (Kimi's name is in its
-        call id, TCL003's).
+        call id, TCL003's). Whitespace between markers, where the template writes a newline or
+        nothing, is drift the serving parsers ignore (docs/profiles.md, what the model emits).
         Markers inside the reasoning are text the model thinks with, not calls: not judged.
 
     Why it matters:
@@ -128,9 +129,10 @@ class ToolArgumentsInvalidJson(ToolCallRule):
         detectors convert them, by the type the record's `tools` declare for the parameter
         (from the line, or `--prompts`): a `string` is any text (`[WIP] fix` is fine), an
         integer, number, boolean (`true`/`false` in any case), object or array must read as
-        one, and a parameter the tools do not declare is never an error. An object or array
-        with a trailing comma (`{"a": 1,}`) is not JSON, in any family: no template's `tojson`
-        writes it, though the serving parsers' `literal_eval` fallback reads it.
+        one (GLM's escaped JSON once unescaped, as SGLang's GLM detectors read it), and a
+        parameter the tools do not declare is never an error. An object or array with a
+        trailing comma (`{"a": 1,}`) is not JSON, in any family: no template's `tojson` writes
+        it, though the serving parsers' `literal_eval` fallback reads it.
 
     Why it matters:
         The target model writes valid arguments nearly always; broken ones are the trace

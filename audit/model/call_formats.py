@@ -93,6 +93,11 @@ class ToolCallFormat:
     # markers are text (nothing of a call's own text is left to count): found in an answer, a
     # call was stripped (TCL004).
     stripped_call: str | None = None
+    # Does a call's name (or id) follow its call begin marker? Where it does, a call begin
+    # followed at once by another marker is a call with no name. MiniMax-M3 names its function
+    # in the `<invoke name=...>` element after the next namespace marker, so there the two
+    # markers may touch: the whitespace between them is drift the serving parser ignores.
+    name_after_begin: bool = True
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -235,6 +240,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         read=minimax_call,
         text_markers=("<invoke name=",),
         text_marker_role="namespace",
+        name_after_begin=False,
         description=f'( {MINIMAX_NAMESPACE}<tool_call> ( {MINIMAX_NAMESPACE}<invoke name="NAME"> '
         f"( {MINIMAX_NAMESPACE}<K>V{MINIMAX_NAMESPACE}</K> )* {MINIMAX_NAMESPACE}</invoke> )+ "
         f"{MINIMAX_NAMESPACE}</tool_call> )*",

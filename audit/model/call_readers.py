@@ -124,34 +124,61 @@ TOO_DEEP = "are nested too deeply to be written again (over 253 levels of arrays
 # -- parameters as text ------------------------------------------------------------------------
 
 _GLM_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+# Between the name and the tags GLM's template writes nothing (4.7, 5) or a newline (4.5);
+# GLM-4.6 also writes the two characters `\n` there, which SGLang's glm4_moe_detector reads as
+# that newline (its tests keep such output as real model output): both are a separator.
+_GLM_GAP = r"(?:\s|\\n)*"
 _GLM_PAIR = re.compile(
-    rf"\s*<arg_key>({_tag_free(*_GLM_TAGS)})</arg_key>\s*<arg_value>({_tag_free(*_GLM_TAGS)})</arg_value>",
+    rf"{_GLM_GAP}<arg_key>({_tag_free(*_GLM_TAGS)})</arg_key>{_GLM_GAP}<arg_value>({_tag_free(*_GLM_TAGS)})</arg_value>",
     re.DOTALL,
 )
+_GLM_TRAILING_GAP = re.compile(rf"{_GLM_GAP}$")
 
 
 def glm_call(head: str, body: str) -> list[ToolCall]:
     """GLM (chat_template.jinja): NAME (4.5: and a newline), then per argument
     `<arg_key>k</arg_key><arg_value>v</arg_value>` (4.5: a newline after each tag), nothing else.
     Values are text: the template writes strings raw and other values as JSON, and SGLang's GLM
-    detectors convert them by the declared type (glm4_moe_detector.py)."""
+    detectors convert them by the declared type (glm4_moe_detector.py). An object or array the
+    model wrote as escaped JSON (`[{\\"id\\": 1}]`) is read as SGLang's GLM `parse_arguments`
+    reads it, unescaped once as the body of a JSON string (`_glm_value`)."""
     start = head.find("<arg_key>")
     name = head if start < 0 else head[:start]
     pairs: list[tuple[str, str]] = []
     at = len(name)
     while pair := _GLM_PAIR.match(head, at):
-        pairs.append((pair.group(1).strip(), pair.group(2)))
+        pairs.append((pair.group(1).strip(), _glm_value(pair.group(2))))
         at = pair.end()
     malformed = problem_at = None
-    if head[at:].strip():
+    if not _GLM_TRAILING_GAP.match(head, at):
         problem_at = _first_text(head, at)
         malformed = f"text where <arg_key>k</arg_key><arg_value>v</arg_value> belongs: {head[problem_at:][:40]!r}"
+    written = _GLM_TRAILING_GAP.sub("", name).strip()
     return [
         ToolCall(
-            name=name.strip() or None, arguments=head[len(name) :], parameters=tuple(pairs),
+            name=written or None, arguments=head[len(name) :], parameters=tuple(pairs),
             malformed=malformed, problem_at=problem_at,
         )
     ]
+
+
+def _glm_value(value: str) -> str:
+    """A GLM argument value as SGLang's GLM detectors read it: as written, or, where it is not
+    JSON but reads as a JSON object or array once unescaped as the body of a JSON string (the
+    model's escaped quotes, `[{\\"id\\": \\"1\\"}]`), that unescaped JSON."""
+    if '\\"' not in value:
+        return value
+    try:
+        orjson.loads(value)
+        return value
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        unescaped = orjson.loads(f'"{value.strip()}"')
+        parsed = orjson.loads(unescaped)
+    except orjson.JSONDecodeError:
+        return value
+    return unescaped if isinstance(parsed, dict | list) else value
 
 
 _QWEN_FUNCTION = re.compile(rf"\s*<function=([^>\n]*)>({_tag_free('<function=', '</function>')})</function>", re.DOTALL)

@@ -130,9 +130,10 @@ def _view(batch: Batch) -> ToolCallView:
     letters = [""] * height
     for row, start, end in zip(found.row[starts].tolist(), starts.tolist(), ends.tolist(), strict=True):
         letters[row] = spelled[start:end]
-    # A call begin followed at once by another marker: a call with no name.
+    # A call begin followed at once by another marker: a call with no name (in formats that
+    # write the name there).
     empty_head = np.zeros(height, dtype=bool)
-    if "call_begin" in markers and len(found.row) > 1:
+    if fmt.name_after_begin and "call_begin" in markers and len(found.row) > 1:
         next_marker = (found.row[1:] == found.row[:-1]) & (found.position[1:] == found.position[:-1] + 1)
         empty_head[found.row[:-1][next_marker & (found.id[:-1] == markers["call_begin"])]] = True
     first_marker = np.full(height, ABSENT, dtype=np.int64)

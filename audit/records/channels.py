@@ -75,8 +75,9 @@ def _match_grammar(batch: Batch) -> pl.Series:
 def harmony_messages(batch: Batch) -> pl.DataFrame:
     """One row per complete message of every grammar-valid record, in order.
 
-    Columns: `row`, `index` (0-based message number), `channel_at` / `message_at` / `end_at`
-    (token indexes of its markers), `terminator` ("end" / "call" / "return"), `channel`
+    Columns: `row`, `index` (0-based message number), `start_at` / `channel_at` / `message_at` /
+    `end_at` (token indexes of its markers; `start_at` -1 for the first message, whose
+    `<|start|>` is the prompt's), `terminator` ("end" / "call" / "return"), `channel`
     (the channel name), `recipient` (from `to=`, in the header or after the role), `constrained`
     (a `<|constrain|>` in the header), `content_tokens`, `end_token` (the terminator's string:
     an EOS the model stopped on counts as "return").
@@ -138,6 +139,7 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
     return messages.select(
         "row",
         "index",
+        pl.col("b").cast(pl.Int64).alias("start_at"),
         pl.col("h").cast(pl.Int64).alias("channel_at"),
         pl.col("m").cast(pl.Int64).alias("message_at"),
         pl.col("t").cast(pl.Int64).alias("end_at"),
@@ -149,3 +151,39 @@ def _parse_messages(batch: Batch) -> pl.DataFrame:
         pl.Series("recipient", recipients, dtype=pl.String),
         pl.Series("constrained", constrained, dtype=pl.Boolean),
     )
+
+
+# Before the first message's <|channel|> the model may write only its recipient
+# (`<|start|>assistant to=functions.x<|channel|>...`: the prompt holds `<|start|>assistant`).
+_FIRST_HEAD = re.compile(r"\s*(?:to=\S+\s*)?")
+
+
+def text_outside_messages(batch: Batch) -> pl.DataFrame:
+    """Text of grammar-valid records that belongs to no harmony message: before the first
+    message's `<|channel|>` (other than a `to=RECIPIENT`), or between a message's end marker
+    and the next `<|start|>`. Whitespace alone is not counted. Columns `row`, `position` (token
+    index where the text starts), `text`; one row a record, the first such text."""
+    schema = {"row": pl.UInt32(), "position": pl.Int64(), "text": pl.String()}
+    messages = harmony_messages(batch)
+    if messages.is_empty():
+        return pl.DataFrame(schema=schema)
+    previous_end = pl.col("end_at").shift(1).over("row")
+    gaps = messages.select(
+        "row",
+        "index",
+        pl.when(pl.col("index") == 0).then(0).otherwise(previous_end + 1).alias("from"),
+        pl.when(pl.col("index") == 0).then(pl.col("channel_at")).otherwise(pl.col("start_at")).alias("to"),
+    ).filter(pl.col("to") > pl.col("from"))
+    if gaps.is_empty():
+        return pl.DataFrame(schema=schema)
+    slices = batch.records.with_row_index("row").join(gaps, on="row").select(
+        pl.col("output_ids").list.slice(pl.col("from"), pl.col("to") - pl.col("from"))
+    ).to_series()
+    texts = batch.tokenizer.decode_batch(slices.to_list())
+    found = [
+        (row, start, text)
+        for (row, index, start), text in zip(gaps.select("row", "index", "from").iter_rows(), texts, strict=True)
+        if (not _FIRST_HEAD.fullmatch(text) if index == 0 else text.strip())
+    ]
+    frame = pl.DataFrame(found, schema=schema, orient="row")
+    return frame.group_by("row", maintain_order=True).first()
