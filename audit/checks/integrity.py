@@ -7,9 +7,11 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from audit.checks.base import RecordRule, Rule, empty_findings
+from audit.checks.base import RecordRule, Rule, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
+from audit.records.image_view import batch_images
+from audit.records.images import expanded_counts
 from audit.records.line_reading import CONTRACT, UNREADABLE
 
 
@@ -159,7 +161,14 @@ class MetaCountMismatch(ContractRule):
 
     What it checks:
         `meta_info.prompt_tokens == len(input_ids)` and
-        `meta_info.completion_tokens == len(output_ids)` when the counts are present.
+        `meta_info.completion_tokens == len(output_ids)` when the counts are present. A record
+        that sends images (`image_data`) was counted by the server with each image placeholder
+        expanded: its `prompt_tokens` must be `len(input_ids)` plus, for each image, its
+        tokens (`grid_h * grid_w / merge_size**2` after the image processor's resize, from
+        the tokenizer folder's `preprocessor_config.json`) less its one pad. SGLang's Qwen-VL
+        processor may resize each image first (to multiples of 28); either count is the
+        server's. A record whose images could not all be read, or whose placeholders are not
+        one per image (IMG001-IMG004), is not counted here.
 
     Why it matters:
         The server counted the tokens it produced. A different length means the ids are not
@@ -177,10 +186,42 @@ class MetaCountMismatch(ContractRule):
     code = "INT005"
     name = "meta-count-mismatch"
     problem = COUNT_MISMATCH
+    reads_source = True  # the image parts of a record's messages (`batch_images`)
+
+    def find(self, batch: Batch) -> pl.DataFrame:
+        found = super().find(batch)
+        vision = batch.profile.vision
+        if vision is None:
+            return found
+        records = [r for r in batch_images(batch) if r.sent]
+        if not records:
+            return found
+        counts = batch.records["prompt_tokens"]
+        lengths = batch.records["input_ids"].list.len()
+        rows, messages = [], []
+        for record in records:
+            given = counts[record.row]
+            if given is None or lengths[record.row] is None:
+                continue
+            expected = expanded_counts(record.layout, lengths[record.row], list(record.reads), vision)
+            if expected is None or given in expected:
+                continue
+            rows.append(record.row)
+            shown = " or ".join(str(n) for n in sorted(expected))
+            messages.append(
+                f"meta_info.prompt_tokens = {given} but the prompt expanded with its "
+                f"{len(record.sent)} image(s) has {shown} ids (input_ids has {lengths[record.row]})"
+            )
+        if not rows:
+            return found
+        images = findings_frame(rows, [None] * len(rows), messages)
+        return pl.concat([found, images], how="vertical").unique("row", keep="first", maintain_order=True).sort("row")
 
     def message(self, batch: Batch) -> pl.Expr:
-        prompt_off = pl.col("prompt_tokens").is_not_null() & (
-            pl.col("prompt_tokens") != pl.col("input_ids").list.len()
+        prompt_off = (
+            pl.col("prompt_tokens").is_not_null()
+            & (pl.col("prompt_tokens") != pl.col("input_ids").list.len())
+            & (pl.col("image_data").list.len().fill_null(0) == 0)  # else counted expanded (`find`)
         )
         return pl.when(prompt_off).then(
             pl.format(
