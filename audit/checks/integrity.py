@@ -66,8 +66,9 @@ class RecordContract(ContractRule):
     What it checks:
         `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of token
         ids (integers from 0 to 2**32 - 1: no null, negative, fraction, boolean or string),
-        the prompt is not empty, the `id` is a string or an integer, and `text`, `messages`,
-        `tools` and `meta_info` have SGLang's JSON types. Lines that are JSON but of the wrong
+        the prompt is not empty, the `id` is a string or an integer, `text`, `messages`,
+        `tools` and `meta_info` have SGLang's JSON types, and `image_data` is a list of
+        strings. Lines that are JSON but of the wrong
         shape are reported here with the field that is wrong (and for a bad id, its index).
 
     Why it matters:
