@@ -6,6 +6,8 @@ of a batch costs one vectorised look (`audit.records.image_view.batch_images`)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import polars as pl
 
@@ -35,7 +37,7 @@ class ImageRule(RecordRule):
                 messages.append(message)
         return findings_frame(rows, positions, messages) if rows else empty_findings()
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         """(position, message) of each finding on one record; none when it passes."""
         raise NotImplementedError
 
@@ -78,7 +80,7 @@ class PlaceholderCount(ImageRule):
     code = "IMG001"
     name = "image-placeholder-count"
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         held, sent, parts = record.layout.placeholders, len(record.sent), record.parts
         if sent == 0 and held == 0:
             return []
@@ -118,7 +120,7 @@ class PreExpandedPads(ImageRule):
     code = "IMG002"
     name = "image-pads-expanded"
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         at = record.layout.expanded_at
         if at is None:
             return []
@@ -150,7 +152,7 @@ class VisionSpanBroken(ImageRule):
     code = "IMG003"
     name = "vision-span-broken"
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         if not record.sends_images:
             return []
         layout = record.layout
@@ -188,7 +190,7 @@ class ImageUnreadable(ImageRule):
     code = "IMG004"
     name = "image-unreadable"
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         return [
             (None, f"image_data[{i}] {excerpt(entry)!r}: {read.problem}")
             for i, (entry, read) in enumerate(zip(record.sent, record.reads, strict=True))
@@ -218,7 +220,7 @@ class ImageOutOfOrder(ImageRule):
     code = "IMG005"
     name = "image-out-of-order"
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         if not record.parts or len(record.parts) != len(record.sent):
             return []
         named = [part_reference(part) for part in record.parts]
@@ -300,7 +302,7 @@ class ImageNotChecked(ImageRule):
     name = "image-not-checked"
     severity = Severity.WARNING
 
-    def judge(self, record: RecordImages) -> list[tuple[int | None, str]]:
+    def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         return [
             (None, f"image_data[{i}] {excerpt(entry)!r}: {read.unchecked}")
             for i, (entry, read) in enumerate(zip(record.sent, record.reads, strict=True))

@@ -221,9 +221,10 @@ def expanded_counts(layout: VisionLayout, prompt_length: int, reads: list[ImageR
     known: an image not read, placeholders that do not match the images, or one refused."""
     if layout.placeholders != len(reads) or layout.expanded_at is not None or layout.unbalanced is not None:
         return None
-    if any(read.size is None for read in reads):
+    sizes = [read.size for read in reads if read.size is not None]
+    if len(sizes) != len(reads):
         return None
-    per_image = [sorted(server_counts(*read.size, vision.settings)) for read in reads]  # type: ignore[misc]
+    per_image = [sorted(server_counts(width, height, vision.settings)) for width, height in sizes]
     if any(not counts for counts in per_image):
         return None
     base = prompt_length - layout.pads_in_spans
