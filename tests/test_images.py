@@ -9,6 +9,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from audit.model.vision import ProcessorSettings, ResolvedVision, VisionSpec
@@ -111,3 +113,51 @@ def test_vision_layout(ids, placeholders, expanded_at, unbalanced, stray_at):
     assert (layout.placeholders, layout.expanded_at, layout.unbalanced, layout.stray_pad_at) == (
         placeholders, expanded_at, unbalanced, stray_at
     )
+
+
+# -- no image rule raises, whatever a record sends ------------------------------------------------
+
+_entries = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["images/red.png", "images/cut.png", "images/page.png", "images/empty.png", "images",
+                     "../B0_clean/raw_responses.jsonl", "/etc/hostname", "https://example.com/a.png",
+                     "data:image/png;base64,", "data:,", "file:///etc/hostname", "images/../images/blue.png"]),
+    st.binary(max_size=80).map(lambda b: "data:image/png;base64," + base64.b64encode(b).decode()),
+    st.binary(max_size=60).map(lambda b: "data:image/png;base64," + base64.b64encode(png()[:20] + b).decode()),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_no_rule_raises_on_any_images_or_vision_ids(data):
+    import json
+
+    from audit.checks.ruleset import load_rule_set
+    from audit.engine.runner import audit_blocks
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+    from audit.records.sources import memory_blocks
+    from tests.conftest import PREPARED
+
+    folder = PREPARED / "V1_images"
+    records = [json.loads(line) for line in (folder / "raw_responses.jsonl").read_text().splitlines()]
+    tokenizer = load_tokenizer(PREPARED.parent / "tokenizers" / "qwen3.6-mini")
+    profile = load_profile("qwen3.6").resolve(tokenizer)
+    vision = profile.vision
+    lines = []
+    for _ in range(4):
+        record = dict(data.draw(st.sampled_from(records)))
+        ids = list(record["input_ids"])
+        for _ in range(data.draw(st.integers(0, 4))):
+            at = data.draw(st.integers(0, len(ids)))
+            ids.insert(at, data.draw(st.sampled_from(vision.ids)))
+        record["input_ids"] = ids
+        if data.draw(st.booleans()):
+            record["image_data"] = data.draw(st.lists(_entries, max_size=4))
+        if data.draw(st.booleans()):
+            record["output_ids"] = record["output_ids"] + [data.draw(st.sampled_from(vision.ids))]
+        lines.append(json.dumps(record).encode())
+    context = AuditContext(profile, tokenizer, images=ImageSource(folder))
+    shard = audit_blocks(memory_blocks(lines), context, load_rule_set())
+    assert shard.internal_errors == [], shard.internal_errors[0].traceback

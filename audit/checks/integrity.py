@@ -187,7 +187,6 @@ class MetaCountMismatch(ContractRule):
     code = "INT005"
     name = "meta-count-mismatch"
     problem = COUNT_MISMATCH
-    reads_source = True  # the image parts of a record's messages (`batch_images`)
 
     def find(self, batch: Batch) -> pl.DataFrame:
         found = super().find(batch)

@@ -24,6 +24,9 @@ import numpy as np
 
 from audit.model.vision import ResolvedVision, server_counts
 
+# Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
+_DECODED_PIXELS = 50_000_000
+
 # The image parts of a message the Qwen-VL chat templates render as a placeholder
 # (`render_content`): a part with an `image` or `image_url` key, or of type "image".
 _IMAGE_PART_TYPES = ("image", "image_url")
@@ -115,21 +118,26 @@ def image_bytes(data: bytes) -> ImageRead:
 
     if data.lstrip()[:1] == b"<":
         return ImageRead(problem="markup (an HTML or XML page), not an image: a failed download?")
+    limit = Image.MAX_IMAGE_PIXELS
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # A huge image is a real one (the processor scales it down): its size is read from
+            # the header, and its pixels are never decoded when the format lets them be checked
+            # otherwise, so Pillow's decompression-bomb guard has nothing to guard here.
+            Image.MAX_IMAGE_PIXELS = None
             with Image.open(io.BytesIO(data)) as image:
                 size = image.size
                 if image.format == "PNG":
                     image.verify()  # every chunk and its checksum, without decoding the pixels
-                else:
-                    image.load()
+                elif size[0] * size[1] <= _DECODED_PIXELS:
+                    image.load()  # other formats: decoded whole, which finds a cut-short file
     except UnidentifiedImageError:
         return ImageRead(problem="not an image format Pillow (and so the server) can read")
-    except Image.DecompressionBombError:
-        return ImageRead(problem="over Pillow's decompression-bomb limit: the server refuses it")
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         return ImageRead(problem=f"a damaged image ({str(exc) or type(exc).__name__}): cut short?")
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
     if size[0] <= 0 or size[1] <= 0:
         return ImageRead(problem=f"an image of size {size[0]}x{size[1]}")
     return ImageRead(size=size)
