@@ -265,3 +265,22 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     bar(10, 5_000_000, 500)
     bar.close()
     assert "10 records" in out.getvalue() and "tokens/s" in out.getvalue()
+
+
+def test_an_image_replaced_beside_the_data_is_a_new_audit(tmp_path: Path, monkeypatch) -> None:
+    """Records name their images by path: for a family that reads images, the files beside the
+    data file are part of the cache key, so a fixed (or broken) image is audited again."""
+    shutil.copytree(PREPARED / "V1_images", tmp_path / "V1_images")
+    target = resolve_target(str(tmp_path / "V1_images"), tmp_path)
+    options = CheckOptions(tokenizer=PREPARED.parent / "tokenizers" / "qwen3.6-mini", profile="qwen3.6",
+                           cache_dir=tmp_path / "cache")
+    first = check_session(prepare(target, options))
+    calls = []
+    original = audit.flows.checking.audit_file
+    monkeypatch.setattr(audit.flows.checking, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
+    check_session(prepare(target, options))
+    assert calls == []  # nothing changed: a hit
+    (tmp_path / "V1_images" / "images" / "cut.png").write_bytes((tmp_path / "V1_images" / "images" / "red.png").read_bytes())
+    fixed = check_session(prepare(target, options))
+    assert calls == [1]
+    assert fixed.findings.filter(pl.col("rule") == "IMG004").height == first.findings.filter(pl.col("rule") == "IMG004").height - 1

@@ -73,10 +73,7 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
     return _from_file(str(source.folder), entry)
 
 
-@lru_cache(maxsize=4096)
 def _from_file(folder: str, entry: str) -> ImageRead:
-    # Cached by (folder, entry): repeated images are read once per process. A file changed
-    # during a run is read as it first was.
     root = Path(folder).resolve()
     path = Path(folder) / entry
     try:
@@ -85,12 +82,23 @@ def _from_file(folder: str, entry: str) -> ImageRead:
         return ImageRead(problem="a path that cannot be resolved (a symlink loop?)")
     if not resolved.is_relative_to(root):
         return ImageRead(problem="a path that leads outside the data file's folder: refused, never opened")
-    if not resolved.exists():
+    try:
+        status = resolved.stat()
+    except FileNotFoundError:
         return ImageRead(problem="no such file beside the data file")
+    except OSError as exc:
+        return ImageRead(problem=f"cannot be read ({exc.strerror or type(exc).__name__})")
     if not resolved.is_file():
         return ImageRead(problem="not a regular file")
+    return _read_file(str(resolved), status.st_size, status.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _read_file(path: str, size: int, mtime_ns: int) -> ImageRead:
+    # Cached by path, size and time of change: an image repeated in many records is read once
+    # a process, and one replaced between two audits is read again.
     try:
-        data = resolved.read_bytes()
+        data = Path(path).read_bytes()
     except OSError as exc:
         return ImageRead(problem=f"cannot be read ({exc.strerror or type(exc).__name__})")
     return image_bytes(data)
