@@ -61,8 +61,9 @@ class PlaceholderCount(ImageRule):
         `<|vision_end|>` for Qwen) equals the number of entries of `image_data`, and the
         number of image parts in the record's `messages` when it has them. A record that sends
         no `image_data` passes when its messages hold no image part (a user who typed the
-        placeholder as text, which the server passes through); with image parts, or with no
-        messages to tell, its placeholders say images were dropped.
+        placeholder as text, which the server passes through: its messages type as many image
+        pads as the prompt holds); with image parts, with more pads than the messages type, or
+        with no messages to tell, its placeholders say images were dropped.
 
     Why it matters:
         SGLang pairs the i-th placeholder with the i-th image: with one too many or too few the
@@ -85,9 +86,13 @@ class PlaceholderCount(ImageRule):
         if sent == 0 and held == 0:
             return []
         if sent == 0:
-            if parts is not None and not parts:
-                return []  # typed placeholder text in a text-only conversation: harmless
-            said = f"its messages hold {_images(len(parts))}" if parts else "it has no messages"
+            typed = record.typed_pads
+            if parts is not None and not parts and typed is not None and record.layout.pads <= typed:
+                return []  # placeholder text typed in a text-only conversation: harmless
+            if held == 0:
+                return []  # pads typed as text with no span: text to the server (IMG003 if images are sent)
+            said = f"its messages hold {_images(len(parts))}" if parts else (
+                "it has no messages" if parts is None else f"its messages type {typed} image pad(s) as text")
             return [(None, f"input_ids hold {held} image placeholder(s) but the record sends no image_data ({said})")]
         found = []
         if held != sent:

@@ -10,7 +10,14 @@ from typing import Any
 import numpy as np
 
 from audit.records.batch import Batch
-from audit.records.images import ImageRead, VisionLayout, message_images, read_image, vision_layout
+from audit.records.images import (
+    ImageRead,
+    VisionLayout,
+    message_images,
+    read_image,
+    typed_count,
+    vision_layout,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,7 @@ class RecordImages:
     sent: tuple[str, ...]  # image_data, in order
     reads: tuple[ImageRead, ...]  # each entry of `sent`, read
     parts: list[Any] | None  # the image parts of its messages; None: no messages
+    typed_pads: int | None = None  # image pads typed as text in its messages; None: no messages
 
     @property
     def sends_images(self) -> bool:
@@ -58,7 +66,8 @@ def _batch_images(batch: Batch) -> list[RecordImages]:
                 layout=vision_layout(flat.values[flat.offsets[row] : flat.offsets[row + 1]], vision),
                 sent=sent,
                 reads=tuple(read_image(entry, batch.context.images) for entry in sent),
-                parts=message_images(batch.source_prompt(row)),
+                parts=message_images(prompt := batch.source_prompt(row)),
+                typed_pads=typed_count(prompt, vision.spec.image_pad),
             )
         )
     return found

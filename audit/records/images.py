@@ -160,6 +160,7 @@ class VisionLayout:
     expanded_at: int | None  # the second pad of the first span holding more than one
     unbalanced: tuple[int, str] | None  # where the spans first stop making sense, and how
     stray_pad_at: int | None  # the first pad outside any span
+    pads: int = 0  # every pad, inside a span or not
 
 
 def vision_layout(ids: np.ndarray, vision: ResolvedVision) -> VisionLayout:
@@ -198,7 +199,8 @@ def vision_layout(ids: np.ndarray, vision: ResolvedVision) -> VisionLayout:
                 expanded_at = position
     if open_at is not None and unbalanced is None:
         unbalanced = (open_at, "a vision start never closed")
-    return VisionLayout(placeholders, pads_in_spans, expanded_at, unbalanced, stray_at)
+    pad_count = int(np.isin(ids[at], pads).sum()) if len(at) else 0
+    return VisionLayout(placeholders, pads_in_spans, expanded_at, unbalanced, stray_at, pad_count)
 
 
 def message_images(prompt: dict[str, Any] | None) -> list[Any] | None:
@@ -217,6 +219,23 @@ def message_images(prompt: dict[str, Any] | None) -> list[Any] | None:
             ):
                 parts.append(part)
     return parts
+
+
+def typed_count(prompt: dict[str, Any] | None, text: str) -> int | None:
+    """How often `text` (a placeholder token's string) is typed in the record's messages, as
+    text content or text parts; None when the record has no messages."""
+    if prompt is None or not isinstance(prompt.get("messages"), list):
+        return None
+    count = 0
+    for message in prompt["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            count += content.count(text)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    count += part["text"].count(text)
+    return count
 
 
 def part_reference(part: dict[str, Any]) -> str | None:
