@@ -49,6 +49,13 @@ def excerpt(entry: str) -> str:
     return entry if len(entry) <= 80 else entry[:79] + "…"
 
 
+def _file_name(entry: str) -> str:
+    """The last path component of a path or URL (a data: URI is its own name)."""
+    if entry[:5].lower() == "data:":
+        return entry
+    return entry.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
 def _images(count: int) -> str:
     return f"{count} image" + ("" if count == 1 else "s")
 
@@ -208,8 +215,10 @@ class ImageOutOfOrder(ImageRule):
 
     What it checks:
         When every image part of the record's messages names its image (`image`, or
-        `image_url` and its `url`) and those are the entries of `image_data`, they come in
-        the same order: the i-th placeholder is the i-th image.
+        `image_url` and its `url`) and those are the entries of `image_data` (the same
+        strings, or the same file names: a message may name a file by URL where `image_data`
+        names it beside the data), they come in the same order: the i-th placeholder is the
+        i-th image.
 
     Why it matters:
         The server fills placeholders in `image_data` order: images swapped put each
@@ -230,9 +239,17 @@ class ImageOutOfOrder(ImageRule):
             return []
         named = [part_reference(part) for part in record.parts]
         sent = list(record.sent)
-        if None in named or named == sent or sorted(named) != sorted(sent):  # type: ignore[type-var]
+        if any(name is None for name in named):
             return []
-        return [(None, f"the messages name {[excerpt(n or '') for n in named]}, image_data sends {[excerpt(s) for s in sent]}")]
+        # The same images named the same way, or by the same file names (a message may name
+        # a file by URL or absolute path where image_data names it relative to the data).
+        for key in (lambda entry: entry, _file_name):
+            mine, theirs = [key(n) for n in named], [key(s) for s in sent]  # type: ignore[arg-type]
+            if sorted(mine) == sorted(theirs):
+                if mine == theirs:
+                    return []
+                return [(None, f"the messages name {[excerpt(n or '') for n in named]}, image_data sends {[excerpt(s) for s in sent]}")]
+        return []
 
 
 class VisionTokenInOutput(RecordRule):
