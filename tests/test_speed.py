@@ -284,3 +284,23 @@ def test_an_image_replaced_beside_the_data_is_a_new_audit(tmp_path: Path, monkey
     fixed = check_session(prepare(target, options))
     assert calls == [1]
     assert fixed.findings.filter(pl.col("rule") == "IMG004").height == first.findings.filter(pl.col("rule") == "IMG004").height - 1
+
+
+def test_cache_key_covers_the_image_processor_settings(tmp_path: Path) -> None:
+    """The processor's settings decide each image's token count (INT005): another
+    preprocessor_config.json is another key, though the tokenizer's fingerprint is the same."""
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+
+    folder = tmp_path / "qwen3.6-mini"
+    shutil.copytree(PREPARED.parent / "tokenizers" / "qwen3.6-mini", folder)
+    tokenizer = load_tokenizer(folder)
+    before = _describe_context(AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer))
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config["size"]["longest_edge"] = 1_000_000
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(folder)
+    after = _describe_context(AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer))
+    assert before["tokenizer"] == after["tokenizer"]
+    assert before["profile"] != after["profile"]

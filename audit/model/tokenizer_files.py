@@ -28,8 +28,6 @@ _FINGERPRINT_FILES = (
     "tokenizer.model",
     "chat_template.jinja",
     "chat_template.json",
-    # The image processor's settings: how many tokens each image of a record becomes.
-    "preprocessor_config.json",
 )
 
 
