@@ -312,3 +312,17 @@ def test_meta_info_values_of_any_type_are_read_or_rejected_as_the_contract_says(
     else:
         [rejected] = parsed.rejected
         assert rejected.problem == "contract" and rejected.reason.startswith("meta_info.")
+
+
+def test_image_data_is_kept_as_a_list_of_strings_and_a_wrong_type_is_a_finding_on_its_line() -> None:
+    lines = [
+        b'{"id": "a", "input_ids": [1, 2], "output_ids": [3], "image_data": ["img/a.png", "https://x/b.png"]}',
+        b'{"id": "b", "input_ids": [1, 2], "output_ids": [3]}',
+        b'{"id": "c", "input_ids": [1, 2], "output_ids": [3], "image_data": [7]}',
+        b'{"id": "d", "input_ids": [1, 2], "output_ids": [3], "image_data": "img/d.png"}',
+        b'{"id": "e", "input_ids": [1, 2], "output_ids": [3], "image_data": {"url": "img/e.png"}}',
+    ]
+    parsed = parse_block(LineBlock(first_line=1, lines=lines))
+    assert parsed.records["image_data"].to_list() == [["img/a.png", "https://x/b.png"], None]
+    assert [(r.line, r.problem) for r in parsed.rejected] == [(3, "contract"), (4, "contract"), (5, "contract")]
+    assert all("image_data must be a list of strings" in r.reason for r in parsed.rejected)

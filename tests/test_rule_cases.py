@@ -21,6 +21,10 @@ Keys of a case:
               of turn), "length", "abort", or "none" (no meta_info saved)
   matched     finish_reason.matched instead: an id, or a stop string
   meta_info   keys set in the computed meta_info (e.g. completion_tokens)
+  expanded_by the ids the server added expanding the prompt's image placeholders (each
+              image's tokens less its one pad): the computed prompt_tokens is that much more
+              than len(input_ids); the images go in `fields` (`image_data = [...]`), beside
+              the data file for a path
   text        a `text` field
   fields      keys set on the JSON record last (e.g. `output_ids = "text"`: a wrong type)
   drop        keys removed from the JSON record (e.g. `["input_ids"]`)
@@ -75,6 +79,7 @@ from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import Trainer, resolve_trainer
 from audit.records.batch import AuditContext, Batch
+from audit.records.images import image_source
 from audit.records.reader import empty_records
 from tests.conftest import FIXTURES, real_tokenizer
 
@@ -117,7 +122,7 @@ NO_CASES = {
 
 _REQUIRED = {"rule", "expect", "profile", "why"}
 _RECORD_KEYS = {"output", "prompt", "messages", "tools", "finish", "matched", "meta_info", "text"}
-_RECORD_KEYS |= {"fields", "drop", "rename"}
+_RECORD_KEYS |= {"fields", "drop", "rename", "expanded_by"}
 _EXPECTATION_KEYS = {"position", "line", "message", "also"}
 _CASE_KEYS = _REQUIRED | _RECORD_KEYS | _EXPECTATION_KEYS
 _CASE_KEYS |= {"thinking", "lines", "parameters", "xfail", "trainer", "trainer_max_length"}
@@ -285,6 +290,7 @@ def _check_record(data: dict[str, Any]) -> None:
     _expect_type(data, "meta_info", dict)
     _expect_type(data, "text", str)
     _expect_type(data, "fields", dict)
+    _expect_type(data, "expanded_by", int)
     _expect_type(data, "drop", list)
     _expect_type(data, "rename", dict)
     _expect_type(data, "id", str | int)
@@ -419,7 +425,8 @@ class Setup:
                 "length": {"type": "length", "length": len(output)},
                 "abort": {"type": "abort", "message": "client disconnected"},
             }[finish]
-            counts = {"prompt_tokens": len(prompt), "completion_tokens": len(output)}
+            expanded = len(prompt) + spec.get("expanded_by", 0)
+            counts = {"prompt_tokens": expanded, "completion_tokens": len(output)}
             record["meta_info"] = {"finish_reason": reason, **counts, **spec.get("meta_info", {})}
         if "text" in spec:
             record["text"] = spec["text"]
@@ -521,7 +528,9 @@ class CaseRunner:
             at_line[member.where] = len(lines)
         path = self.workdir / f"group-{len(self.audited)}.jsonl"
         path.write_bytes(b"".join(line + b"\n" for line in lines))
-        context = AuditContext(setup.profile, setup.tokenizer, trainer=case.trainer())
+        context = AuditContext(
+            setup.profile, setup.tokenizer, trainer=case.trainer(), images=image_source(path)
+        )
         found = audit_file(path, context, self.rule_set(case)).findings
         for where, line in at_line.items():
             self.audited[where] = found.filter(pl.col("line") == line)
@@ -533,7 +542,9 @@ class CaseRunner:
         default_id = f"{case.rule}-{case.number}"
         written = [_line_bytes(item, setup, f"{default_id}-{i}") for i, item in enumerate(items, 1)]
         path.write_bytes(b"".join(written))
-        context = AuditContext(setup.profile, setup.tokenizer, trainer=case.trainer())
+        context = AuditContext(
+            setup.profile, setup.tokenizer, trainer=case.trainer(), images=image_source(path)
+        )
         self.audited[case.where] = audit_file(path, context, self.rule_set(case)).findings
 
 

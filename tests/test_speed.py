@@ -265,3 +265,42 @@ def test_progress_bar_only_on_a_terminal(tmp_path: Path) -> None:
     bar(10, 5_000_000, 500)
     bar.close()
     assert "10 records" in out.getvalue() and "tokens/s" in out.getvalue()
+
+
+def test_an_image_replaced_beside_the_data_is_a_new_audit(tmp_path: Path, monkeypatch) -> None:
+    """Records name their images by path: for a family that reads images, the files beside the
+    data file are part of the cache key, so a fixed (or broken) image is audited again."""
+    shutil.copytree(PREPARED / "V1_images", tmp_path / "V1_images")
+    target = resolve_target(str(tmp_path / "V1_images"), tmp_path)
+    options = CheckOptions(tokenizer=PREPARED.parent / "tokenizers" / "qwen3.6-mini", profile="qwen3.6",
+                           cache_dir=tmp_path / "cache")
+    first = check_session(prepare(target, options))
+    calls = []
+    original = audit.flows.checking.audit_file
+    monkeypatch.setattr(audit.flows.checking, "audit_file", lambda *a, **k: calls.append(1) or original(*a, **k))
+    check_session(prepare(target, options))
+    assert calls == []  # nothing changed: a hit
+    (tmp_path / "V1_images" / "images" / "cut.png").write_bytes((tmp_path / "V1_images" / "images" / "red.png").read_bytes())
+    fixed = check_session(prepare(target, options))
+    assert calls == [1]
+    assert fixed.findings.filter(pl.col("rule") == "IMG004").height == first.findings.filter(pl.col("rule") == "IMG004").height - 1
+
+
+def test_cache_key_covers_the_image_processor_settings(tmp_path: Path) -> None:
+    """The processor's settings decide each image's token count (INT005): another
+    preprocessor_config.json is another key, though the tokenizer's fingerprint is the same."""
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+
+    folder = tmp_path / "qwen3.6-mini"
+    shutil.copytree(PREPARED.parent / "tokenizers" / "qwen3.6-mini", folder)
+    tokenizer = load_tokenizer(folder)
+    before = _describe_context(AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer))
+    config = json.loads((folder / "preprocessor_config.json").read_text())
+    config["size"]["longest_edge"] = 1_000_000
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    tokenizer = load_tokenizer(folder)
+    after = _describe_context(AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer))
+    assert before["tokenizer"] == after["tokenizer"]
+    assert before["profile"] != after["profile"]

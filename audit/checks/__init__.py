@@ -5,6 +5,15 @@ from __future__ import annotations
 from audit.checks.base import Rule, Severity
 from audit.checks.degenerate import RepetitionLoop, SegmentTooShort
 from audit.checks.harmony import ChannelGrammar, ChannelOrder, ChannelStrayText, ChannelToolCall
+from audit.checks.images import (
+    ImageNotChecked,
+    ImageOutOfOrder,
+    ImageUnreadable,
+    PlaceholderCount,
+    PreExpandedPads,
+    VisionSpanBroken,
+    VisionTokenInOutput,
+)
 from audit.checks.integrity import (
     DuplicateSampleId,
     MetaCountMismatch,
@@ -64,6 +73,13 @@ RULES: dict[str, type[Rule]] = {
         ChannelOrder,
         ChannelToolCall,
         ChannelStrayText,
+        PlaceholderCount,
+        PreExpandedPads,
+        VisionSpanBroken,
+        ImageUnreadable,
+        ImageOutOfOrder,
+        VisionTokenInOutput,
+        ImageNotChecked,
         ToolMarkerGrammar,
         ToolArgumentsInvalidJson,
         ToolCallIdMalformed,

@@ -7,9 +7,11 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from audit.checks.base import RecordRule, Rule, empty_findings
+from audit.checks.base import RecordRule, Rule, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.contract import COUNT_MISMATCH, FINISH_TYPES, OUT_OF_VOCABULARY, in_vocabulary
+from audit.records.image_view import batch_images
+from audit.records.images import expanded_counts
 from audit.records.line_reading import CONTRACT, UNREADABLE
 
 
@@ -66,13 +68,14 @@ class RecordContract(ContractRule):
     What it checks:
         `input_ids` (or its alias `prompt_ids`) and `output_ids` are present lists of token
         ids (integers from 0 to 2**32 - 1: no null, negative, fraction, boolean or string),
-        the prompt is not empty, the `id` is a string or an integer, and `text`, `messages`,
-        `tools` and `meta_info` have SGLang's JSON types: every field SGLang writes in
-        `meta_info` has its own (counts are integers from 0, `finish_reason.matched` a token
-        id or a stop string, `e2e_latency` a non-negative number...; the table is in the
-        input contract's page), and `cached_tokens` is no more than `prompt_tokens`. A field
-        SGLang does not write is kept and ignored. Lines that are JSON but of the wrong shape
-        are reported here with the field that is wrong (and for a bad id, its index).
+        the prompt is not empty, the `id` is a string or an integer, `text`, `messages`,
+        `tools` and `meta_info` have SGLang's JSON types, and `image_data` is a list of strings:
+        every field SGLang writes in `meta_info` has its own (counts are integers from 0,
+        `finish_reason.matched` a token id or a stop string, `e2e_latency` a non-negative
+        number...; the table is in the input contract's page), and `cached_tokens` is no more
+        than `prompt_tokens`. A field SGLang does not write is kept and ignored. Lines that are
+        JSON but of the wrong shape are reported here with the field that is wrong (and for a
+        bad id, its index).
 
     Why it matters:
         A record without its prompt or output ids cannot become a training sequence; a
@@ -176,7 +179,14 @@ class MetaCountMismatch(ContractRule):
 
     What it checks:
         `meta_info.prompt_tokens == len(input_ids)` and
-        `meta_info.completion_tokens == len(output_ids)` when the counts are present.
+        `meta_info.completion_tokens == len(output_ids)` when the counts are present. A record
+        that sends images (`image_data`) was counted by the server with each image placeholder
+        expanded: its `prompt_tokens` must be `len(input_ids)` plus, for each image, its
+        tokens (`grid_h * grid_w / merge_size**2` after the image processor's resize, from
+        the tokenizer folder's `preprocessor_config.json`) less its one pad. SGLang's Qwen-VL
+        processor may resize each image first (to multiples of 28); either count is the
+        server's. A record whose images could not all be read, or whose placeholders are not
+        one per image (IMG001-IMG004), is not counted here.
 
     Why it matters:
         The server counted the tokens it produced. A different length means the ids are not
@@ -195,9 +205,40 @@ class MetaCountMismatch(ContractRule):
     name = "meta-count-mismatch"
     problem = COUNT_MISMATCH
 
+    def find(self, batch: Batch) -> pl.DataFrame:
+        found = super().find(batch)
+        vision = batch.profile.vision
+        if vision is None:
+            return found
+        records = [r for r in batch_images(batch) if r.sent]
+        if not records:
+            return found
+        counts = batch.records["prompt_tokens"]
+        lengths = batch.records["input_ids"].list.len()
+        rows, messages = [], []
+        for record in records:
+            given = counts[record.row]
+            if given is None or lengths[record.row] is None:
+                continue
+            expected = expanded_counts(record.layout, lengths[record.row], list(record.reads), vision)
+            if expected is None or given in expected:
+                continue
+            rows.append(record.row)
+            shown = " or ".join(str(n) for n in sorted(expected))
+            messages.append(
+                f"meta_info.prompt_tokens = {given} but the prompt expanded with its "
+                f"{len(record.sent)} image(s) has {shown} ids (input_ids has {lengths[record.row]})"
+            )
+        if not rows:
+            return found
+        images = findings_frame(rows, [None] * len(rows), messages)
+        return pl.concat([found, images], how="vertical").unique("row", keep="first", maintain_order=True).sort("row")
+
     def message(self, batch: Batch) -> pl.Expr:
-        prompt_off = pl.col("prompt_tokens").is_not_null() & (
-            pl.col("prompt_tokens") != pl.col("input_ids").list.len()
+        prompt_off = (
+            pl.col("prompt_tokens").is_not_null()
+            & (pl.col("prompt_tokens") != pl.col("input_ids").list.len())
+            & (pl.col("image_data").list.len().fill_null(0) == 0)  # else counted expanded (`find`)
         )
         return pl.when(prompt_off).then(
             pl.format(

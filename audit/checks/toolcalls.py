@@ -129,10 +129,8 @@ class ToolArgumentsInvalidJson(ToolCallRule):
         detectors convert them, by the type the record's `tools` declare for the parameter
         (from the line, or `--prompts`): a `string` is any text (`[WIP] fix` is fine), an
         integer, number, boolean (`true`/`false` in any case), object or array must read as
-        one (GLM's escaped JSON once unescaped, as SGLang's GLM detectors read it), and a
-        parameter the tools do not declare is never an error. An object or array with a
-        trailing comma (`{"a": 1,}`) is not JSON, in any family: no template's `tojson` writes
-        it, though the serving parsers' `literal_eval` fallback reads it.
+        one (GLM's escaped JSON once unescaped, as SGLang reads it; never with a trailing
+        comma, `{"a": 1,}`, which no `tojson` writes), and an undeclared parameter never errs.
 
     Why it matters:
         The target model writes valid arguments nearly always; broken ones are the trace

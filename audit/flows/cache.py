@@ -5,7 +5,8 @@ A result is stored under a key made of everything that decides it:
 * the file's content: its sha256, hashed afresh on every lookup (size, mtime and inode can
   all be restored after an edit; hashing costs a fraction of a second per 200 MB),
 * the rule set (every selected rule with its severity, thresholds and parameters),
-* the resolved profile and anything else in the audit context (e.g. `--prompts`),
+* the resolved profile and anything else in the audit context (e.g. `--prompts`; for a
+  family that reads images, every file beside the data file, where records name them),
 * the tokenizer's fingerprint (a hash of its files) and the decode/encode backend,
 * the tool: its version and a hash of its own source code, so an edited rule never reads a
   result its old code produced.
@@ -36,11 +37,13 @@ from audit.base.files import write_directory_atomically
 from audit.base.storage import AnyPath
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import STATS_SCHEMA, FileAudit
+from audit.flows.targets import DATA_FILE
 from audit.model.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:
     from audit.checks.ruleset import RuleSet
     from audit.records.batch import AuditContext
+    from audit.records.images import ImageSource
 
 CACHE_DIR_ENV = "AUDIT_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path(".audit-cache")
@@ -86,6 +89,8 @@ def _describe_context(context: AuditContext) -> dict[str, str]:
             continue  # derived from the tokenizer
         if item.name == "tokenizer":
             described[item.name] = json.dumps(value.fingerprint.to_dict(), sort_keys=True)
+        elif item.name == "images":
+            described[item.name] = _images_digest(value, context)
         elif item.name == "prompts" and value is not None:
             # Keys in their own order: a template's `tojson` writes them so, and the prompts'
             # ids depend on it (sorted, two files rendering differently would share a result).
@@ -94,6 +99,21 @@ def _describe_context(context: AuditContext) -> dict[str, str]:
             # Reprs name functions by address (a profile's call reader): drop what moves between runs.
             described[item.name] = _ADDRESS.sub("", repr(value))
     return described
+
+
+def _images_digest(images: ImageSource, context: AuditContext) -> str:
+    """The content of every file beside the data file, for a family that reads images (the
+    records name them by path there): an image replaced gives another key. Other families
+    read no file but the data, and their key is the folder's name only."""
+    if images.folder is None or context.profile.vision is None:
+        return repr(images)
+    digest = hashlib.sha256(str(images.folder).encode())
+    for path in sorted(images.folder.rglob("*")):
+        if path.is_file() and path.name != DATA_FILE:
+            digest.update(b"\0" + str(path.relative_to(images.folder)).encode() + b"\0")
+            with path.open("rb") as handle:
+                digest.update(hashlib.file_digest(handle, "sha256").digest())
+    return digest.hexdigest()
 
 
 class AuditCache:

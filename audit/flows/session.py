@@ -27,6 +27,7 @@ from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import resolve_trainer
 from audit.records.batch import AuditContext
+from audit.records.images import image_source
 from audit.records.sources import DEFAULT_BLOCK_BYTES, first_line
 
 
@@ -171,7 +172,9 @@ def prepare(target: Target, options: CheckOptions) -> Session:
             installed_trainer(cast(TrainerJob, trainer_job(trainer, tokenizer)))
     return Session(
         target=target,
-        context=AuditContext(profile, tokenizer, prompts=prompts, trainer=trainer),
+        context=AuditContext(
+            profile, tokenizer, prompts=prompts, trainer=trainer, images=image_source(target.data_file)
+        ),
         rule_set=rule_set,
         options=options,
         prompt_summary=prompt_summary,

@@ -33,12 +33,13 @@ from audit.model.prompt_endings import (
 )
 from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.model.tokenizer import Tokenizer
+from audit.model.vision import ResolvedVision, VisionSpec, parse_vision
 
 PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 
 _TOP_KEYS = {
     "name", "description", "encoder", "tokens", "pinned_ids",
-    "generation_prompt", "tool_calls", "channels", "template",
+    "generation_prompt", "tool_calls", "channels", "template", "vision",
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
@@ -81,6 +82,7 @@ class Profile:
         return thinking_kwargs(thinking)
     # Prompt endings after a tool result (agentic continuations), each with its reasoning state.
     continuations: tuple[Continuation, ...] = ()
+    vision: VisionSpec | None = None  # the image placeholder's tokens and the processor's defaults
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
@@ -178,6 +180,7 @@ class Profile:
             tool_result=tuple(token(t) for t in self.tool_result if t not in spelled),
             tool_result_text=spelled,
             call_stops=call_stops,
+            vision=self.vision.resolve(token, tokenizer.directory) if self.vision else None,
         )
 
 
@@ -202,6 +205,7 @@ class ResolvedProfile:
     # The reasoning state each accepted ending (prompt_suffixes, continuations last) leaves.
     suffix_reasoning: tuple[Reasoning, ...] = ()
     call_stops: tuple[int, ...] = ()  # tool_calls.end_of_turn: the stops of a turn with calls only
+    vision: ResolvedVision | None = None  # vision ids and processor settings; None: no images
 
     @property
     def name(self) -> str:
@@ -391,4 +395,5 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         encoder=encoder,
         thinking_switch=parse_template(data.get("template"), prompt, where),
         continuations=continuations,
+        vision=parse_vision(data.get("vision"), where),
     )

@@ -22,6 +22,7 @@ from audit.records.contract import (
     contract_failures,
     record_contract,
 )
+from audit.records.images import ImageSource
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
@@ -37,6 +38,8 @@ class AuditContext:
     prompts: dict[str, dict[str, Any]] | None = None
     # The trainer whose preprocessing the trainer view models (`--trainer`), or None: no view.
     trainer: Trainer | None = None
+    # Where the images records name are read (the data file's folder), for the image rules.
+    images: ImageSource = field(default_factory=ImageSource)
     contract: RecordContract = field(init=False)
 
     def __post_init__(self) -> None:

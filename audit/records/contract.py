@@ -135,6 +135,12 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
 
         return check
 
+    def expanded_prompt(count: pl.Expr) -> pl.Expr:
+        # A record that sends images: the server counted each placeholder expanded, which only
+        # the image rules can work out (INT005's own step, `audit.checks.integrity`).
+        sends_images = pl.col("image_data").list.len().fill_null(0) > 0
+        return counts("input_ids")(count) | sends_images
+
     def known_finish_type(kind: pl.Expr) -> pl.Expr:
         # Any other type would slip past every termination rule, which test for these three.
         return kind.is_in(FINISH_TYPES).fill_null(True)
@@ -149,6 +155,7 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
             "finish_matched_id": (pl.Int64(), True),
             "prompt_tokens": (pl.Int64(), True),
             "completion_tokens": (pl.Int64(), True),
+            "image_data": (pl.List(pl.String()), True),
         },
         checks=(
             ContractCheck("input_ids", present_and_nonempty, CONTRACT),
@@ -157,7 +164,7 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
             ContractCheck("output_ids", known_to_the_tokenizer, OUT_OF_VOCABULARY),
             ContractCheck("finish_type", known_finish_type, CONTRACT),
             ContractCheck("finish_matched_id", a_known_token, OUT_OF_VOCABULARY),
-            ContractCheck("prompt_tokens", counts("input_ids"), COUNT_MISMATCH),
+            ContractCheck("prompt_tokens", expanded_prompt, COUNT_MISMATCH),
             ContractCheck("completion_tokens", counts("output_ids"), COUNT_MISMATCH),
         ),
     )

@@ -8,6 +8,9 @@ One JSON object per line (SGLang `/generate` output saved raw):
     meta_info     optional, as SGLang returns it: finish_reason {type, matched | length |
                   message}, prompt_tokens, completion_tokens, ...
     text          optional, the server's decoded text
+    image_data    optional, the images sent with the prompt, in placeholder order: a list of
+                  strings (a path relative to the data file's folder, an http(s) URL or a
+                  data: URI), as SGLang's `GenerateReqInput.image_data` takes them
     messages, tools optional, the source prompt: kept as the line's raw text in `source`
                   (only for lines that have them, and only when a rule reads it: the
                   template-fidelity rule, and the tool-call rules for declared types)
@@ -59,6 +62,8 @@ RECORD_COLUMNS: dict[str, pl.DataType] = {
     "finish_message": pl.String(),
     "prompt_tokens": pl.Int64(),
     "completion_tokens": pl.Int64(),
+    # The images the record sends (`image_data`), null when it sends none.
+    "image_data": pl.List(pl.String()),
     # The record's source prompt as JSON ({messages, tools, chat_template_kwargs}), kept only when
     # it has `messages` or `tools` and a rule reads it (the template rule, the tool-call rules).
     "source": pl.String(),
@@ -219,6 +224,7 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         pl.Series("finish_message", finish("message"), dtype=pl.String()),
         pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
         pl.Series("completion_tokens", meta("completion_tokens"), dtype=pl.Int64(), strict=True),
+        pl.Series("image_data", [value.get("image_data") for value in values], dtype=pl.List(pl.String())),
         pl.Series(
             "source",
             [source_prompt(value) for value in values] if keep_source else [None] * len(values),

@@ -1,0 +1,268 @@
+"""The images a record sends (`image_data`) and the vision placeholders of its prompt, read once
+per batch for the image rules (`audit.checks.images`) and the prompt count (INT005).
+
+Every `image_data` entry is untrusted. A path is read only inside the data file's folder: an
+absolute path, a `..` that climbs out, or a symlink that leads out is a finding, never opened.
+An `http(s)` URL is never fetched (no network at run time): its image is "not checked", and
+says so. A `data:` URI is decoded in memory. An image is read with Pillow, which tells a real
+image from an empty file, an HTML error page saved under an image's name or a truncated PNG.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from audit.model.vision import ResolvedVision, server_counts
+
+# Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
+_DECODED_PIXELS = 50_000_000
+
+# The image parts of a message the Qwen-VL chat templates render as a placeholder
+# (`render_content`): a part with an `image` or `image_url` key, or of type "image".
+_IMAGE_PART_TYPES = ("image", "image_url")
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a run reads the images its records name: the data file's folder (None when the
+    data is in object storage: relative paths are then not checked)."""
+
+    folder: Path | None = None
+
+
+def image_source(data_file: object) -> ImageSource:
+    """Where the images of `data_file` are read: its folder, when it is a local file."""
+    return ImageSource(folder=data_file.parent) if isinstance(data_file, Path) else ImageSource()
+
+
+@dataclass(frozen=True)
+class ImageRead:
+    """One `image_data` entry, read: its size, or why it is no usable image, or why it was not
+    read at all."""
+
+    size: tuple[int, int] | None = None  # (width, height)
+    problem: str | None = None  # not an image the server can take: a finding
+    unchecked: str | None = None  # not read (a remote URL): said, never passed silently
+
+
+def read_image(entry: str, source: ImageSource) -> ImageRead:
+    """The image `entry` names, read (see the module docstring for what is refused)."""
+    lowered = entry[:8].lower()
+    if lowered.startswith(("http://", "https://")):
+        return ImageRead(unchecked="a remote URL: not fetched, so its size and content were not checked")
+    if lowered.startswith("data:"):
+        return _from_data_uri(entry)
+    if "://" in entry[:16] or lowered.startswith("file:"):
+        return ImageRead(problem="a URL of a kind the audit does not read: give a path relative to the data file's folder, an http(s) URL or a data: URI")
+    if source.folder is None:
+        return ImageRead(unchecked="a path, and the data file is not in a local folder: not checked")
+    if not entry or "\0" in entry:
+        return ImageRead(problem="an empty path" if not entry else "a path holding a NUL byte")
+    if os.path.isabs(entry) or entry.startswith(("/", "\\")) or (len(entry) > 1 and entry[1] == ":"):
+        return ImageRead(problem="an absolute path: images are read only inside the data file's folder; give a relative path")
+    return _from_file(str(source.folder), entry)
+
+
+def _from_file(folder: str, entry: str) -> ImageRead:
+    root = Path(folder).resolve()
+    path = Path(folder) / entry
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError):
+        return ImageRead(problem="a path that cannot be resolved (a symlink loop?)")
+    if not resolved.is_relative_to(root):
+        return ImageRead(problem="a path that leads outside the data file's folder: refused, never opened")
+    try:
+        status = resolved.stat()
+    except FileNotFoundError:
+        return ImageRead(problem="no such file beside the data file")
+    except OSError as exc:
+        return ImageRead(problem=f"cannot be read ({exc.strerror or type(exc).__name__})")
+    if not resolved.is_file():
+        return ImageRead(problem="not a regular file")
+    return _read_file(str(resolved), status.st_size, status.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _read_file(path: str, size: int, mtime_ns: int) -> ImageRead:
+    # Cached by path, size and time of change: an image repeated in many records is read once
+    # a process, and one replaced between two audits is read again.
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        return ImageRead(problem=f"cannot be read ({exc.strerror or type(exc).__name__})")
+    return image_bytes(data)
+
+
+def _from_data_uri(entry: str) -> ImageRead:
+    header, comma, payload = entry.partition(",")
+    if not comma:
+        return ImageRead(problem="a data: URI with no ',' before its data")
+    if not header.lower().endswith(";base64"):
+        return ImageRead(problem="a data: URI that is not base64 (SGLang decodes base64 images only)")
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        return ImageRead(problem="a data: URI whose base64 does not decode")
+    return image_bytes(data)
+
+
+def image_bytes(data: bytes) -> ImageRead:
+    """The size of the image `data` holds, or why it is none: empty, not an image format
+    (an HTML page), or cut short."""
+    if not data:
+        return ImageRead(problem="an empty file, not an image")
+    from PIL import Image, UnidentifiedImageError  # imported only when a record sends images
+
+    if data.lstrip()[:1] == b"<":
+        return ImageRead(problem="markup (an HTML or XML page), not an image: a failed download?")
+    limit = Image.MAX_IMAGE_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            # A huge image is a real one (the processor scales it down): its size is read from
+            # the header, and its pixels are never decoded when the format lets them be checked
+            # otherwise, so Pillow's decompression-bomb guard has nothing to guard here.
+            Image.MAX_IMAGE_PIXELS = None
+            with Image.open(io.BytesIO(data)) as image:
+                size = image.size
+                if image.format == "PNG":
+                    image.verify()  # every chunk and its checksum, without decoding the pixels
+                elif size[0] * size[1] <= _DECODED_PIXELS:
+                    image.load()  # other formats: decoded whole, which finds a cut-short file
+    except UnidentifiedImageError:
+        return ImageRead(problem="not an image format Pillow (and so the server) can read")
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        return ImageRead(problem=f"a damaged image ({str(exc) or type(exc).__name__}): cut short?")
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+    if size[0] <= 0 or size[1] <= 0:
+        return ImageRead(problem=f"an image of size {size[0]}x{size[1]}")
+    return ImageRead(size=size)
+
+
+@dataclass(frozen=True)
+class VisionLayout:
+    """A prompt's vision tokens: its placeholders and what is wrong with their shape."""
+
+    placeholders: int  # spans start, pad(s), end
+    pads_in_spans: int
+    expanded_at: int | None  # the second pad of the first span holding more than one
+    unbalanced: tuple[int, str] | None  # where the spans first stop making sense, and how
+    stray_pad_at: int | None  # the first pad outside any span
+    pads: int = 0  # every pad, inside a span or not
+
+
+def vision_layout(ids: np.ndarray, vision: ResolvedVision) -> VisionLayout:
+    """Walk the vision ids of one prompt (only those positions: a prompt holds few)."""
+    pads = vision.pads
+    at = np.flatnonzero(np.isin(ids, vision.ids))
+    placeholders = pads_in_spans = 0
+    expanded_at = stray_at = None
+    unbalanced: tuple[int, str] | None = None
+    open_at: int | None = None
+    inside = 0
+    for position in at.tolist():
+        token = int(ids[position])
+        if token == vision.start:
+            if open_at is not None and unbalanced is None:
+                unbalanced = (position, "a vision start inside an open vision span")
+            open_at, inside = position, 0
+        elif token == vision.end:
+            if open_at is None:
+                if unbalanced is None:
+                    unbalanced = (position, "a vision end with no vision start before it")
+                continue
+            if inside == 0 and unbalanced is None:
+                unbalanced = (position, "a vision span with no image pad")
+            elif position - open_at - 1 != inside and unbalanced is None:
+                unbalanced = (open_at, "a vision span holding ids other than its pads")
+            placeholders += inside > 0
+            open_at = None
+        elif token in pads:
+            if open_at is None:
+                stray_at = position if stray_at is None else stray_at
+                continue
+            inside += 1
+            pads_in_spans += 1
+            if inside == 2 and expanded_at is None:
+                expanded_at = position
+    if open_at is not None and unbalanced is None:
+        unbalanced = (open_at, "a vision start never closed")
+    pad_count = int(np.isin(ids[at], pads).sum()) if len(at) else 0
+    return VisionLayout(placeholders, pads_in_spans, expanded_at, unbalanced, stray_at, pad_count)
+
+
+def message_images(prompt: dict[str, Any] | None) -> list[Any] | None:
+    """The image parts of a record's `messages` in order (each the part), or None when the
+    record has no messages."""
+    if prompt is None or not isinstance(prompt.get("messages"), list):
+        return None
+    parts = []
+    for message in prompt["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if isinstance(part, dict) and (
+                any(key in part for key in _IMAGE_PART_TYPES) or part.get("type") == "image"
+            ):
+                parts.append(part)
+    return parts
+
+
+def typed_count(prompt: dict[str, Any] | None, text: str) -> int | None:
+    """How often `text` (a placeholder token's string) is typed in the record's messages, as
+    text content or text parts; None when the record has no messages."""
+    if prompt is None or not isinstance(prompt.get("messages"), list):
+        return None
+    count = 0
+    for message in prompt["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            count += content.count(text)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and isinstance(part.get("text"), str):
+                    count += part["text"].count(text)
+    return count
+
+
+def part_reference(part: dict[str, Any]) -> str | None:
+    """The image a message part names (`image`, or `image_url` as a string or `{url}`), if any."""
+    value = part.get("image")
+    if isinstance(value, str):
+        return value
+    url = part.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    return url if isinstance(url, str) else None
+
+
+def expanded_counts(layout: VisionLayout, prompt_length: int, reads: list[ImageRead],
+                    vision: ResolvedVision) -> frozenset[int] | None:
+    """The prompt lengths a server may count once each placeholder is expanded to its image's
+    tokens (on the file's size, or after SGLang's own pre-resize), or None when they cannot be
+    known: an image not read, placeholders that do not match the images, or one refused."""
+    if layout.placeholders != len(reads) or layout.expanded_at is not None or layout.unbalanced is not None:
+        return None
+    sizes = [read.size for read in reads if read.size is not None]
+    if len(sizes) != len(reads):
+        return None
+    per_image = [sorted(server_counts(width, height, vision.settings)) for width, height in sizes]
+    if any(not counts for counts in per_image):
+        return None
+    base = prompt_length - layout.pads_in_spans
+    # A server counts every image the same way: each on its file's size (the first count), or
+    # each after its own pre-resize (the last).
+    return frozenset({base + sum(c[0] for c in per_image), base + sum(c[-1] for c in per_image)})

