@@ -113,6 +113,14 @@ class Thinking(StrEnum):
     off = "off"
 
 
+class AuditedThinking(StrEnum):
+    """The thinking mode a run audits: one, or both (each record in its prompt ending's)."""
+
+    on = "on"
+    off = "off"
+    mixed = "mixed"
+
+
 class FailOn(StrEnum):
     error = "error"
     warning = "warning"
@@ -140,7 +148,12 @@ TrustOption = Annotated[
     typer.Option("--trust-remote-code", help="Allow the tokenizer's own code (Kimi's tiktoken tokenizer needs it)."),
 ]
 ThinkingOption = Annotated[
-    Thinking | None, typer.Option("--thinking", help="Thinking mode the data was generated with (default: on).")
+    AuditedThinking | None,
+    typer.Option(
+        "--thinking",
+        help="Thinking mode the data was generated with; mixed: both, each record judged in the mode its "
+        "prompt ending shows (default: generation.json's, else on).",
+    ),
 ]
 RulesOption = Annotated[
     Path | None, typer.Option("--rules", metavar="FILE", help="Rule set file (default rules/default.toml).")
@@ -205,7 +218,7 @@ def check_options(
     profile: str | None,
     tokenizer: Path | None,
     trust_remote_code: bool,
-    thinking: Thinking | None,
+    thinking: AuditedThinking | None,
     rules: Path | None,
     prompts: Path | None = None,
     jobs: int = 1,
@@ -228,7 +241,7 @@ def check_options(
         profile=profile,
         tokenizer=tokenizer,
         trust_remote_code=trust_remote_code,
-        thinking=None if thinking is None else thinking is Thinking.on,
+        thinking=None if thinking is None else {"on": True, "off": False, "mixed": "mixed"}[thinking.value],
         rules=rules,
         prompts=prompts,
     )

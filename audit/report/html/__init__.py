@@ -22,6 +22,7 @@ from audit import __version__
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
+from audit.model.thinking_modes import mode_label
 from audit.records.segments import (
     SEGMENT_ANSWER,
     SEGMENT_PROMPT,
@@ -112,7 +113,7 @@ def _inputs(report: Report) -> str:
         ("records", f"{report.records:,} ({data.get('output_tokens', 0):,} output tokens)"),
         (
             "profile",
-            f"{profile.get('name')} · thinking {'on' if profile.get('thinking') else 'off'}"
+            f"{profile.get('name')} · thinking {mode_label(profile.get('thinking', True))}"
             f" · reasoning {profile.get('reasoning')} · {profile.get('source')}",
         ),
         ("tokenizer", f"{tokenizer.get('path')} · {tokenizer.get('vocab_size', 0):,} ids"),
