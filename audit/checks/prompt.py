@@ -74,8 +74,8 @@ class PromptSuffix(RecordRule):
         profile = batch.profile
         # The generation prompt of each mode of the run (thinking's first, as the records are judged).
         expected = [profile.mode_endings(mode)[0] for mode in profile.modes]
-        shown = max(len(profile.prompt_suffixes[index]) for index in expected)
-        tails = flagged.select(pl.col("input_ids").list.tail(shown + 1)).to_series().to_list()
+        width = max(len(profile.prompt_suffixes[index]) for index in expected)
+        tails = flagged.select(pl.col("input_ids").list.tail(width + 1)).to_series().to_list()
         lengths = flagged.select(pl.col("input_ids").list.len()).to_series().to_list()
         shown_ids = sorted({t for tail in tails for t in tail})
         text_of = dict(zip(shown_ids, token_strings(batch.tokenizer, shown_ids), strict=True))

@@ -38,6 +38,11 @@ def modes_of(thinking: ThinkingMode) -> tuple[bool, ...]:
     return (True, False) if thinking == MIXED else (bool(thinking),)
 
 
+def flag_mode(flag: str) -> ThinkingMode:
+    """The mode `--thinking on|off|mixed` names."""
+    return MIXED if flag == MIXED else flag == "on"
+
+
 def parse_thinking(value: Any, where: str) -> ThinkingMode | None:
     """A thinking mode as a file or a caller gives it: true, false, "mixed" or none; ConfigError else."""
     if value is None or isinstance(value, bool) or value == MIXED:
