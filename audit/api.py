@@ -29,6 +29,7 @@ from audit.flows.gating import GateResult, gate_session
 from audit.flows.session import CheckOptions, Session, prepare
 from audit.flows.targets import data_root as resolve_data_root
 from audit.flows.targets import resolve_target
+from audit.model.thinking_modes import ThinkingMode
 from audit.report.report import Report
 
 PathLike = str | os.PathLike[str]
@@ -41,7 +42,7 @@ def _session(
     tokenizer: PathLike | None,
     rules: PathLike | None,
     data_root: PathLike | None,
-    thinking: bool | None,
+    thinking: ThinkingMode | None,
     trust_remote_code: bool,
     prompts: PathLike | None,
     jobs: int,
@@ -76,7 +77,7 @@ def check_target(
     tokenizer: PathLike | None = None,
     rules: PathLike | None = None,
     data_root: PathLike | None = None,
-    thinking: bool | None = None,
+    thinking: ThinkingMode | None = None,
     trust_remote_code: bool = False,
     prompts: PathLike | None = None,
     jobs: int = 1,
@@ -91,8 +92,9 @@ def check_target(
 
     `target` is a partition name under `data_root` (default: `$AUDIT_DATA_ROOT`, else
     `prepared/`), a partition directory or a `.jsonl` file. `profile` (a name or a profile
-    file), `tokenizer` (a local Hugging Face tokenizer directory) and `thinking` default to
-    what the partition's generation.json records; `rules` to the built-in rule set. The
+    file), `tokenizer` (a local Hugging Face tokenizer directory) and `thinking` (True, False,
+    or `"mixed"`: each record judged in the mode its prompt ending shows) default to what the
+    partition's generation.json records; `rules` to the built-in rule set. The
     tokenizer's own code runs only with `trust_remote_code=True`. `prompts` is a JSONL file of
     the source prompts (TPL001); `jobs` worker processes share the file; `cache=False` audits
     again even when an identical audit is cached. `progress(records, output_tokens, bytes)`
@@ -135,7 +137,7 @@ def gate(
     tokenizer: PathLike | None = None,
     rules: PathLike | None = None,
     data_root: PathLike | None = None,
-    thinking: bool | None = None,
+    thinking: ThinkingMode | None = None,
     trust_remote_code: bool = False,
     cache: bool = True,
     progress: ProgressCallback | None = None,
@@ -172,7 +174,7 @@ def _sample_source(
     tokenizer: PathLike | None,
     rules: PathLike | None,
     data_root: PathLike | None,
-    thinking: bool | None,
+    thinking: ThinkingMode | None,
     trust_remote_code: bool,
     jobs: int,
     cache: bool,
@@ -205,7 +207,7 @@ def export(
     tokenizer: PathLike | None = None,
     rules: PathLike | None = None,
     data_root: PathLike | None = None,
-    thinking: bool | None = None,
+    thinking: ThinkingMode | None = None,
     trust_remote_code: bool = False,
     jobs: int = 1,
     cache: bool = True,
@@ -250,7 +252,7 @@ def draft_vocab(
     tokenizer: PathLike | None = None,
     rules: PathLike | None = None,
     data_root: PathLike | None = None,
-    thinking: bool | None = None,
+    thinking: ThinkingMode | None = None,
     trust_remote_code: bool = False,
     jobs: int = 1,
     cache: bool = True,

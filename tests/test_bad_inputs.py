@@ -205,7 +205,7 @@ def test_report_path_that_is_a_directory_leaves_no_temporary_file(tmp_path):
 @pytest.mark.parametrize(
     ("generation", "says"),
     [
-        ({"thinking": "no"}, "thinking must be true or false"),
+        ({"thinking": "no"}, 'thinking must be true, false or "mixed"'),
         ({"trust_remote_code": "false"}, "trust_remote_code must be true or false"),
         ({"profile": 5}, "profile must be a string"),
         ({"tokenizer": 5}, "tokenizer must be a path"),

@@ -31,6 +31,7 @@ from fixtures.family_partitions import (
     family_specs,
     kinds_for,
     make_family_partition,
+    make_mixed_partition,
     output_text,
     spec_tokenizer_dir,
 )
@@ -95,6 +96,27 @@ def test_labelled_partition_is_judged_exactly(tmp_path: Path, workdir: Path, spe
         if not flagged & catches or flagged - catches - side_effects:
             wrong[line] = (kind, sorted(flagged))
     assert wrong == {}, f"corrupted lines flagged by other rules than their kind's: {wrong}"
+
+
+@pytest.mark.parametrize("spec_name", [name for name, spec in SPECS.items() if set(spec.thinking) == {True, False}])
+def test_a_partition_of_both_modes_is_judged_exactly_in_a_mixed_run(tmp_path: Path, workdir: Path, spec_name: str) -> None:
+    """Each half rendered in its own mode and corrupted as a single-mode run's, audited with
+    thinking "mixed": every record judged in the mode its prompt ending shows."""
+    spec = SPECS[spec_name]
+    directory, tokenizer = spec_tokenizer(spec, workdir)
+    partition = make_mixed_partition(spec, tokenizer, corrupt=True, workdir=workdir)
+    data = tmp_path / "raw_responses.jsonl"
+    data.write_text("\n".join(partition.lines) + "\n", encoding="utf-8")
+
+    options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking="mixed")
+    report = check_session(prepare(resolve_target(str(data), tmp_path), options))
+    errors = report.findings.filter(report.findings["severity"] == "error")
+    flagged = set(errors["line"].to_list())
+    missed = {line: kind for line, kind in partition.labels.items() if line not in flagged}
+    false_alarms = errors.filter(~errors["line"].is_in(list(partition.labels)))
+    assert missed == {}, f"corrupted lines not flagged at error severity: {missed}"
+    assert false_alarms.is_empty(), f"clean lines flagged: {false_alarms.select('line', 'rule', 'message').rows()[:5]}"
+    assert set(partition.modes.values()) == {True, False}
 
 
 def test_qwen3_think_and_tool_call_are_added_tokens_but_not_special(workdir: Path) -> None:

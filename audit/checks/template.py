@@ -2,7 +2,7 @@
 
 Records that carry their source `messages` (and `tools`), or whose id a `--prompts FILE` maps
 to them, are rendered again with the profile's renderer (the tokenizer's own chat template,
-`add_generation_prompt`, the run's thinking mode) and encoded, through `audit.model.templating`, the
+`add_generation_prompt`, the record's thinking mode) and encoded, through `audit.model.templating`, the
 very functions the generator sends prompts with; the ids must equal `input_ids`. Rendering is
 Python (the template engine), so identical message lists are rendered once and the encoding
 is one batched call per block.
@@ -28,6 +28,7 @@ from audit.model.templating import (
     render_variants,
 )
 from audit.records.batch import Batch
+from audit.records.response import record_modes
 
 # Tokens of context shown on each side of the first difference.
 _CONTEXT = 6
@@ -48,8 +49,8 @@ class TemplateMismatch(RecordRule):
     What it checks:
         When a record carries its source `messages` (and `tools`), or `--prompts FILE` maps its
         id to them, the tokenizer's chat template renders them again
-        (`add_generation_prompt=True`, thinking as in the run, a record's own
-        `chat_template_kwargs` applied) and the encoded ids equal `input_ids` exactly. The
+        (`add_generation_prompt=True`, thinking as in the run, or with `--thinking mixed` as
+        the record's prompt ending shows, a record's own `chat_template_kwargs` applied) and the encoded ids equal `input_ids` exactly. The
         finding names the first differing position with the decoded text on both sides. The
         generation-prompt ending itself is PRM001's to judge: a prompt that does not end with
         the profile's suffix is compared up to it, and a template whose ending stops short of
@@ -89,7 +90,8 @@ class TemplateMismatch(RecordRule):
         self._rendered: dict[Key, np.ndarray | str] = {}
         self._rendered_ids = 0
         # The ids of the renderer's other real renderings, for prompts that differ from the first.
-        self._variants: dict[Key, list[np.ndarray]] = {}
+        # Keyed with the modes rendered: a mixed run's prompt whose ending both modes accept has both.
+        self._variants: dict[tuple[Key, tuple[bool, ...]], list[np.ndarray]] = {}
 
     def applies(self, batch: Batch) -> bool:
         return get_renderer(batch.profile.prompt_renderer).available(batch.tokenizer)
@@ -98,30 +100,30 @@ class TemplateMismatch(RecordRule):
         sources = self._sources(batch)
         if not sources:
             return empty_findings()
-        thinking = batch.profile.thinking
+        profile = batch.profile
+        # Each record in its own mode: the run's, or in a mixed run its prompt ending's.
+        modes = record_modes(batch)
         keyed: list[tuple[int, Key, dict[str, Any]]] = []
         # What is rendered, as JSON with keys in their own order (a template's `tojson` writes
         # them so: sorted, prompts that render differently would share a key). A line's own
         # prompt is the reader's JSON of it (`source`), not written again.
         own_json = batch.records["source"].to_list()
-        template_kwargs = orjson.dumps(batch.profile.template_kwargs)
+        switches = {mode: profile.mode_template_kwargs(mode) for mode in profile.modes}
+        switch_json = {mode: orjson.dumps(kwargs) for mode, kwargs in switches.items()}
         for row, prompt in sources:
+            thinking = bool(modes[row])
             own = own_json[row]
             if own is not None:
-                rendered_from = b"%s\n%s" % (own.encode(), template_kwargs)
+                rendered_from = b"%s\n%s" % (own.encode(), switch_json[thinking])
             else:  # from `--prompts`: a JSON array, never equal to a line's object
                 rendered_from = orjson.dumps(
-                    [
-                        prompt.get("messages"),
-                        prompt.get("tools"),
-                        prompt.get("chat_template_kwargs"),
-                        batch.profile.template_kwargs,
-                    ]
+                    [prompt.get("messages"), prompt.get("tools"), prompt.get("chat_template_kwargs"), switches[thinking]]
                 )
             digest = hashlib.blake2b(rendered_from, digest_size=16).digest()
-            key = (id(batch.tokenizer), batch.profile.prompt_renderer, thinking, digest)
+            key = (id(batch.tokenizer), profile.prompt_renderer, thinking, digest)
             keyed.append((row, key, prompt))
-        self._render_missing(batch, keyed, thinking)
+        for mode in profile.modes:
+            self._render_missing(batch, [entry for entry in keyed if entry[1][2] == mode], mode)
 
         input_ids = batch.records["input_ids"]
         saved_flat = batch.input_flat
@@ -150,7 +152,7 @@ class TemplateMismatch(RecordRule):
             compared = _compared(saved_list, rendered.tolist(), suffixes)
             if compared[0] != compared[1] and not any(
                 _same(*_compared(saved_list, variant, suffixes))
-                for variant in self._variant_ids(batch, key, prompt, thinking)
+                for variant in self._variant_ids(batch, key, prompt, saved_list)
             ):
                 kept, shown = compared
                 at = next(
@@ -182,28 +184,40 @@ class TemplateMismatch(RecordRule):
         batch: Batch,
         key: Key,
         prompt: dict[str, Any],
-        thinking: bool,
+        saved: list[int],
     ) -> list[list[int]]:
         """The ids of the renderer's other real renderings of this prompt (rendered only for
-        prompts that differ from the first rendering, once each)."""
-        if key not in self._variants:
-            renderer = batch.profile.prompt_renderer
+        prompts that differ from the first rendering, once each); in a mixed run, for a prompt
+        whose ending both modes accept, the renderings of the other mode too."""
+        profile = batch.profile
+        thinking = key[2]
+        modes = (thinking, *(m for m in profile.ending_modes(saved) if m != thinking))
+        if (key, modes) not in self._variants:
             extra = prompt.get("chat_template_kwargs")
-            texts = render_variants(
-                batch.tokenizer,
-                prompt["messages"],
-                prompt.get("tools") or None,
-                thinking=thinking,
-                extra_kwargs=extra if isinstance(extra, dict) else None,
-                renderer=renderer,
-                template_kwargs=batch.profile.template_kwargs,
-            )
-            suffixes = batch.profile.prompt_suffix_texts
-            completed = [_complete_suffix(text, suffixes) for text in texts]
-            encoded = encode_prompts(batch.tokenizer, completed) if completed else []
-            self._variants[key] = [np.array(ids, dtype=np.int32) for ids in encoded]
+            texts: list[str] = []
+            for mode in modes:
+                variants = render_variants(
+                    batch.tokenizer,
+                    prompt["messages"],
+                    prompt.get("tools") or None,
+                    thinking=mode,
+                    extra_kwargs=extra if isinstance(extra, dict) else None,
+                    renderer=profile.prompt_renderer,
+                    template_kwargs=profile.mode_template_kwargs(mode),
+                )
+                if mode != thinking:  # the other mode's first rendering is a variant here
+                    first = render_prompts(
+                        batch.tokenizer, [prompt["messages"]], [prompt.get("tools") or None], thinking=mode,
+                        extra_kwargs=[extra if isinstance(extra, dict) else None],
+                        renderer=profile.prompt_renderer, template_kwargs=profile.mode_template_kwargs(mode),
+                    )
+                    variants = [t for t in first if not isinstance(t, RenderFailure)] + variants
+                suffixes = _mode_suffix_texts(batch, mode)
+                texts += [_complete_suffix(text, suffixes) for text in variants]
+            encoded = encode_prompts(batch.tokenizer, texts) if texts else []
+            self._variants[key, modes] = [np.array(ids, dtype=np.int32) for ids in encoded]
             self._rendered_ids += sum(map(len, encoded))
-        return [ids.tolist() for ids in self._variants[key]]
+        return [ids.tolist() for ids in self._variants[key, modes]]
 
     def _sources(self, batch: Batch) -> list[tuple[int, dict[str, Any]]]:
         """(row, prompt object) for each record whose source messages are known."""
@@ -242,9 +256,9 @@ class TemplateMismatch(RecordRule):
             thinking=thinking,
             extra_kwargs=[extra if isinstance(extra, dict) else None for extra in extras],
             renderer=batch.profile.prompt_renderer,
-            template_kwargs=batch.profile.template_kwargs,
+            template_kwargs=batch.profile.mode_template_kwargs(thinking),
         )
-        suffixes = batch.profile.prompt_suffix_texts
+        suffixes = _mode_suffix_texts(batch, thinking)
         completed: dict[Key, str] = {}
         for key, text in zip(missing, texts, strict=True):
             if isinstance(text, RenderFailure):
@@ -286,6 +300,11 @@ def _compared(
         return saved, rendered
     body = len(rendered) - _suffix_length(rendered, suffixes)
     return saved[:body], rendered[:body]
+
+
+def _mode_suffix_texts(batch: Batch, thinking: bool) -> tuple[str, ...]:
+    """The endings one mode accepts, as text, its generation prompt first."""
+    return tuple(batch.profile.prompt_suffix_texts[i] for i in batch.profile.mode_endings(thinking))
 
 
 def _same(saved: list[int], rendered: list[int]) -> bool:

@@ -108,9 +108,9 @@ def writing(what: str, path: AnyPath) -> Iterator[None]:
         raise fail(f"cannot write {what} {path}: {exc.strerror or exc}") from None
 
 
-class Thinking(StrEnum):
-    on = "on"
-    off = "off"
+# A thinking mode: one (generate, profiles); for an audit, one or both (each record in its prompt's).
+Thinking = StrEnum("Thinking", [("on", "on"), ("off", "off")])
+AuditedThinking = StrEnum("AuditedThinking", [("on", "on"), ("off", "off"), ("mixed", "mixed")])
 
 
 class FailOn(StrEnum):
@@ -139,9 +139,9 @@ TrustOption = Annotated[
     bool,
     typer.Option("--trust-remote-code", help="Allow the tokenizer's own code (Kimi's tiktoken tokenizer needs it)."),
 ]
-ThinkingOption = Annotated[
-    Thinking | None, typer.Option("--thinking", help="Thinking mode the data was generated with (default: on).")
-]
+ThinkingOption = Annotated[AuditedThinking | None, typer.Option("--thinking", help=(
+    "Thinking mode the data was generated with; mixed: both, each record in the mode its prompt ending shows "
+    "(default: generation.json's, else on)."))]
 RulesOption = Annotated[
     Path | None, typer.Option("--rules", metavar="FILE", help="Rule set file (default rules/default.toml).")
 ]
@@ -205,7 +205,7 @@ def check_options(
     profile: str | None,
     tokenizer: Path | None,
     trust_remote_code: bool,
-    thinking: Thinking | None,
+    thinking: AuditedThinking | None,
     rules: Path | None,
     prompts: Path | None = None,
     jobs: int = 1,
@@ -215,6 +215,7 @@ def check_options(
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.flows.session import CheckOptions
+    from audit.model.thinking_modes import flag_mode
 
     if engine is Engine.ray and jobs > 1:
         raise fail("--jobs sets local worker processes; with --engine ray the cluster's CPUs run the shards")
@@ -228,7 +229,7 @@ def check_options(
         profile=profile,
         tokenizer=tokenizer,
         trust_remote_code=trust_remote_code,
-        thinking=None if thinking is None else thinking is Thinking.on,
+        thinking=None if thinking is None else flag_mode(thinking.value),
         rules=rules,
         prompts=prompts,
     )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from audit.base.errors import AuditError
-from audit.cli.app import Thinking, ThinkingOption, TokenizerOption, TrustOption, app, console, fail
+from audit.cli.app import Thinking, TokenizerOption, TrustOption, app, console, fail
 
 if TYPE_CHECKING:
     from audit.checks import Rule
@@ -153,7 +153,9 @@ def explain(code: Annotated[str, typer.Argument(help="A rule code, e.g. SEG001, 
 def profiles(
     tokenizer: TokenizerOption = None,
     trust_remote_code: TrustOption = False,
-    thinking: ThinkingOption = None,
+    thinking: Annotated[
+        Thinking | None, typer.Option("--thinking", help="The thinking mode whose prompt endings to show (default: on).")
+    ] = None,
 ) -> None:
     """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
     from audit.cli.tables import profiles_table

@@ -35,6 +35,7 @@ from audit.flows.gating import read_manifest
 from audit.flows.session import CheckOptions, Session, prepare
 from audit.flows.targets import Target, resolve_target
 from audit.generate.manifest import GenerationManifest
+from audit.model.thinking_modes import MIXED
 from audit.records.reader import parse_block
 from audit.records.sample_reading import STRICTLY_REFUSED, NotAccepted, read_sample_fields
 from audit.records.sources import InputDigest, file_blocks
@@ -144,7 +145,9 @@ def _gate_source(gate_dir: Path | ObjectPath, options: CheckOptions) -> SampleSo
         options = _with(options, tokenizer=Path(recorded_tokenizer))
     if options.profile is None and isinstance(profile, dict) and isinstance(profile.get("name"), str):
         options = _with(options, profile=profile["name"])
-    if options.thinking is None and isinstance(profile, dict) and isinstance(profile.get("thinking"), bool):
+    if options.thinking is None and isinstance(profile, dict) and (
+        isinstance(profile.get("thinking"), bool) or profile.get("thinking") == MIXED
+    ):
         options = _with(options, thinking=profile["thinking"])
     target = Target(
         partition=str(manifest.get("target") or getattr(gate_dir, "name", "gate")),

@@ -23,6 +23,7 @@ from audit.flows.targets import Target
 from audit.generate.prompts import PromptSummary, load_prompts
 from audit.model.installed_trainer import TrainerJob, installed_trainer, trainer_job
 from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.thinking_modes import ThinkingMode, parse_thinking
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import resolve_trainer
@@ -38,7 +39,7 @@ class CheckOptions:
     profile: str | None = None
     tokenizer: Path | None = None
     trust_remote_code: bool = False
-    thinking: bool | None = None
+    thinking: ThinkingMode | None = None  # True, False, or MIXED: each record in its prompt's mode
     rules: Path | None = None
     block_bytes: int = DEFAULT_BLOCK_BYTES
     jobs: int = 1  # worker processes over shards of each file (audit.flows.parallel)
@@ -154,7 +155,9 @@ def prepare(target: Target, options: CheckOptions) -> Session:
             f"no profile for {target.data_file}: pass --profile NAME (see `audit profiles`) "
             "or record it in the partition's generation.json"
         )
-    thinking = options.thinking if options.thinking is not None else generation.thinking is not False
+    thinking = parse_thinking(options.thinking, "the thinking option")
+    if thinking is None:
+        thinking = generation.thinking if generation.thinking is not None else True
     profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
     prompts, prompt_summary = None, None
     if options.prompts is not None:

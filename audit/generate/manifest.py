@@ -9,7 +9,7 @@ Its fields (JSON object; a reader needs none of them):
 | `profile` | string | a built-in profile name, or the absolute path of a profile file |
 | `tokenizer` | object or string | `{path, vocab_size, sha256}` (`path` relative to the partition), or a path |
 | `trust_remote_code` | bool | whether the generator loaded the tokenizer with remote code |
-| `thinking` | bool | the thinking mode prompts were rendered with |
+| `thinking` | bool or `"mixed"` | the thinking mode prompts were rendered with; `"mixed"`: both, each record's shown by its prompt's ending |
 | `sampling_params` | object | exactly what was sent with every request |
 | `prompts` | string | the prompts file |
 | `servers` | list | per server: `url`, `model_path`, `tokenizer_path` as it reported them |
@@ -34,6 +34,7 @@ from typing import Any
 from audit.base.errors import ConfigError, InputError
 from audit.base.files import write_file
 from audit.base.storage import AnyPath, ObjectPath
+from audit.model.thinking_modes import MIXED, ThinkingMode
 
 GENERATION_FILE = "generation.json"
 # Settings that must match between a run and the run it resumes: mixing two configurations in
@@ -42,7 +43,7 @@ _RESUME_KEYS = ("profile", "thinking", "sampling_params")
 # What the audit reads, by key: accepted types and how to say them in an error line.
 _READ_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "profile": ((str,), "a string"),
-    "thinking": ((bool,), "true or false"),
+    "thinking": ((bool, str), 'true, false or "mixed"'),
     "trust_remote_code": ((bool,), "true or false"),
     "tokenizer": ((str, dict), 'a path or {"path": ...}'),
 }
@@ -54,7 +55,7 @@ class GenerationManifest:
 
     path: AnyPath | None = None  # None: the partition has no generation.json
     profile: str | None = None
-    thinking: bool | None = None
+    thinking: ThinkingMode | None = None
     trust_remote_code: bool | None = None
     tokenizer_path: Path | None = None  # resolved against the partition directory
     tokenizer_fingerprint: dict[str, Any] | None = None  # sha256, vocab_size when recorded
@@ -80,6 +81,8 @@ def read_manifest(directory: Path | ObjectPath) -> GenerationManifest:
         value = data.get(key)
         if value is not None and not isinstance(value, types):
             raise ConfigError(f"{path}: {key} must be {shown}, got {value!r}; fix or remove it")
+    if isinstance(data.get("thinking"), str) and data["thinking"] != MIXED:
+        raise ConfigError(f'{path}: thinking must be true, false or "mixed", got {data["thinking"]!r}; fix or remove it')
     tokenizer = data.get("tokenizer")
     recorded_path = tokenizer.get("path") if isinstance(tokenizer, dict) else tokenizer
     return GenerationManifest(

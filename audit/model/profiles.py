@@ -19,19 +19,14 @@ from audit.model.profile_tables import (
     ChannelSpec,
     Continuation,
     ToolCallSpec,
-    check_continuation,
     parse_channels,
     parse_continuations,
     parse_template,
     parse_tool_calls,
 )
-from audit.model.prompt_endings import (
-    THINKING_STATES,
-    Reasoning,
-    reasoning_left,
-    suffix_ids,
-)
+from audit.model.prompt_endings import THINKING_STATES, Reasoning
 from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
+from audit.model.thinking_modes import MIXED, ThinkingMode, mode_key, modes_of, resolve_endings
 from audit.model.tokenizer import Tokenizer
 from audit.model.vision import ResolvedVision, VisionSpec, parse_vision
 
@@ -76,7 +71,7 @@ class Profile:
     def template_kwargs(self, thinking: bool) -> dict[str, Any]:
         """The template variables that render a prompt in this thinking mode, for the generator
         and TPL001 alike: the profile's `[template]` entry, else `thinking` and `enable_thinking`."""
-        mode = "thinking" if thinking else "no_thinking"
+        mode = mode_key(thinking)
         if mode in self.thinking_switch:
             return dict(self.thinking_switch[mode])
         return thinking_kwargs(thinking)
@@ -84,8 +79,9 @@ class Profile:
     continuations: tuple[Continuation, ...] = ()
     vision: VisionSpec | None = None  # the image placeholder's tokens and the processor's defaults
 
-    def resolve(self, tokenizer: Tokenizer, *, thinking: bool = True) -> ResolvedProfile:
-        """Look every token string up in `tokenizer`; raise ConfigError on any disagreement."""
+    def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
+        """Look every token string up in `tokenizer`; raise ConfigError on any disagreement.
+        `thinking`: the run's mode, or `"mixed"` for the endings of both, each record in its own."""
         where = f"profile {self.name} ({self.source})"
 
         def token(text: str) -> int:
@@ -105,48 +101,11 @@ class Profile:
                     f"{tokenizer.directory} has it at {actual}: wrong tokenizer or stale profile"
                 )
 
-        mode = "thinking" if thinking else "no_thinking"
-        suffix_texts = self.prompt_suffixes.get(mode)
-        if not suffix_texts:
-            raise ConfigError(f"{where}: has no generation_prompt.{mode}; this family has no such mode")
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
-
-        def ids_of(text: str, key: str) -> tuple[int, ...]:
-            if not text:
-                raise ConfigError(
-                    f"{where}: {key} has an empty suffix; give the text the chat template "
-                    "appends to open the assistant turn"
-                )
-            ids = suffix_ids(tokenizer, text)
-            if not ids:
-                raise ConfigError(
-                    f"{where}: {key} {text!r} has no ids of its own (it merges with whatever "
-                    "precedes it); give the text the chat template appends to open the turn"
-                )
-            return ids
-
-        suffixes = tuple(ids_of(text, f"generation_prompt.{mode}") for text in suffix_texts)
-        reasoning = reasoning_left(suffixes[0], think_start, think_end, thinking)
-        for text, ids in zip(suffix_texts[1:], suffixes[1:], strict=True):
-            if reasoning_left(ids, think_start, think_end, thinking) != reasoning:
-                raise ConfigError(
-                    f"{where}: generation_prompt.{mode} suffix {text!r} leaves reasoning in a "
-                    "different state than the first one; list such variants in separate "
-                    "profiles, or as a [[generation_prompt.continuation]] that says its state"
-                )
-        states = [reasoning] * len(suffixes)
-        for continuation in self.continuations:
-            if mode not in continuation.modes:
-                continue
-            key = "generation_prompt.continuation.suffix"
-            ids = ids_of(continuation.suffix, key)
-            check_continuation(
-                continuation, ids, think_start, think_end, thinking, f"{where}: {key}"
-            )
-            suffix_texts = (*suffix_texts, continuation.suffix)
-            suffixes = (*suffixes, ids)
-            states.append(continuation.reasoning)
+        endings = resolve_endings(
+            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where
+        )
 
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
         markers: dict[str, int] = {}
@@ -170,10 +129,11 @@ class Profile:
             think_end=think_end,
             end_of_turn=tuple(token(t) for t in self.end_of_turn),
             eos=tuple(token(t) for t in self.eos),
-            prompt_suffixes=suffixes,
-            prompt_suffix_texts=suffix_texts,
-            reasoning=reasoning,
-            suffix_reasoning=tuple(states),
+            prompt_suffixes=endings.ids,
+            prompt_suffix_texts=endings.texts,
+            reasoning=endings.reasoning,
+            suffix_reasoning=endings.states,
+            suffix_modes=endings.modes,
             tool_markers=markers,
             tool_text_markers=text_markers,
             channel_markers=channel_markers,
@@ -189,7 +149,7 @@ class ResolvedProfile:
     """A profile with every token resolved to its id in the tokenizer in use."""
 
     profile: Profile
-    thinking: bool
+    thinking: ThinkingMode  # the run's mode: True, False, or MIXED (each record in its ending's)
     think_start: int | None
     think_end: int | None
     end_of_turn: tuple[int, ...]
@@ -206,6 +166,8 @@ class ResolvedProfile:
     suffix_reasoning: tuple[Reasoning, ...] = ()
     call_stops: tuple[int, ...] = ()  # tool_calls.end_of_turn: the stops of a turn with calls only
     vision: ResolvedVision | None = None  # vision ids and processor settings; None: no images
+    # The thinking mode each accepted ending belongs to (True: thinking); one value unless mixed.
+    suffix_modes: tuple[bool, ...] = ()
 
     @property
     def name(self) -> str:
@@ -280,8 +242,33 @@ class ResolvedProfile:
         return self.profile.tool_calls
 
     @property
+    def modes(self) -> tuple[bool, ...]:
+        """The single modes of this run, thinking first: one, or both when mixed."""
+        return modes_of(self.thinking)
+
+    def ending_modes(self, input_ids: list[int]) -> tuple[bool, ...]:
+        """The modes whose endings a prompt ends with (both when the modes share it; none: PRM001's)."""
+        modes = self.suffix_modes or (bool(self.thinking),) * len(self.prompt_suffixes)
+        return tuple(dict.fromkeys(
+            mode for suffix, mode in zip(self.prompt_suffixes, modes, strict=True)
+            if len(input_ids) >= len(suffix) and tuple(input_ids[len(input_ids) - len(suffix) :]) == suffix
+        ))
+
+    def mode_endings(self, thinking: bool) -> list[int]:
+        """The indexes in `prompt_suffixes` of the endings one mode accepts, its generation prompt first."""
+        modes = self.suffix_modes or (bool(self.thinking),) * len(self.prompt_suffixes)
+        return [index for index, mode in enumerate(modes) if mode == thinking]
+
+    def mode_template_kwargs(self, thinking: bool) -> dict[str, Any]:
+        """The template variables that render a prompt in one thinking mode."""
+        return self.profile.template_kwargs(thinking)
+
+    @property
     def template_kwargs(self) -> dict[str, Any]:
-        """The template variables that render prompts in this profile's thinking mode."""
+        """The template variables that render prompts in this run's thinking mode (a mixed run
+        has one set per mode: `mode_template_kwargs`)."""
+        if self.thinking == MIXED:
+            raise ValueError("a mixed run renders each record in its own mode: use mode_template_kwargs")
         return self.profile.template_kwargs(self.thinking)
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,6 +288,7 @@ class ResolvedProfile:
                 if len(set(self.suffix_reasoning)) > 1
                 else {}
             ),
+            **({"suffix_modes": list(self.suffix_modes)} if self.thinking == MIXED else {}),
             "tool_markers": self.tool_markers,
             **({"tool_text_markers": self.tool_text_markers} if self.tool_text_markers else {}),
             **({"tool_result": list(self.tool_result)} if self.tool_result else {}),

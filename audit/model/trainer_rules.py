@@ -20,6 +20,7 @@ from typing import Any
 
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.base.errors import ConfigError
+from audit.model.thinking_modes import ThinkingMode, mode_key, modes_of
 from audit.model.trainer_load import TokenizerLoading, parse_loading
 
 TRAINERS_DIR = BUILTIN_RULES_DIR / "trainers"
@@ -167,7 +168,7 @@ def load_trainer_rules(name: str) -> TrainerRules:
 
 
 def resolve_trainer(
-    spec: str, *, profile: str | None = None, thinking: bool = True, max_length: int | None = None,
+    spec: str, *, profile: str | None = None, thinking: ThinkingMode = True, max_length: int | None = None,
     reply_shape: str = "vllm",
 ) -> Trainer:
     """The trainer `spec` (`NAME` or `NAME:TEMPLATE`) names, for data of `profile`."""
@@ -188,14 +189,23 @@ def resolve_trainer(
         return Trainer(rules, None, length, reply_shape)
     template_name = template_name.strip()
     if not template_name:
-        mode = "thinking" if thinking else "no_thinking"
-        template_name = rules.profiles.get(profile or "", {}).get(mode, "")
-        if not template_name:
+        picked: dict[str, str] = {}
+        for mode in (mode_key(m) for m in modes_of(thinking)):
+            picked[mode] = rules.profiles.get(profile or "", {}).get(mode, "")
+            if not picked[mode]:
+                raise ConfigError(
+                    f"{where}: {rules.display} has no template audit picks for profile {profile!r} "
+                    f"({mode.replace('_', '-')}); name one as {rules.name}:TEMPLATE "
+                    f"(known: {', '.join(rules.templates)})"
+                )
+        if len(set(picked.values())) > 1:
+            # A trainer renders a whole data set with one template: which one is the team's choice.
             raise ConfigError(
-                f"{where}: {rules.display} has no template audit picks for profile {profile!r} "
-                f"({mode.replace('_', '-')}); name one as {rules.name}:TEMPLATE "
-                f"(known: {', '.join(rules.templates)})"
+                f"{where}: a mixed partition is trained under one template, and {rules.display} has "
+                f"{picked['thinking']!r} for thinking and {picked['no_thinking']!r} without; name "
+                f"the one you train with as {rules.name}:TEMPLATE"
             )
+        template_name = next(iter(picked.values()))
     if template_name not in rules.templates:
         raise ConfigError(
             f"{where}: unknown {rules.display} template {template_name!r} "

@@ -176,13 +176,38 @@ def _reasoning_states(batch: Batch) -> np.ndarray:
     states = np.full(batch.height, REASONING_STATES.index(profile.reasoning), dtype=np.int64)
     if len(set(profile.suffix_reasoning)) <= 1:
         return states
-    decided = np.zeros(batch.height, dtype=bool)
-    endings = sorted(zip(profile.prompt_suffixes, profile.suffix_reasoning, strict=True), key=lambda p: -len(p[0]))
-    for suffix, state in endings:
-        matched = _ends_with(batch.input_flat, suffix) & ~decided
-        states[matched] = REASONING_STATES.index(state)
-        decided |= matched
+    ending = prompt_endings(batch)
+    matched = ending >= 0
+    indexes = np.array([REASONING_STATES.index(state) for state in profile.suffix_reasoning], dtype=np.int64)
+    states[matched] = indexes[ending[matched]]
     return states
+
+
+def prompt_endings(batch: Batch) -> np.ndarray:
+    """Per record, the index in `profile.prompt_suffixes` of the longest accepted ending its
+    prompt ends with (the first listed of equal ones), -1 for none (PRM001's finding)."""
+    return batch.shared(_prompt_endings)
+
+
+def _prompt_endings(batch: Batch) -> np.ndarray:
+    ending = np.full(batch.height, -1, dtype=np.int64)
+    by_length = sorted(range(len(batch.profile.prompt_suffixes)), key=lambda i: -len(batch.profile.prompt_suffixes[i]))
+    for index in by_length:
+        matched = _ends_with(batch.input_flat, batch.profile.prompt_suffixes[index]) & (ending < 0)
+        ending[matched] = index
+    return ending
+
+
+def record_modes(batch: Batch) -> np.ndarray:
+    """Per record, the thinking mode it is judged in (True: thinking): the run's, or in a mixed
+    run that of its prompt's ending; a prompt with no accepted ending is judged in the first."""
+    profile = batch.profile
+    modes = np.full(batch.height, profile.modes[0], dtype=bool)
+    if len(profile.modes) > 1:
+        ending = prompt_endings(batch)
+        matched = ending >= 0
+        modes[matched] = np.asarray(profile.suffix_modes, dtype=bool)[ending[matched]]
+    return modes
 
 
 def _ends_with(flat: FlatIds, suffix: Sequence[int]) -> np.ndarray:

@@ -65,6 +65,7 @@ _TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "count?": (_optional(_is_count), "a count or null"),
     "number?": (_optional(_is_number), "a number or null"),
     "bool?": (_optional(lambda v: isinstance(v, bool)), "true, false or null"),
+    "thinking?": (_optional(lambda v: isinstance(v, bool) or v == "mixed"), 'true, false, "mixed" or null'),
     "threshold": (
         _optional(lambda v: _is_count(v) or isinstance(v, str)),
         'a count, a rate such as "2%", or null',
@@ -139,7 +140,7 @@ def _report(data: Any) -> None:
     _fields(
         report["profile"],
         "profile",
-        {"name": "text?", "thinking": "bool?", "reasoning": "text?", "source": "text?"},
+        {"name": "text?", "thinking": "thinking?", "reasoning": "text?", "source": "text?"},
     )
     _fields(
         report["tokenizer"],

@@ -23,6 +23,7 @@ from audit.base.destinations import refuse_overlap
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
+from audit.model.thinking_modes import mode_label
 from audit.records.segments import (
     SEGMENT_ANSWER,
     SEGMENT_PROMPT,
@@ -114,7 +115,7 @@ def _inputs(report: Report) -> str:
         ("records", f"{report.records:,} ({data.get('output_tokens', 0):,} output tokens)"),
         (
             "profile",
-            f"{profile.get('name')} · thinking {'on' if profile.get('thinking') else 'off'}"
+            f"{profile.get('name')} · thinking {mode_label(profile.get('thinking', True))}"
             f" · reasoning {profile.get('reasoning')} · {profile.get('source')}",
         ),
         ("tokenizer", f"{tokenizer.get('path')} · {tokenizer.get('vocab_size', 0):,} ids"),

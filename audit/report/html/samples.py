@@ -22,6 +22,7 @@ from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.engine.findings import FindingsLog, empty_findings_frame
 from audit.model.profiles import ResolvedProfile, load_profile
+from audit.model.thinking_modes import MIXED
 from audit.model.token_text import token_strings
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
@@ -151,7 +152,8 @@ def _report_profile(report: Report, tokenizer: Tokenizer) -> ResolvedProfile | N
         named = source if source and Path(source).is_file() else recorded.get("name")
         if not named:
             return None
-        return load_profile(named).resolve(tokenizer, thinking=bool(recorded.get("thinking", True)))
+        thinking = recorded.get("thinking", True)
+        return load_profile(named).resolve(tokenizer, thinking=MIXED if thinking == MIXED else bool(thinking))
     except ConfigError:
         return None
 
