@@ -51,7 +51,9 @@ def reference_view(batch: Batch) -> ToolCallView:
         .list.join("")
         .fill_null("")
     )
-    if "call_begin" in markers:
+    # A call with no name before the next marker, in formats that name it there (a MiniMax-M3
+    # call names its function in its <invoke> element instead).
+    if fmt.name_after_begin and "call_begin" in markers:
         others = pl.lit(pl.Series(list(markers.values()), dtype=pl.Int64)).implode()
         empty_head = (
             pl.col("answer")

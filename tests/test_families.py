@@ -64,6 +64,16 @@ def test_every_built_in_profile_with_real_files_has_a_spec() -> None:
     assert set(builtin_profiles()) - covered <= {"kimi-k2-thinking"}
 
 
+def assert_flagged_exactly(report, labels: dict[int, str]) -> None:
+    """Every labelled line flagged at error severity, and no other line."""
+    errors = report.findings.filter(report.findings["severity"] == "error")
+    flagged = set(errors["line"].to_list())
+    missed = {line: kind for line, kind in labels.items() if line not in flagged}
+    false_alarms = errors.filter(~errors["line"].is_in(list(labels)))
+    assert missed == {}, f"corrupted lines not flagged at error severity: {missed}"
+    assert false_alarms.is_empty(), f"clean lines flagged: {false_alarms.select('line', 'rule', 'message').rows()[:5]}"
+
+
 @pytest.mark.parametrize(("spec_name", "thinking"), RUNS)
 def test_labelled_partition_is_judged_exactly(tmp_path: Path, workdir: Path, spec_name: str, thinking: bool) -> None:
     spec = SPECS[spec_name]
@@ -78,12 +88,7 @@ def test_labelled_partition_is_judged_exactly(tmp_path: Path, workdir: Path, spe
 
     options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking=thinking)
     report = check_session(prepare(resolve_target(str(data), tmp_path), options))
-    errors = report.findings.filter(report.findings["severity"] == "error")
-    flagged = set(errors["line"].to_list())
-    missed = {line: kind for line, kind in partition.labels.items() if line not in flagged}
-    false_alarms = errors.filter(~errors["line"].is_in(list(partition.labels)))
-    assert missed == {}, f"corrupted lines not flagged at error severity: {missed}"
-    assert false_alarms.is_empty(), f"clean lines flagged: {false_alarms.select('line', 'rule', 'message').rows()[:5]}"
+    assert_flagged_exactly(report, partition.labels)
 
     # Each corrupted line is flagged by a rule meant to catch its kind, and by no rule outside
     # the kind's documented side effects.
@@ -110,12 +115,7 @@ def test_a_partition_of_both_modes_is_judged_exactly_in_a_mixed_run(tmp_path: Pa
 
     options = CheckOptions(profile=spec.profile, tokenizer=directory, thinking="mixed")
     report = check_session(prepare(resolve_target(str(data), tmp_path), options))
-    errors = report.findings.filter(report.findings["severity"] == "error")
-    flagged = set(errors["line"].to_list())
-    missed = {line: kind for line, kind in partition.labels.items() if line not in flagged}
-    false_alarms = errors.filter(~errors["line"].is_in(list(partition.labels)))
-    assert missed == {}, f"corrupted lines not flagged at error severity: {missed}"
-    assert false_alarms.is_empty(), f"clean lines flagged: {false_alarms.select('line', 'rule', 'message').rows()[:5]}"
+    assert_flagged_exactly(report, partition.labels)
     assert set(partition.modes.values()) == {True, False}
 
 
