@@ -71,7 +71,8 @@ def test_a_partition_without_thinking_off_records_fails_the_shipped_mix(tmp_path
     status, report, output = check("B0_clean", tmp_path, "--rules", str(SERVING_MIX))
     assert status == 1, output
     result = mix001(report)
-    assert result["verdict"] == "fail" and result["failing"] == 1
+    # No record is at fault: failing counts records (0); the detail says what the partition lacks.
+    assert result["verdict"] == "fail" and result["failing"] == 0
     assert result["detail"].startswith("thinking off: 0 of 30 records")
     assert "MIX001 serving-mode-missing: thinking off" in output
     assert report["rule_set"]["mix"] == {"thinking_on": "50%", "thinking_off": "10%", "tool_calls": "10%"}

@@ -124,7 +124,7 @@ def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_wa
     if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
     for line in serving_mix_lines(report):
-        console.print(line, soft_wrap=True)
+        console.print(line)
     console.print(verdict_line(report, fail_on_warning=fail_on_warning))
     if report.trainer_view is not None:
         console.print(plain(report.trainer_view["summary"], "bold", limit=None), soft_wrap=True)

@@ -87,7 +87,7 @@ def report_table(report: Report, width: int | None = None) -> Table:
     table.add_column("verdict", no_wrap=True)
     table.add_column("lines", overflow="fold", width=fixed["lines"])
     for result, failing, lines in rows:
-        quiet = result.failing == 0
+        quiet = result.failing == 0 and result.verdict == "pass"
         threshold = plain(result.threshold)
         if narrow:
             threshold = Text("\n").join(plain(part) for part in result.threshold.split(", "))
@@ -106,10 +106,11 @@ def report_table(report: Report, width: int | None = None) -> Table:
 
 def _failing(result: RuleResult) -> str:
     """Failing records and their rate; a partition-level rule's findings are modes, not records."""
+    if result.detail is not None:
+        modes = len(result.detail.split("; "))
+        return f"{modes} mode{'s' if modes > 1 else ''}"
     if not result.failing:
         return "0"
-    if result.detail is not None:
-        return f"{result.failing} mode{'s' if result.failing > 1 else ''}"
     return f"{result.failing} ({result.rate:.1%})"
 
 

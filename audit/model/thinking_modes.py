@@ -109,7 +109,11 @@ def _mode_endings(
     mode = mode_key(thinking)
     suffix_texts = suffixes.get(mode)
     if not suffix_texts:
-        raise ConfigError(f"{where}: has no generation_prompt.{mode}; this family has no such mode")
+        other = "on" if mode == "no_thinking" else "off"
+        raise ConfigError(
+            f"{where}: has no generation_prompt.{mode}; this family has no such mode: audit its data "
+            f"with --thinking {other}"
+        )
 
     def ids_of(text: str, key: str) -> tuple[int, ...]:
         if not text:

@@ -218,7 +218,7 @@ def render_sarif(reports: Sequence[Report], *, fail_on_warning: bool = False) ->
         uri = artifact_uri(report.input.get("path", report.target))
         results = []
         for index, result in enumerate(report.results):
-            if not result.failing:
+            if not result.failing and result.detail is None:
                 continue
             level = _SARIF_LEVEL[result.verdict]
             if fail_on_warning and result.verdict == "warn":
@@ -281,13 +281,14 @@ def render_github(reports: Sequence[Report], *, fail_on_warning: bool = False) -
     for report in reports:
         file = inert.github_property(checkout_path(report.input.get("path", report.target)))
         for result in report.results:
-            if not result.failing:
+            if not result.failing and result.detail is None:
                 continue
             command = "error" if result.verdict in failing else "warning" if result.verdict == "warn" else "notice"
-            line = int(result.example_lines[0]) if result.example_lines else 1
             title = inert.github_property(f"audit {report.target}: {result.code} {result.name}")
             message = inert.github_data(rule_message(result, report.records))
-            out.append(f"::{command} file={file},line={line},title={title}::{message}\n")
+            # A partition-level rule's finding is about the file, at no line.
+            at = f"line={int(result.example_lines[0]) if result.example_lines else 1}," if result.failing else ""
+            out.append(f"::{command} file={file},{at}title={title}::{message}\n")
         fails = report.judgement.fails(fail_on_warning=fail_on_warning)
         verdict, command = ("failed", "error") if fails else ("passed", "notice")
         out.append(

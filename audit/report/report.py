@@ -49,7 +49,8 @@ class RuleResult:
     threshold: str
     verdict: str  # pass | warn | fail
     example_lines: list[int]
-    # What a partition-level rule found (MIX001: the modes under their share), else None.
+    # What a partition-level rule found (MIX001: the modes under their share), else None; such a
+    # rule flags no record (`failing` 0) and its verdict comes from the detail.
     detail: str | None = None
 
     @property
@@ -257,10 +258,13 @@ def build_report(
     for configured in rule_set.rules:
         failing, example_lines = per_rule.get(configured.code, (0, []))
         detail = None
+        verdict = configured.verdict(failing, audited.records)
         if configured.rule.partition_level:
-            # Judged over the partition's counts: each finding is a sentence, not a record.
+            # Judged over the partition's counts: no record is at fault (failing stays 0); each
+            # mode short of its share is a sentence, and the verdict counts them against the
+            # rule's thresholds.
             short = configured.rule.check_partition(distributions["serving_mix"], rule_set.mix)
-            failing, detail = len(short), "; ".join(short) or None
+            verdict, detail = configured.verdict(len(short), audited.records), "; ".join(short) or None
         results.append(
             RuleResult(
                 code=configured.code,
@@ -272,7 +276,7 @@ def build_report(
                 warn_above=configured.warn_above.to_json() if configured.warn_above else None,
                 fail_above=configured.fail_above.to_json() if configured.fail_above else None,
                 threshold=configured.threshold_text,
-                verdict=configured.verdict(failing, audited.records),
+                verdict=verdict,
                 example_lines=list(example_lines),
                 detail=detail,
             )
