@@ -99,22 +99,23 @@ def parse_loading(table: Any, where: str) -> TokenizerLoading | None:
     )
 
 
-def folder_facts(directory: Path) -> FolderFacts | None:
-    """The folder's declared class, model type and pre-tokenizer; None without a tokenizer.json
-    (a tiktoken or remote-code folder: no load rule is about it)."""
+def folder_facts(directory: Path) -> tuple[FolderFacts, dict[str, Any]] | None:
+    """The folder's declared class, model type and pre-tokenizer, with its parsed tokenizer.json;
+    None without one (a tiktoken or remote-code folder: no load rule is about it)."""
     try:
         backend = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
         config = _json_object(directory / "tokenizer_config.json")
         model = _json_object(directory / "config.json")
     except (OSError, ValueError):
         return None
-    if not isinstance(backend, dict):
+    if not isinstance(backend, dict) or not isinstance(backend.get("model"), dict):
         return None
-    return FolderFacts(
+    facts = FolderFacts(
         tokenizer_class=str(config.get("tokenizer_class") or ""),
         model_type=str(model.get("model_type") or ""),
         pre_tokenizers=_types(backend.get("pre_tokenizer")),
     )
+    return facts, backend
 
 
 def _json_object(path: Path) -> dict[str, Any]:
@@ -153,8 +154,9 @@ class TrainerEncoder:
         )
 
 
-# Built once per folder and rule in a process (a run's batches share it).
-_BUILT: dict[tuple[Path, str, str], TrainerEncoder] = {}
+# Decided (and built) once per folder and transformers release in a process: every batch of a
+# run asks, and a real tokenizer.json is megabytes of JSON to read.
+_DECIDED: dict[tuple[Path, str], TrainerEncoder | None] = {}
 
 
 def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> TrainerEncoder | None:
@@ -162,16 +164,22 @@ def trainer_encoder(loading: TokenizerLoading | None, directory: Path) -> Traine
     load rule says it differs from the folder's tokenizer.json; else None (the folder's own)."""
     if loading is None:
         return None
-    facts = folder_facts(directory)
-    rule = next((r for r in loading.loads if facts is not None and r.matches(facts)), None)
+    key = (directory, loading.transformers)
+    if key not in _DECIDED:
+        _DECIDED[key] = _build(loading, directory)
+    return _DECIDED[key]
+
+
+def _build(loading: TokenizerLoading, directory: Path) -> TrainerEncoder | None:
+    read = folder_facts(directory)
+    if read is None:
+        return None
+    facts, backend = read
+    rule = next((r for r in loading.loads if r.matches(facts)), None)
     if rule is None:
         return None
-    key = (directory, loading.transformers, rule.builds)
-    if key not in _BUILT:
-        import tokenizers
+    import tokenizers
 
-        backend = json.loads((directory / "tokenizer.json").read_text(encoding="utf-8"))
-        backend.update(rule.pipeline)
-        backend["model"] = {**backend["model"], **rule.model}
-        _BUILT[key] = TrainerEncoder(rule, loading.transformers, tokenizers.Tokenizer.from_str(json.dumps(backend)))
-    return _BUILT[key]
+    backend.update(rule.pipeline)
+    backend["model"] = {**backend["model"], **rule.model}
+    return TrainerEncoder(rule, loading.transformers, tokenizers.Tokenizer.from_str(json.dumps(backend)))
