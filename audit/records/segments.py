@@ -159,17 +159,14 @@ def _thinking(batch: Batch, bounds: pl.DataFrame) -> pl.Series:
     that can be switched off)."""
     if batch.profile.think_start is None and batch.profile.profile.think_end is None:
         return pl.repeat(None, batch.height, dtype=pl.Boolean, eager=True)
-    start = bounds["reasoning_start"].to_numpy(allow_copy=True)
-    end = bounds["reasoning_end"].to_numpy(allow_copy=True)
-    has_start = bounds["reasoning_start"].is_not_null().to_numpy()
-    has_end = bounds["reasoning_end"].is_not_null().to_numpy()
-    length = np.where(has_start & has_end, np.nan_to_num(end, nan=0) - np.nan_to_num(start, nan=0), 0)
+    start = bounds["reasoning_start"].fill_null(0).to_numpy()
+    length = (bounds["reasoning_end"] - bounds["reasoning_start"]).fill_null(0).to_numpy()
     thinking = length >= _SURELY_THOUGHT
-    short = np.flatnonzero(has_start & has_end & (length > 0) & (length < _SURELY_THOUGHT))
+    short = np.flatnonzero((length > 0) & (length < _SURELY_THOUGHT))
     if len(short):
         flat = batch.output_flat
-        first = flat.offsets[:-1][short] + start[short].astype(np.int64)
-        segments = [flat.values[a : a + n].tolist() for a, n in zip(first, length[short].astype(np.int64), strict=True)]
+        first = flat.offsets[:-1][short] + start[short]
+        segments = [flat.values[a : a + n].tolist() for a, n in zip(first, length[short], strict=True)]
         thinking[short] = np.asarray(nonblank_counts(batch, segments)) > 0
     present = batch.output_present
     return pl.Series("thinking", thinking, dtype=pl.Boolean).set(pl.Series(~present), None)
