@@ -50,6 +50,7 @@ def _session(
     trainer: str | None = None,
     trainer_max_length: int | None = None,
     trainer_python: PathLike | None = None,
+    trainer_timeout: float | None = None,
     reply_shape: str | None = None,
 ) -> Session:
     root, _ = resolve_data_root(None if data_root is None else os.fspath(data_root))
@@ -65,6 +66,7 @@ def _session(
         trainer=trainer,
         trainer_max_length=trainer_max_length,
         trainer_python=None if trainer_python is None else Path(trainer_python),
+        trainer_timeout=trainer_timeout,
         trainer_reply_shape=reply_shape,
     )
     return prepare(resolve_target(os.fspath(target), root), options)
@@ -86,6 +88,7 @@ def check_target(
     trainer: str | None = None,
     trainer_max_length: int | None = None,
     trainer_python: PathLike | None = None,
+    trainer_timeout: float | None = None,
     reply_shape: str | None = None,
 ) -> Report:
     """Audit `target` with the rule set and return its `Report`, as `audit check` does.
@@ -101,7 +104,8 @@ def check_target(
     is called after each block. `trainer` ("specforge[:TEMPLATE]" or "speculators") adds the
     trainer view's findings (TRN) and `report.trainer_view`, its summary; `trainer_max_length`
     the length that trainer cuts at (default: its own); `trainer_python` the Python of an
-    environment with that trainer installed, whose own code then runs beside the view's model;
+    environment with that trainer installed, whose own code then runs beside the view's model
+    (`trainer_timeout` the seconds its process may take over one answer, default 300);
     `reply_shape` ("vllm", the default, or
     "sglang") the server whose reply the view builds where the two differ (a Qwen3 tool call
     that is not JSON: docs/trainer-view.md).
@@ -122,6 +126,7 @@ def check_target(
         trainer=trainer,
         trainer_max_length=trainer_max_length,
         trainer_python=trainer_python,
+        trainer_timeout=trainer_timeout,
         reply_shape=reply_shape,
     )
     return check_session(session, progress)

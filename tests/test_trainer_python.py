@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -153,8 +154,105 @@ def test_a_python_that_cannot_run_the_trainer_is_one_line(tmp_path):
         ((*base, "--trainer", "speculators", "--trainer-python", sys.executable), "asks a running vLLM"),
         (("check", "B0_clean", "--data-root", str(PREPARED), "--trainer-python", sys.executable),
          "the trainer view needs a trainer"),
+        ((*base, "--trainer", "specforge:kimi-k2-thinking", "--trainer-timeout", "5"), "pass both, or neither"),
     ]
     for args, said in cases:
         result = runner.invoke(app, list(args))
         assert result.exit_code == 2, (args, result.output)
         assert said in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_trainer_process_that_hangs_is_stopped_and_said_in_one_line(tmp_path):
+    # A fake trainer's Python: one that never answers, one that starts and then hangs on the rows.
+    never = tmp_path / "never"
+    never.write_text("#!/bin/sh\nsleep 121\n")  # a child of its own, stopped with it
+    stuck = tmp_path / "stuck"
+    stuck.write_text(
+        f"#!{sys.executable}\nimport json, sys, time\nsys.stdin.readline()\n"
+        "print(json.dumps({'ready': {'transformers': '5.8.1'}}), flush=True)\nsys.stdin.readline()\ntime.sleep(120)\n"
+    )
+    for fake, doing in ((never, "(starting)"), (stuck, "(preprocessing 30 conversations)")):
+        fake.chmod(0o755)
+        started = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "audit", "trainer-view", "B0_clean", "--data-root", str(PREPARED), "--no-cache",
+             "--trainer", "specforge:kimi-k2-thinking", "--trainer-python", str(fake), "--trainer-timeout", "2"],
+            capture_output=True, text=True, timeout=100,
+        )
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert f"gave no answer in 2 s {doing} and was stopped" in result.stderr
+        assert "--trainer-timeout" in result.stderr and "ERR001" not in result.stdout
+        assert time.monotonic() - started < 60  # not the 120 s its sleep lasts
+        for left in (str(fake), "sleep 121"):  # stopped, with what it started
+            assert subprocess.run(["pgrep", "-f", left], capture_output=True, text=True).stdout.strip() == ""
+
+
+# -- without a trainer: the installed transformers' own load of the folder ---------------------------
+
+
+def declared_folder(tmp_path: Path, tokenizer_class: str) -> Path:
+    """The shipped DeepSeek tokenizer, its tokenizer_config.json naming `tokenizer_class`."""
+    folder = tmp_path / f"deepseek-{tokenizer_class}"
+    shutil.copytree(DEEPSEEK_TOKENIZER, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": tokenizer_class}))
+    return folder
+
+
+def check(tmp_path: Path, folder: Path) -> tuple[dict, str]:
+    report = tmp_path / f"check-{len(list(tmp_path.iterdir()))}.json"
+    result = runner.invoke(app, ["check", "D1_deepseek", "--data-root", str(PREPARED), "--no-cache",
+                                 "--tokenizer", str(folder), "--report", str(report)])
+    assert result.exit_code == 1, result.output
+    return json.loads(report.read_text()), result.output
+
+
+def test_a_folder_autotokenizer_loads_otherwise_is_said_once_and_decided_once(tmp_path, monkeypatch):
+    # transformers 5.x builds a Qwen2Tokenizer's pre-tokenizer itself: DeepSeek's tokenizer.json
+    # declared Qwen2TokenizerFast splits digits otherwise through AutoTokenizer.
+    folder = declared_folder(tmp_path, "Qwen2TokenizerFast")
+    report, output = check(tmp_path, folder)
+    load = report["tokenizer"]["load"]
+    assert load["loads_as"] == "Qwen2Tokenizer" and load["ids"] != load["folder_ids"]
+    assert '"tokenizer_class": "PreTrainedTokenizerFast"' in load["fix"]
+    assert output.count("warning: transformers") == 1 and "encodes otherwise than its tokenizer.json" in output
+    assert sum("encodes otherwise" in f["message"] for f in report["findings"]) == 0  # no record carries it
+    # Decided once per folder and transformers release: a later run reads it from the cached state.
+    import audit.model.trainer_load as trainer_load
+
+    def never(*args, **kwargs):
+        raise AssertionError("decided again")
+
+    monkeypatch.setattr(trainer_load, "installed_load", never)
+    again, output = check(tmp_path, folder)
+    assert again["tokenizer"]["load"] == report["tokenizer"]["load"] and output.count("warning: transformers") == 1
+
+
+def test_the_fix_it_names_loads_the_folder_as_its_tokenizer_json(tmp_path):
+    report, output = check(tmp_path, declared_folder(tmp_path, "PreTrainedTokenizerFast"))
+    assert "load" not in report["tokenizer"] and "warning: transformers" not in output
+
+
+def test_under_the_trainers_transformers_a_llama_class_folder_is_said_to_lose_its_spaces(trainer_python, tmp_path):
+    # The installed transformers 5.8.1 (SpecForge's pin; taken from its environment, with the
+    # tokenizers and huggingface_hub it needs) turns a LlamaTokenizerFast folder over a byte-level
+    # tokenizer.json into a Metaspace LlamaTokenizer: `audit check` says so once, without a trainer.
+    found = subprocess.run([str(trainer_python), "-c", "import transformers, tokenizers, huggingface_hub as h;"
+                            "print(transformers.__file__, tokenizers.__file__, h.__file__, sep='\\n')"],
+                           capture_output=True, text=True, check=True)
+    shadow = tmp_path / "transformers-5.8.1"
+    shadow.mkdir()
+    for init in found.stdout.split():
+        package = Path(init).parent
+        for path in [package, *package.parent.glob(f"{package.name}-*.dist-info")]:
+            (shadow / path.name).symlink_to(path)
+    report = tmp_path / "report.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow), str(Path(__file__).parents[1])])}
+    result = subprocess.run([sys.executable, "-m", "audit", "check", "D1_deepseek", "--data-root", str(PREPARED),
+                             "--no-cache", "--tokenizer", str(llama_class_folder(tmp_path)), "--report", str(report)],
+                            capture_output=True, text=True, env=env)
+    assert result.returncode == 1, result.stderr
+    load = json.loads(report.read_text())["tokenizer"]["load"]
+    assert load["transformers"] == "5.8.1" and load["loads_as"] == "LlamaTokenizer"
+    assert load["reads"] == "Youareahelpfulassistant."
+    assert result.stdout.count("warning: transformers 5.8.1 (installed)") == 1

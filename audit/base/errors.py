@@ -14,6 +14,12 @@ class ConfigError(AuditError):
     """A rule set, profile or tokenizer that cannot be used as given."""
 
 
+class RunStopped(ConfigError):
+    """A configuration error found while records are audited (the trainer's own process stopped
+    or gave no answer in time): it ends the run wherever it is raised, never counted as the
+    internal error of the records at hand."""
+
+
 class InputError(AuditError):
     """A target that cannot be audited at all (missing, empty, not a file)."""
 

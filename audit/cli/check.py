@@ -53,6 +53,7 @@ from audit.cli.trainer_options import (
     TrainerMaxLengthOption,
     TrainerOption,
     TrainerPythonOption,
+    TrainerTimeoutOption,
     with_trainer,
 )
 from audit.report.formats import OutputFormat, format_chunks, step_summary, summary_rows
@@ -128,6 +129,8 @@ def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_wa
     console.print(verdict_line(report, fail_on_warning=fail_on_warning))
     if report.trainer_view is not None:
         console.print(plain(report.trainer_view["summary"], "bold", limit=None), soft_wrap=True)
+    if isinstance(load := report.tokenizer.get("load"), dict) and load.get("warning"):
+        console.print(plain(f"warning: {load['warning']}", "yellow", limit=None), soft_wrap=True)
     if path is not None:
         console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
 
@@ -260,6 +263,7 @@ def check(
     trainer: TrainerOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
+    trainer_timeout: TrainerTimeoutOption = None,
     reply_shape: ReplyShapeOption = None,
 ) -> None:
     """Audit partitions of generated data; exit 0 (pass), 1 (gate failed) or 2 (error).
@@ -285,7 +289,8 @@ def check(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
         engine=engine, shard_size=shard_size,
     )
-    options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python)
+    options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python,
+                           timeout=trainer_timeout)
     fail_on_warning = fail_on is FailOn.warning
     try:
         if all_:

@@ -40,6 +40,17 @@ TrainerPythonOption = Annotated[
     ),
 ]
 
+TrainerTimeoutOption = Annotated[
+    float | None,
+    typer.Option(
+        "--trainer-timeout",
+        min=1,
+        metavar="SECONDS",
+        help="How long the --trainer-python process may take over one answer (its start, or one batch "
+        "of conversations) before it is stopped and the run ends, exit 2 (default: 300).",
+    ),
+]
+
 
 class ReplyShape(StrEnum):
     vllm = "vllm"
@@ -65,6 +76,7 @@ def with_trainer(
     only: bool = False,
     reply_shape: ReplyShape | None = None,
     python: Path | None = None,
+    timeout: float | None = None,
 ) -> Any:
     """`options` (the core's CheckOptions) with the trainer view's settings."""
     return dataclasses.replace(
@@ -74,4 +86,5 @@ def with_trainer(
         trainer_only=only,
         trainer_reply_shape=None if reply_shape is None else reply_shape.value,
         trainer_python=python,
+        trainer_timeout=timeout,
     )

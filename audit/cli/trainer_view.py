@@ -41,6 +41,7 @@ from audit.cli.trainer_options import (
     ReplyShapeOption,
     TrainerMaxLengthOption,
     TrainerPythonOption,
+    TrainerTimeoutOption,
     with_trainer,
 )
 from audit.report.formats import OutputFormat
@@ -67,6 +68,7 @@ def trainer_view(
     prompts: PromptsOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
+    trainer_timeout: TrainerTimeoutOption = None,
     reply_shape: ReplyShapeOption = None,
     report: Annotated[
         str | None,
@@ -90,7 +92,8 @@ def trainer_view(
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(profile, tokenizer, trust_remote_code, thinking, rules, prompts, cache=not no_cache)
     options = with_trainer(
-        options, trainer, trainer_max_length, only=True, reply_shape=reply_shape, python=trainer_python
+        options, trainer, trainer_max_length, only=True, reply_shape=reply_shape, python=trainer_python,
+        timeout=trainer_timeout,
     )
     try:
         resolved = resolve_target(target, root)

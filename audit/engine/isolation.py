@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from audit.base.errors import one_line
+from audit.base.errors import RunStopped, one_line
 from audit.checks.internal import InternalError as InternalErrorRule
 from audit.records.batch import Batch
 
@@ -61,7 +61,10 @@ class InternalError:
 
 def is_failure(exc: BaseException) -> bool:
     """An exception a rule may raise: any `Exception`, and the panics of Rust extensions
-    (polars, tokenizers, fastokens), which derive from BaseException; never an interrupt."""
+    (polars, tokenizers, fastokens), which derive from BaseException; never an interrupt, nor
+    an error that stops the run (`RunStopped`: no record is at fault)."""
+    if isinstance(exc, RunStopped):
+        return False
     return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
 
 

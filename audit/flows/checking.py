@@ -18,7 +18,7 @@ from audit.engine.runner import FileAudit, ProgressCallback, audit_file
 from audit.flows.cache import AuditCache
 from audit.flows.parallel import audit_file_parallel
 from audit.flows.session import Session
-from audit.model.trainer_load import trainer_encoder
+from audit.model.trainer_load import installed_load_warning, trainer_encoder
 from audit.report.report import Report, build_report
 
 
@@ -63,14 +63,27 @@ def check_session(session: Session, progress: ProgressCallback | None = None) ->
         raise InputError(
             f"{session.target.data_file}: no records, only blank lines; nothing to audit"
         )
+    trainer = _trainer_description(session)
     return build_report(
         session.target.partition,
         audited,
         session.rule_set,
         profile=session.profile.to_dict(),
-        tokenizer=session.tokenizer.fingerprint.to_dict(),
-        trainer=_trainer_description(session),
+        tokenizer=_tokenizer_description(session, trainer),
+        trainer=trainer,
     )
+
+
+def _tokenizer_description(session: Session, trainer: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's tokenizer for its report; with `load` (a warning, once per run) where the
+    installed transformers' AutoTokenizer encodes the folder otherwise than its tokenizer.json,
+    unless the trainer's own load (the same transformers release) already says so."""
+    described = session.tokenizer.fingerprint.to_dict()
+    load = session.tokenizer.installed_load
+    said = (trainer or {}).get("tokenizer_load") or {}
+    if load is not None and said.get("transformers") != load["transformers"]:
+        described["load"] = {**load, "warning": installed_load_warning(load)}
+    return described
 
 
 def _trainer_description(session: Session) -> dict[str, Any] | None:

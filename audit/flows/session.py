@@ -55,6 +55,7 @@ class CheckOptions:
     trainer_only: bool = False
     # The trainer's own Python (`--trainer-python`): its own code runs there, beside the model.
     trainer_python: Path | None = None
+    trainer_timeout: float | None = None  # seconds over one answer of it (None: PYTHON_TIMEOUT)
     # The server whose reply shape the conversations follow where vLLM's and SGLang's differ
     # (audit.model.trainer_rules.REPLY_SHAPES; None: vLLM's).
     trainer_reply_shape: str | None = None
@@ -120,6 +121,8 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         or options.trainer_reply_shape is not None
     ):
         raise ConfigError("the trainer view needs a trainer: pass --trainer specforge[:TEMPLATE] or --trainer speculators")
+    if options.trainer_timeout is not None and options.trainer_python is None:
+        raise ConfigError("--trainer-timeout is the time-out of --trainer-python's process: pass both, or neither")
     rule_set = load_rule_set(
         options.rules,
         options=frozenset({"trainer"}) if options.trainer else frozenset(),
@@ -171,6 +174,8 @@ def prepare(target: Target, options: CheckOptions) -> Session:
         )
         if options.trainer_python is not None:
             trainer = dataclasses.replace(trainer, python=options.trainer_python.absolute())
+            if options.trainer_timeout is not None:
+                trainer = dataclasses.replace(trainer, python_timeout=options.trainer_timeout)
             # Started now: a Python without the trainer is a configuration error before any reading.
             installed_trainer(cast(TrainerJob, trainer_job(trainer, tokenizer)))
     return Session(

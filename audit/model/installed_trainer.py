@@ -13,13 +13,15 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from audit.base.errors import ConfigError
+from audit.base.errors import ConfigError, RunStopped
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import Trainer
 
@@ -38,6 +40,7 @@ class TrainerJob:
     max_length: int
     tokenizer: Path
     trust_remote_code: bool
+    timeout: float  # seconds the process may take over one answer (`Trainer.python_timeout`)
 
 
 def trainer_job(trainer: Trainer, tokenizer: Tokenizer) -> TrainerJob | None:
@@ -51,6 +54,7 @@ def trainer_job(trainer: Trainer, tokenizer: Tokenizer) -> TrainerJob | None:
         max_length=trainer.max_length,
         tokenizer=tokenizer.directory,
         trust_remote_code=tokenizer.trust_remote_code,
+        timeout=trainer.python_timeout,
     )
 
 
@@ -70,12 +74,18 @@ class InstalledTrainer:
                 # Never the network: the tokenizer is the local folder the run audits with.
                 env={**_own_environment(), "TRANSFORMERS_VERBOSITY": "error", "PYTHONIOENCODING": "utf-8",
                      "HF_HUB_OFFLINE": "1"},
+                # Its own process group: stopping it stops what it started too (`_kill`).
+                start_new_session=os.name == "posix",
             )
         except OSError as exc:
             raise ConfigError(f"--trainer-python {job.python}: cannot run it ({exc.strerror})") from None
         first = {"trainer": job.trainer, "template": job.template, "max_length": job.max_length,
                  "tokenizer": str(job.tokenizer), "trust_remote_code": job.trust_remote_code}
-        ready = self._ask(first)
+        try:
+            ready = self._ask(first, "starting")
+        except ConfigError:
+            self.close()
+            raise
         if "error" in ready:
             self.close()
             raise ConfigError(
@@ -93,19 +103,37 @@ class InstalledTrainer:
         """The trainer's own result for each conversation (`trainer_worker` says the shape)."""
         if not rows:
             return []
-        return list(self._ask({"rows": rows})["made"])
+        return list(self._ask({"rows": rows}, f"preprocessing {len(rows)} conversations")["made"])
 
-    def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _ask(self, request: dict[str, Any], doing: str) -> dict[str, Any]:
+        """Send `request`, and read the one-line answer within the job's time-out: a process
+        that gives none in time (hung, or far slower than any batch should be) is killed, and
+        the run stops with one line saying so."""
         stdin, stdout = self._process.stdin, self._process.stdout
         assert stdin is not None and stdout is not None
-        try:
-            stdin.write(json.dumps(request).encode() + b"\n")
-            stdin.flush()
-            line = stdout.readline()
-        except (BrokenPipeError, OSError):
-            line = b""
+        answer: list[bytes] = []
+
+        def exchange() -> None:  # in a thread: a write to a full pipe blocks as a read does
+            try:
+                stdin.write(json.dumps(request).encode() + b"\n")
+                stdin.flush()
+                answer.append(stdout.readline())
+            except (BrokenPipeError, OSError, ValueError):
+                answer.append(b"")
+
+        talking = threading.Thread(target=exchange, daemon=True)
+        talking.start()
+        talking.join(self.job.timeout)
+        if talking.is_alive():
+            self._kill()
+            talking.join(10)
+            raise RunStopped(
+                f"--trainer-python {self.job.python}: the trainer's process gave no answer in "
+                f"{self.job.timeout:g} s ({doing}) and was stopped; raise --trainer-timeout if it is only slow"
+            )
+        line = answer[0] if answer else b""
         if not line:
-            raise ConfigError(f"--trainer-python {self.job.python}: the trainer's process stopped ({self._last_words()})")
+            raise RunStopped(f"--trainer-python {self.job.python}: the trainer's process stopped ({self._last_words()})")
         reply: dict[str, Any] = json.loads(line)
         return reply
 
@@ -121,8 +149,19 @@ class InstalledTrainer:
             try:
                 self._process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                self._kill()
         self._log.close()
+
+    def _kill(self) -> None:
+        """Stop the trainer's process and whatever it started (its process group, on POSIX)."""
+        try:
+            if os.name == "posix":
+                os.killpg(self._process.pid, signal.SIGKILL)
+            else:
+                self._process.kill()
+        except ProcessLookupError:
+            pass  # already gone
+        self._process.wait()
 
 
 def _own_environment() -> dict[str, str]:

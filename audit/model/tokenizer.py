@@ -105,6 +105,28 @@ class Tokenizer(FastPaths):
         return load_with_transformers(self.directory, self.trust_remote_code)
 
     @cached_property
+    def installed_load(self) -> dict[str, str] | None:
+        """Where the installed transformers' AutoTokenizer encodes this folder otherwise than its
+        tokenizer.json (`audit.model.trainer_load.installed_load`), else None. Decided once per
+        folder and transformers release: the first load (which holds the transformers
+        tokenizer) decides, and the cached state keeps the answer for every later run."""
+        if "installed_load" in self._extra:
+            return self._extra["installed_load"] or None
+        backend = getattr(self.hf, "backend_tokenizer", None)
+        decided = None
+        if backend is not None:
+            import transformers
+
+            from audit.model.trainer_load import installed_load
+
+            decided = installed_load(self.directory, backend, type(self.hf).__name__, transformers.__version__)
+        if self._state is not None:  # a state stored before this was decided: kept with it now
+            self._keep_state(installed_load=decided or {})
+        else:  # a first load: stored with the rest it found
+            self._extra["installed_load"] = decided or {}
+        return decided
+
+    @cached_property
     def _fast(self) -> Any:
         """The `tokenizers` backend, built from the cached state on first use."""
         import tokenizers

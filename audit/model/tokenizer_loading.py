@@ -46,5 +46,6 @@ def load_tokenizer(directory: str | Path, *, trust_remote_code: bool = False) ->
         return restored
     tokenizer = Tokenizer(load_with_transformers(path, trust_remote_code), path, sha256=sha256,
                           trust_remote_code=trust_remote_code, cache_key=key)
+    tokenizer.installed_load  # noqa: B018 - decided while transformers' tokenizer is at hand, and kept
     tokenizer._keep_state()  # what a first load found; a large audit adds the rest
     return tokenizer

@@ -10,10 +10,16 @@ text outside its pieces is lost (transformers #45488, #48206). A trainer's rules
 data (`[transformers]`, `[[transformers.loads]]`: which folders, and the pipeline they get), and
 `trainer_encoder` builds that pipeline from the folder's own vocabulary and merges, so the
 trainer view encodes as the trainer would.
+
+Without a trainer, the same happens wherever the folder is loaded by `AutoTokenizer` (SGLang, a
+user's own code): `installed_load` decides, once per folder and transformers release (the
+tokenizer cache keeps the answer, `audit.model.tokenizer.Tokenizer.installed_load`), whether
+the installed transformers encodes the folder otherwise than its `tokenizer.json`.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,3 +189,118 @@ def _build(loading: TokenizerLoading, directory: Path) -> TrainerEncoder | None:
     backend.update(rule.pipeline)
     backend["model"] = {**backend["model"], **rule.model}
     return TrainerEncoder(rule, loading.transformers, tokenizers.Tokenizer.from_str(json.dumps(backend)))
+
+
+# Texts whose ids show a load that differs from the folder's tokenizer.json: spaces, tabs and
+# newlines (a Metaspace load drops them), CJK and emoji (outside a Llama vocabulary's pieces),
+# digits and code (pre-tokenizer splits).
+_PROBES = (
+    "You are a helpful assistant.",
+    "你好，世界！\n\tTabs  and  spaces ",
+    "émigré 🙂 123 4567",
+    "def f(x):\n    return {'a': [1, 2]}",
+    " leading",
+    "trailing \n\n",
+)
+# What every transformers release loads as the folder's tokenizer.json itself (4.x: the fast
+# class over tokenizer.json; 5.x: an alias of TokenizersBackend).
+_PLAIN_FIX = 'write "tokenizer_class": "PreTrainedTokenizerFast" in its tokenizer_config.json'
+# The model settings that change how a BPE/WordPiece/Unigram model encodes.
+_MODEL_SETTINGS = ("byte_fallback", "fuse_unk", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
+                   "dropout", "ignore_merges")
+
+
+def installed_load(directory: Path, loaded: Any, loaded_class: str, transformers: str) -> dict[str, str] | None:
+    """How the installed transformers' AutoTokenizer (`loaded`: its `tokenizers` backend, of
+    class `loaded_class`) encodes the folder otherwise than the folder's tokenizer.json: the
+    class it built, a text and what its ids read back as, and the fix; None when they encode
+    alike (or the folder has no tokenizer.json).
+
+    The pipeline parts and the vocabulary are compared first (no second tokenizer is built when
+    they agree, as they do for almost every folder: a quarter of a second for a 128k vocabulary,
+    once); where they differ, probe texts decide.
+    """
+    import orjson
+
+    try:
+        raw = (directory / "tokenizer.json").read_bytes()
+        own = orjson.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(own, dict) or not isinstance(own.get("model"), dict) or _same_pipeline(own, loaded):
+        return None
+    import tokenizers
+
+    try:
+        folder = tokenizers.Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception:  # a tokenizer.json this tokenizers cannot read: the load is all there is
+        return None
+    folder.encode_special_tokens = False
+    added = [token.content for token in folder.get_added_tokens_decoder().values()][:8]
+    probes = [*_PROBES, *(f"x{token}y {token} z" for token in added)]
+    theirs = loaded.encode_batch(probes, add_special_tokens=False)
+    ours = folder.encode_batch(probes, add_special_tokens=False)
+    differ = [i for i, (a, b) in enumerate(zip(theirs, ours, strict=True)) if a.ids != b.ids]
+    if not differ:
+        return None
+    text = probes[differ[0]]
+    declared = folder_facts(directory)
+    return {
+        "transformers": transformers,
+        "declared": declared[0].tokenizer_class if declared is not None else "",
+        "loads_as": loaded_class,
+        "text": text,
+        "reads": loaded.decode(theirs[differ[0]].ids, skip_special_tokens=False),
+        "ids": str(len(theirs[differ[0]].ids)),
+        "folder_ids": str(len(ours[differ[0]].ids)),
+        "fix": _PLAIN_FIX,
+    }
+
+
+def _same_pipeline(own: dict[str, Any], loaded: Any) -> bool:
+    """Do the folder's tokenizer.json (parsed) and the loaded backend encode by the same parts:
+    normalizer, pre-tokenizer, model type and settings, vocabulary and added tokens?"""
+    for part in ("normalizer", "pre_tokenizer"):
+        component = getattr(loaded, part)
+        state = None if component is None else json.loads(component.__getstate__())
+        if state != own.get(part):
+            return False
+    model, settings = loaded.model, own["model"]
+    if type(model).__name__ != settings.get("type"):
+        return False
+    for name in _MODEL_SETTINGS:
+        if name in settings and hasattr(model, name) and getattr(model, name) != settings[name]:
+            return False
+    # The vocabulary by every 97th entry and its last id (reading the loaded one whole costs
+    # more than the rest of the decision: a load that changes it changes far more than that).
+    vocab = settings.get("vocab")
+    if not isinstance(vocab, dict) or not vocab:
+        return False
+    last = max(vocab.values())
+    sample = itertools.islice(vocab.items(), 0, None, 97)
+    if any(model.token_to_id(token) != token_id for token, token_id in sample) or (
+        model.id_to_token(last + 1) is not None or model.id_to_token(last) is None
+    ):
+        return False
+    added = {
+        token_id: (token.content, token.lstrip, token.rstrip, token.single_word, token.normalized)
+        for token_id, token in loaded.get_added_tokens_decoder().items()
+    }
+    return added == {
+        token["id"]: (token["content"], token["lstrip"], token["rstrip"], token["single_word"], token["normalized"])
+        for token in own.get("added_tokens") or []
+    }
+
+
+def installed_load_warning(load: dict[str, str]) -> str:
+    """One sentence for the run's summary: the installed transformers loads the folder otherwise."""
+    text, reads = load.get("text", ""), load.get("reads", "")
+    shown = f" (reads back as {reads!r})" if reads != text else ""
+    declared = f", where its tokenizer_config.json names {load['declared']}" if load.get("declared") else ""
+    return (
+        f"transformers {load.get('transformers')} (installed) loads this tokenizer folder as {load.get('loads_as')}"
+        f"{declared}, which encodes otherwise than its tokenizer.json: {text!r} is {load.get('ids')} ids there, "
+        f"{load.get('folder_ids')} by tokenizer.json{shown}; its ids depend on how it is loaded (AutoTokenizer "
+        f"under this release, as this audit and SGLang load it, or its tokenizer.json, as other releases and the "
+        f"tokenizers library read it) (fix: {load.get('fix')})"
+    )

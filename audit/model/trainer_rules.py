@@ -101,6 +101,9 @@ class TrainerRules:
 # answer as content; SGLang's Qwen25Detector keeps the text before the first call as content,
 # the calls that parse, and drops the others (docs/trainer-view.md).
 REPLY_SHAPES = ("vllm", "sglang")
+# The default time-out of the trainer's own Python (`--trainer-python`) over one answer: its start
+# (torch, the trainer and the tokenizer imported and loaded) or one batch of conversations.
+PYTHON_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,9 @@ class Trainer:
     # The Python of an environment with the trainer installed (`--trainer-python`): its own code
     # runs there (`audit.model.installed_trainer`), beside the view's model of it. None: the model.
     python: Path | None = None
+    # Seconds that Python's process may take over one answer (its start, or one batch) before it
+    # is stopped (`--trainer-timeout`).
+    python_timeout: float = PYTHON_TIMEOUT
 
     @property
     def name(self) -> str:
