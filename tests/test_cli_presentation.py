@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -303,3 +304,28 @@ def test_diff_wraps_its_regressed_rules_at_the_terminal_width(tmp_path: Path) ->
     assert all(cell_len(line) <= 80 for line in diffed.stdout.splitlines()), diffed.stdout
     regressed = " ".join(diffed.stdout.split("REGRESSED ")[1].split())
     assert regressed.startswith("INT001, INT002, INT003") and regressed.endswith("TRM004, DEG002")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["check", "--bogus"], "No such option: --bogus"),
+        (["chek"], "No such command 'chek'"),
+        (["check", "B0_clean", "--jobs", "x"], "Invalid value for '--jobs'"),
+    ],
+)
+def test_a_usage_error_is_one_line_saying_what_to_do(args: list[str], said: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("audit: error: ") and said in lines[0], result.stderr
+    assert lines[0].endswith(" -h'")  # where the help is
+
+
+def test_an_output_sent_to_a_device_is_not_named_as_a_file_kept(tmp_path: Path) -> None:
+    base = ["check", "B0_clean", "--data-root", str(PREPARED), "--no-cache"]
+    into_device = runner.invoke(app, [*base, "--report", os.devnull, "--html", os.devnull])
+    assert into_device.exit_code == 0, into_device.output
+    assert "report: " not in into_device.output and "html: " not in into_device.output
+    kept = runner.invoke(app, [*base, "--report", str(tmp_path / "r.json"), "--html", str(tmp_path / "r.html")])
+    assert f"report: {tmp_path / 'r.json'}" in kept.output and f"html: {tmp_path / 'r.html'}" in kept.output

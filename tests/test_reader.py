@@ -57,6 +57,28 @@ def test_bad_lines_are_findings_with_line_numbers_and_the_rest_is_read(tmp_path,
     assert "expected an object" in messages[6]
 
 
+def test_a_rejected_line_names_its_record_id_where_the_line_gives_one(tmp_path, kimi_context, default_rules):
+    path = write_jsonl(
+        tmp_path / "raw.jsonl",
+        [
+            b'{"id": "cut-7", "input_ids": [1, 2], "output_ids": [3, \n',  # no JSON, but its id leads it
+            b'{"id": 42, "input_ids": [1, 2], "output_ids": "text"}\n',  # a field of the wrong type
+            b'{"id": "float", "input_ids": [1.5], "output_ids": [2]}\n',  # an id list that is no ids
+            b'{"id": "minus", "input_ids": [-1], "output_ids": [2]}\n',  # refused by the id policy
+            b'{"id": "twice", "id": "again", "input_ids": [1], "output_ids": [2]}\n',  # a key given twice
+            b'{"input_ids": [1], "output_ids": [2], "id": "la\xfft"}\n',  # not UTF-8, the id not first
+            b"{not json\n",
+            b'{"id": true, "input_ids": [1], "output_ids": [2]}\n',  # an id no record can have
+        ],
+    )
+    found = audit_file(path, kimi_context, default_rules).findings
+    ids = {row["line"]: (row["rule"], row["id"]) for row in found.iter_rows(named=True)}
+    assert ids == {
+        1: ("INT001", "cut-7"), 2: ("INT002", "42"), 3: ("INT002", "float"), 4: ("INT002", "minus"),
+        5: ("INT001", "again"), 6: ("INT001", None), 7: ("INT001", None), 8: ("INT002", None),
+    }
+
+
 def test_a_cut_last_line_says_the_file_may_still_be_written(tmp_path, kimi_context, default_rules):
     path = tmp_path / "raw.jsonl"
     path.write_bytes(good(0) + good(1)[: len(good(1)) // 2])

@@ -84,6 +84,27 @@ console = Console()
 errors = Console(stderr=True)
 
 
+def _one_line_usage_errors() -> None:
+    """A usage error (an unknown option or command, a value of the wrong type) is one line that
+    says what to do, like every other error, not click's usage block (exit code 2 still)."""
+    import importlib
+
+    def show(self: Any, file: Any = None) -> None:
+        command = self.ctx.command_path if self.ctx is not None else "audit"
+        message = " ".join(self.format_message().split()).rstrip(".")
+        errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
+
+    # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
+    # only then: it is no small part of a start-up).
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name).UsageError.show = show
+            return
+
+
+_one_line_usage_errors()
+
+
 def fail(message: str) -> typer.Exit:
     """Print one error line on stderr and return the exit to raise (code 2)."""
     # The message is plain text: a "[tokens]" or "[rules.TRM001]" in it is a TOML table, not markup,

@@ -6,6 +6,7 @@ which prints reports in the chosen format (the writers themselves live in `audit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -121,6 +122,8 @@ def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_wa
     """The rule table, the first findings and the verdict line of one report."""
     from audit.cli.tables import first_findings, report_table, serving_mix_lines, verdict_line
 
+    path = kept_file(path)
+
     console.print(report_table(report, console.width))
     if (findings := first_findings(report, report_path=path)) is not None:
         console.print(findings)
@@ -133,6 +136,18 @@ def print_rich_report(report: Report, path: AnyPath | None = None, *, fail_on_wa
         console.print(plain(f"warning: {load['warning']}", "yellow", limit=None), soft_wrap=True)
     if path is not None:
         console.print(plain(f"report: {path}", "dim", limit=None), soft_wrap=True)
+
+
+def kept_file(path: AnyPath | None) -> AnyPath | None:
+    """`path`, where an output was kept; None for a device or FIFO it went through (`--report
+    /dev/null`): there is no file to name."""
+    if isinstance(path, Path):
+        from audit.base.destinations import destination
+
+        with contextlib.suppress(AuditError, OSError):
+            if destination(path).through:
+                return None
+    return path
 
 
 def explain_shipped_sample(target) -> None:
@@ -335,7 +350,7 @@ def check(
                 page = html_path(location(html), result.target, several=len(sessions) > 1)
                 with writing("the HTML page", page):
                     write_html(result, page, samples)
-                if output_format is OutputFormat.rich:
+                if output_format is OutputFormat.rich and kept_file(page) is not None:
                     console.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
     except AuditError as exc:
         raise fail(str(exc)) from None

@@ -27,7 +27,7 @@ from audit.cli.app import (
     os_error,
     writing,
 )
-from audit.cli.check import FormatOption, HtmlOption, emit
+from audit.cli.check import FormatOption, HtmlOption, emit, kept_file
 from audit.cli.tables import plain
 from audit.report.formats import OutputFormat
 
@@ -83,7 +83,8 @@ def report_command(
     emit(reports, output_format, fail_on_warning=fail_on is FailOn.warning, report_paths=[location(path) for path in files])
     for page in pages:  # where the pages went; on stderr when stdout carries a machine format
         where = console if output_format is OutputFormat.rich else errors
-        where.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
+        if kept_file(page) is not None:  # not a device it went through (--html /dev/null)
+            where.print(plain(f"html: {page}", "dim", limit=None), soft_wrap=True)
 
 
 class DiffFormat(StrEnum):

@@ -343,7 +343,7 @@ def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.Da
             rows.append(
                 (
                     item.line,
-                    None,
+                    item.id,
                     configured.code,
                     configured.severity.value,
                     item.position,

@@ -4,6 +4,7 @@ of the record contract's field types; else a `RejectedLine` naming the line and 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,34 @@ class RejectedLine:
     problem: str  # UNREADABLE or CONTRACT
     field: str | None = None  # the id list a bad token id is in, and its index there
     position: int | None = None
+    id: str | None = None  # the record's id, where the line reads far enough to give one
+
+
+# A line's id where the line is no JSON (cut short, a bad byte later on): the first key of an
+# object written by a JSON writer, `{"id": "..."` or `{"id": 12`, read from its first bytes.
+_LEADING_ID = re.compile(rb'\A\s*\{\s*"id"\s*:\s*("(?:[^"\\]|\\.)*"|-?[0-9]+)\s*[,}]')
+
+
+def record_id(value: Any) -> str | None:
+    """The id of a parsed line, as the record frame holds it (an integer as its digits), or None
+    when it has none a record could have (`_field_problem` names a bad one)."""
+    sample_id = value.get("id") if isinstance(value, dict) else None
+    if isinstance(sample_id, str):
+        return sample_id
+    if isinstance(sample_id, int) and not isinstance(sample_id, bool):
+        return str(sample_id)
+    return None
+
+
+def leading_id(text: bytes) -> str | None:
+    """The id a line that is no JSON starts with, or None."""
+    found = _LEADING_ID.match(text[:4096])
+    if found is None:
+        return None
+    try:
+        return record_id({"id": json.loads(found.group(1))})
+    except ValueError:
+        return None
 
 
 def long_line(line: int, size: int, *, unterminated: bool) -> RejectedLine:
@@ -78,27 +107,29 @@ def read_strictly(
     except orjson.JSONEncodeError:
         # orjson reads 1,023 levels but writes 254: such a value could not be written again
         # (the source prompt, the gate's outputs), so it is no record.
-        return None, RejectedLine(line, TOO_DEEP, UNREADABLE)
+        return None, RejectedLine(line, TOO_DEEP, UNREADABLE, id=record_id(value))
     if may_repeat and (repeated := _repeated_key(text)) is not None:
-        return None, RejectedLine(line, repeated, UNREADABLE)
+        return None, RejectedLine(line, repeated, UNREADABLE, id=record_id(value))
     problem = _field_problem(value)
     if problem is not None:
-        return None, RejectedLine(line, problem, CONTRACT)
+        return None, RejectedLine(line, problem, CONTRACT, id=record_id(value))
     if arrays:
         value.update(arrays)
     return value, None
 
 
 def _not_json(line: int, text: bytes, err: Exception, *, last_unterminated: bool) -> RejectedLine:
+    sample_id = leading_id(text)
     try:
         text.decode("utf-8")
     except UnicodeDecodeError as bad:
-        return RejectedLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", UNREADABLE)
+        return RejectedLine(line, f"bytes that are not UTF-8 at column {bad.start + 1}", UNREADABLE, id=sample_id)
     if last_unterminated:
         return RejectedLine(
-            line, "last line is cut short with no newline: is the file still being written?", UNREADABLE
+            line, "last line is cut short with no newline: is the file still being written?", UNREADABLE,
+            id=sample_id,
         )
-    return RejectedLine(line, f"not valid JSON: {err}", UNREADABLE)
+    return RejectedLine(line, f"not valid JSON: {err}", UNREADABLE, id=sample_id)
 
 
 def _may_repeat_keys(text: bytes, value: dict[str, Any]) -> bool:

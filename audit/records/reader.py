@@ -43,6 +43,7 @@ from audit.records.line_reading import (
     long_line,
     prompt_fields,
     read_strictly,
+    record_id,
     source_prompt,
 )
 from audit.records.sources import LineBlock
@@ -177,7 +178,7 @@ def _records_frame(
             frames.append(_frame([line], [value], keep_source=keep_source))
         except (TypeError, OverflowError, ValueError, pl.exceptions.PolarsError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            rejected.append(RejectedLine(line, f"does not fit the record contract: {first}", CONTRACT))
+            rejected.append(RejectedLine(line, f"does not fit the record contract: {first}", CONTRACT, id=record_id(value)))
     return pl.concat(frames, how="vertical") if frames else _frame([], [], keep_source=keep_source)
 
 
@@ -186,7 +187,7 @@ def _bad_id_line(line: int, value: dict[str, Any]) -> RejectedLine | None:
     if problem is None:
         return None
     name, at, reason = problem
-    return RejectedLine(line, reason, CONTRACT, name, at)
+    return RejectedLine(line, reason, CONTRACT, name, at, id=record_id(value))
 
 
 def _text(value: Any) -> str | None:
@@ -301,6 +302,7 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Rejected
     )
     reasons = bad.select(
         "line",
+        "id",
         pl.coalesce(
             describe("_input_ids", "input_ids"),
             describe("_prompt_ids", "prompt_ids"),
@@ -309,7 +311,9 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Rejected
         ).struct.unnest(),
     )
     refused = [
-        RejectedLine(line, reason, CONTRACT, field, position)
-        for line, field, position, reason in reasons.select("line", "field", "position", "reason").iter_rows()
+        RejectedLine(line, reason, CONTRACT, field, position, id=sample_id)
+        for line, sample_id, field, position, reason in reasons.select(
+            "line", "id", "field", "position", "reason"
+        ).iter_rows()
     ]
     return records.filter(~flagged).drop("_prompt_ids", "_input_ids"), refused
