@@ -29,6 +29,7 @@ from rich.text import Text
 from audit import __version__
 from audit.base import inert
 from audit.base.storage import AnyPath
+from audit.cli.conventions import conventional_help, one_line_usage_errors
 
 EXIT_USAGE = 2
 DEBUG_ENV = "AUDIT_DEBUG"  # audit.engine.isolation reads it; the CLI cannot import the core at start-up
@@ -45,64 +46,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 140},
 )
 
-# How help names a value: the conventions of command-line help (TEXT, N, PATH, [on|off],
-# TARGETS...), not Python's type names (<str>, <list[str]>, {prompts}) typer prints otherwise.
-_VALUE_NAMES = {
-    "str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER", "float range": "NUMBER",
-    "path": "PATH", "bool": "BOOLEAN",
-}
-
-
-def _conventional_help() -> None:
-    core = getattr(typer, "core", None)
-    parameter, argument = getattr(core, "_TyperParameter", None), getattr(core, "TyperArgument", None)
-    if parameter is None or argument is None or not hasattr(parameter, "display_type"):
-        return  # another typer: its own notation stands
-    python_names = parameter.display_type
-
-    def display_type(self, ctx):
-        if self.metavar is not None:
-            return self.metavar
-        label = str(python_names(self, ctx)).strip("<>")
-        if "|" in label:  # choices
-            return "[" + label.removeprefix("list[").removesuffix("]") + "]"
-        label = label.removeprefix("list[").removesuffix("]")
-        return _VALUE_NAMES.get(label, label.upper())
-
-    def usage_name(self) -> str:
-        name = (self.metavar or self.name or "").upper()
-        name = name if self.required else f"[{name}]"
-        return name + ("..." if self.nargs != 1 else "")
-
-    parameter.display_type = display_type
-    argument._usage_display_name = usage_name
-
-
-_conventional_help()
-
 console = Console()
 errors = Console(stderr=True)
-
-
-def _one_line_usage_errors() -> None:
-    """A usage error (an unknown option or command, a value of the wrong type) is one line that
-    says what to do, like every other error, not click's usage block (exit code 2 still)."""
-    import importlib
-
-    def show(self: Any, file: Any = None) -> None:
-        command = self.ctx.command_path if self.ctx is not None else "audit"
-        message = " ".join(self.format_message().split()).rstrip(".")
-        errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
-
-    # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
-    # only then: it is no small part of a start-up).
-    for name in ("typer._click.exceptions", "click.exceptions"):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(name).UsageError.show = show
-            return
-
-
-_one_line_usage_errors()
+conventional_help()
+one_line_usage_errors(errors)
 
 
 def fail(message: str) -> typer.Exit:

@@ -274,6 +274,8 @@ def _same_pipeline(own: dict[str, Any], loaded: Any) -> bool:
     # The vocabulary by every 97th entry and its last id (reading the loaded one whole costs
     # more than the rest of the decision: a load that changes it changes far more than that).
     vocab = settings.get("vocab")
+    if isinstance(vocab, list) and vocab and all(isinstance(entry, list) and entry for entry in vocab[:1]):
+        vocab = {entry[0]: index for index, entry in enumerate(vocab)}  # Unigram: [piece, score] by id
     if not isinstance(vocab, dict) or not vocab:
         return False
     last = max(vocab.values())
@@ -286,9 +288,11 @@ def _same_pipeline(own: dict[str, Any], loaded: Any) -> bool:
         token_id: (token.content, token.lstrip, token.rstrip, token.single_word, token.normalized)
         for token_id, token in loaded.get_added_tokens_decoder().items()
     }
+    flags = (("lstrip", False), ("rstrip", False), ("single_word", False), ("normalized", True))
     return added == {
-        token["id"]: (token["content"], token["lstrip"], token["rstrip"], token["single_word"], token["normalized"])
+        token.get("id"): (token.get("content"), *(token.get(name, default) for name, default in flags))
         for token in own.get("added_tokens") or []
+        if isinstance(token, dict)
     }
 
 

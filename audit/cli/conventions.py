@@ -1,0 +1,61 @@
+"""How help and usage errors read: the conventions of command-line tools, not click's defaults."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+# How help names a value: the conventions of command-line help (TEXT, N, PATH, [on|off],
+# TARGETS...), not Python's type names (<str>, <list[str]>, {prompts}) typer prints otherwise.
+_VALUE_NAMES = {
+    "str": "TEXT", "int": "N", "int range": "N", "float": "NUMBER", "float range": "NUMBER",
+    "path": "PATH", "bool": "BOOLEAN",
+}
+
+
+def conventional_help() -> None:
+    """Help names values as command-line help does (TEXT, N, PATH, [on|off], TARGETS...)."""
+    core = getattr(typer, "core", None)
+    parameter, argument = getattr(core, "_TyperParameter", None), getattr(core, "TyperArgument", None)
+    if parameter is None or argument is None or not hasattr(parameter, "display_type"):
+        return  # another typer: its own notation stands
+    python_names = parameter.display_type
+
+    def display_type(self, ctx):
+        if self.metavar is not None:
+            return self.metavar
+        label = str(python_names(self, ctx)).strip("<>")
+        if "|" in label:  # choices
+            return "[" + label.removeprefix("list[").removesuffix("]") + "]"
+        label = label.removeprefix("list[").removesuffix("]")
+        return _VALUE_NAMES.get(label, label.upper())
+
+    def usage_name(self) -> str:
+        name = (self.metavar or self.name or "").upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+    parameter.display_type = display_type
+    argument._usage_display_name = usage_name
+
+
+def one_line_usage_errors(errors: Console) -> None:
+    """A usage error (an unknown option or command, a value of the wrong type) is one line that
+    says what to do, like every other error, not click's usage block (exit code 2 still)."""
+    import importlib
+
+    def show(self: Any, file: Any = None) -> None:
+        command = self.ctx.command_path if self.ctx is not None else "audit"
+        message = " ".join(self.format_message().split()).rstrip(".")
+        errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
+
+    # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
+    # only then: it is no small part of a start-up).
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name).UsageError.show = show
+            return
