@@ -187,6 +187,27 @@ def test_a_trainer_process_that_hangs_is_stopped_and_said_in_one_line(tmp_path):
             assert subprocess.run(["pgrep", "-f", left], capture_output=True, text=True).stdout.strip() == ""
 
 
+def test_a_large_block_is_asked_a_bounded_part_at_a_time_in_order(tmp_path):
+    from audit.model.installed_trainer import ROWS_PER_ANSWER, InstalledTrainer, TrainerJob
+
+    echo = tmp_path / "echo"  # answers each conversation with its number and the size of its request
+    echo.write_text(
+        f"#!{sys.executable}\nimport json, sys\nsys.stdin.readline()\n"
+        "print(json.dumps({'ready': {'transformers': '5.8.1'}}), flush=True)\n"
+        "for line in sys.stdin:\n    rows = json.loads(line)['rows']\n"
+        "    print(json.dumps({'made': [{'n': r['n'], 'asked': len(rows)} for r in rows]}), flush=True)\n"
+    )
+    echo.chmod(0o755)
+    worker = InstalledTrainer(TrainerJob(python=echo, trainer="specforge", template=None, max_length=2048,
+                                         tokenizer=tmp_path, trust_remote_code=False, timeout=30))
+    try:
+        made = worker.preprocess([{"n": i} for i in range(2 * ROWS_PER_ANSWER + 3)])
+    finally:
+        worker.close()
+    assert [m["n"] for m in made] == list(range(2 * ROWS_PER_ANSWER + 3))
+    assert max(m["asked"] for m in made) == ROWS_PER_ANSWER
+
+
 # -- without a trainer: the installed transformers' own load of the folder ---------------------------
 
 

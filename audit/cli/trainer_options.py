@@ -46,8 +46,8 @@ TrainerTimeoutOption = Annotated[
         "--trainer-timeout",
         min=1,
         metavar="SECONDS",
-        help="How long the --trainer-python process may take over one answer (its start, or one batch "
-        "of conversations) before it is stopped and the run ends, exit 2 (default: 300).",
+        help="How long the --trainer-python process may take over one answer (its start, or a batch "
+        "of at most 256 conversations) before it is stopped and the run ends, exit 2 (default: 300).",
     ),
 ]
 

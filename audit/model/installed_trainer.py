@@ -28,6 +28,9 @@ from audit.model.trainer_rules import Trainer
 WORKER = Path(__file__).with_name("trainer_worker.py")
 # The trainers whose own code a worker runs (speculators asks a running vLLM to render).
 RUNNABLE = ("specforge",)
+# Conversations per request: SpecForge preprocesses one in milliseconds (a long agentic one in a
+# tenth of a second), so an answer takes seconds, far inside the default time-out.
+ROWS_PER_ANSWER = 256
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,14 @@ class InstalledTrainer:
         return f"as installed (transformers {self.versions.get('transformers', '?')})"
 
     def preprocess(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The trainer's own result for each conversation (`trainer_worker` says the shape)."""
-        if not rows:
-            return []
-        return list(self._ask({"rows": rows}, f"preprocessing {len(rows)} conversations")["made"])
+        """The trainer's own result for each conversation (`trainer_worker` says the shape), asked
+        `ROWS_PER_ANSWER` at a time: each answer's time-out bounds a few seconds of its work,
+        however large the block of records."""
+        made: list[dict[str, Any]] = []
+        for start in range(0, len(rows), ROWS_PER_ANSWER):
+            part = rows[start : start + ROWS_PER_ANSWER]
+            made.extend(self._ask({"rows": part}, f"preprocessing {len(part)} conversations")["made"])
+        return made
 
     def _ask(self, request: dict[str, Any], doing: str) -> dict[str, Any]:
         """Send `request`, and read the one-line answer within the job's time-out: a process
