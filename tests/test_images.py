@@ -48,7 +48,8 @@ def data_folder(tmp_path):
         ("img/../../secret.png", "outside the data file's folder"),
         ("img/link.png", "outside the data file's folder"),
         ("img", "not a regular file"),
-        ("/etc/hostname", "absolute path"),
+        ("/etc/hostname", "absolute path outside"),
+        ("C:\\images\\a.png", "absolute Windows path"),
         ("file:///etc/hostname", "URL of a kind"),
         ("s3://bucket/a.png", "URL of a kind"),
         ("data:image/png;base64,@@@", "does not decode"),
@@ -66,6 +67,7 @@ def test_images_inside_the_folder_and_data_uris_are_read(data_folder):
     source = ImageSource(data_folder)
     assert read_image("img/ok.png", source).size == (40, 30)
     assert read_image("img/inside.png", source).size == (40, 30)  # a symlink that stays inside
+    assert read_image(str(data_folder / "img" / "ok.png"), source).size == (40, 30)  # absolute, inside
     assert read_image("data:image/png;base64," + base64.b64encode(png()).decode(), source).size == (8, 6)
 
 

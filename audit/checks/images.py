@@ -69,8 +69,9 @@ class PlaceholderCount(ImageRule):
         number of image parts in the record's `messages` when it has them. A record that sends
         no `image_data` passes when its messages hold no image part (a user who typed the
         placeholder as text, which the server passes through: its messages type as many image
-        pads as the prompt holds); with image parts, with more pads than the messages type, or
-        with no messages to tell, its placeholders say images were dropped.
+        pads as the prompt holds, or, with no messages to tell, a `meta_info.prompt_tokens` of
+        `len(input_ids)`: the server expanded nothing); with image parts, with more pads than
+        the messages type, or with neither to tell, its placeholders say images were dropped.
 
     Why it matters:
         SGLang pairs the i-th placeholder with the i-th image: with one too many or too few the
@@ -98,6 +99,8 @@ class PlaceholderCount(ImageRule):
                 return []  # placeholder text typed in a text-only conversation: harmless
             if held == 0:
                 return []  # pads typed as text with no span: text to the server (IMG003 if images are sent)
+            if parts is None and record.counted_as_text:
+                return []  # no messages to tell, and the server counted the placeholder as text
             said = f"its messages hold {_images(len(parts))}" if parts else (
                 "it has no messages" if parts is None else f"its messages type {typed} image pad(s) as text")
             return [(None, f"input_ids hold {held} image placeholder(s) but the record sends no image_data ({said})")]
@@ -182,7 +185,8 @@ class ImageUnreadable(ImageRule):
 
     What it checks:
         Every `image_data` entry that is a path names a file inside the data file's folder
-        (no absolute path, no `..` or symlink out of it) that Pillow reads whole as an image;
+        (an absolute path, a `..` or a symlink that leads out of it is refused) that Pillow
+        reads whole as an image;
         a `data:` URI decodes to one. An empty file, an HTML error page saved under an
         image's name and a truncated PNG are each named.
 

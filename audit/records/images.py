@@ -1,8 +1,9 @@
 """The images a record sends (`image_data`) and the vision placeholders of its prompt, read once
 per batch for the image rules (`audit.checks.images`) and the prompt count (INT005).
 
-Every `image_data` entry is untrusted. A path is read only inside the data file's folder: an
-absolute path, a `..` that climbs out, or a symlink that leads out is a finding, never opened.
+Every `image_data` entry is untrusted. A path is read only inside the data file's folder (an
+absolute path too, when it leads there): one that leads out of it (absolute, a `..` that climbs
+out, or a symlink) is a finding, never opened.
 An `http(s)` URL is never fetched (no network at run time): its image is "not checked", and
 says so. A `data:` URI is decoded in memory. An image is read with Pillow, which tells a real
 image from an empty file, an HTML error page saved under an image's name or a truncated PNG.
@@ -68,12 +69,12 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
         return ImageRead(unchecked="a path, and the data file is not in a local folder: not checked")
     if not entry or "\0" in entry:
         return ImageRead(problem="an empty path" if not entry else "a path holding a NUL byte")
-    if os.path.isabs(entry) or entry.startswith(("/", "\\")) or (len(entry) > 1 and entry[1] == ":"):
-        return ImageRead(problem="an absolute path: images are read only inside the data file's folder; give a relative path")
-    return _from_file(str(source.folder), entry)
+    if entry.startswith("\\") or (len(entry) > 1 and entry[1] == ":"):
+        return ImageRead(problem="an absolute Windows path: images are read only inside the data file's folder; give a relative path")
+    return _from_file(str(source.folder), entry, absolute=os.path.isabs(entry))
 
 
-def _from_file(folder: str, entry: str) -> ImageRead:
+def _from_file(folder: str, entry: str, absolute: bool = False) -> ImageRead:
     root = Path(folder).resolve()
     path = Path(folder) / entry
     try:
@@ -81,6 +82,8 @@ def _from_file(folder: str, entry: str) -> ImageRead:
     except (OSError, RuntimeError):
         return ImageRead(problem="a path that cannot be resolved (a symlink loop?)")
     if not resolved.is_relative_to(root):
+        if absolute:
+            return ImageRead(problem="an absolute path outside the data file's folder: refused, never opened; give a path relative to the folder")
         return ImageRead(problem="a path that leads outside the data file's folder: refused, never opened")
     try:
         status = resolved.stat()
@@ -259,10 +262,18 @@ def expanded_counts(layout: VisionLayout, prompt_length: int, reads: list[ImageR
     sizes = [read.size for read in reads if read.size is not None]
     if len(sizes) != len(reads):
         return None
-    per_image = [sorted(server_counts(width, height, vision.settings)) for width, height in sizes]
-    if any(not counts for counts in per_image):
-        return None
+    direct: list[int] = []
+    pre: list[int | None] = []
+    for width, height in sizes:
+        counts = server_counts(width, height, vision.settings)
+        if counts is None:
+            return None
+        direct.append(counts[0])
+        pre.append(counts[1])
     base = prompt_length - layout.pads_in_spans
-    # A server counts every image the same way: each on its file's size (the first count), or
-    # each after its own pre-resize (the last).
-    return frozenset({base + sum(c[0] for c in per_image), base + sum(c[-1] for c in per_image)})
+    # A server counts every image of a request the same way: each on its file's size, or each
+    # after its own pre-resize (where that refuses an image, the request has no such count).
+    lengths = {base + sum(direct)}
+    if all(n is not None for n in pre):
+        lengths.add(base + sum(n for n in pre if n is not None))
+    return frozenset(lengths)
