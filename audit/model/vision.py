@@ -237,9 +237,9 @@ def sglang_qwen_size(width: int, height: int) -> tuple[int, int] | None:
     return w_bar, h_bar
 
 
-def server_counts(width: int, height: int, settings: ProcessorSettings) -> tuple[int | None, int | None] | None:
+def server_counts(width: int, height: int, settings: ProcessorSettings) -> tuple[int, int | None] | None:
     """The N a server gives this image: (on the file's size, after SGLang's own Qwen-VL
-    pre-resize), either None when that way refuses it; None when the model's processor refuses
+    pre-resize, None when that resize refuses it); None when the model's processor refuses
     the file's size. A server counts every image of a request the same one of the two ways."""
     direct = image_tokens(width, height, settings)
     if direct is None:
