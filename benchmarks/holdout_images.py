@@ -49,7 +49,7 @@ from audit.flows.session import shared_tokenizer as load_cached_tokenizer
 from audit.flows.targets import resolve_target
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.vision import sglang_qwen_size
-from benchmarks.holdout import paragraph
+from benchmarks.holdout import paragraph, random_tools
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,
@@ -144,8 +144,11 @@ def write_images(folder: Path, rng: random.Random) -> list[Picture]:
     for name, width, height in IMAGES:
         (images / f"{name}.png").write_bytes(png(width, height, rng))
         pictures.append(Picture(f"images/{name}.png", (width, height)))
-    good = (images / "photo.png").read_bytes()
-    (images / "cut.png").write_bytes(good[: len(good) * 2 // 3])
+    good = (images / "odd.png").read_bytes()
+    for n, keep in enumerate([len(good) * 2 // 3, 50, len(good) - 4, len(good) - 12, 8]):
+        (images / f"cut-{n}.png").write_bytes(good[:keep])
+    (images / "noise.png").write_bytes(bytes(rng.randrange(256) for _ in range(400)))
+    (images / "error.png").write_bytes(b'{"error": {"code": 403, "message": "Forbidden"}}')
     (images / "page.png").write_bytes(b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head>"
                                       b"<body><h1>Not Found</h1></body></html>\n")
     (images / "empty.png").write_bytes(b"")
@@ -155,9 +158,13 @@ def write_images(folder: Path, rng: random.Random) -> list[Picture]:
 def image_part(rng: random.Random, picture: Picture, named: bool) -> dict[str, Any]:
     if not named:
         return {"type": "image"}
+    reference = picture.reference
+    if not reference.startswith("data:") and rng.random() < 0.1:  # the same file named another way
+        reference = rng.choice(["https://example.com/dataset/", "/srv/vqa/"]) + reference.rsplit("/", 1)[-1]
     return rng.choice([
-        {"type": "image", "image": picture.reference},
-        {"type": "image_url", "image_url": {"url": picture.reference}},
+        {"type": "image", "image": reference},
+        {"type": "image_url", "image_url": {"url": reference}},
+        {"type": "image_url", "image_url": reference},
     ])
 
 
@@ -235,6 +242,9 @@ class Generator:
     def __init__(self, builder: Builder, folder: Path, rng: random.Random) -> None:
         self.b = builder
         self.rng = rng
+        self.folder = folder.resolve()
+        self.kwargs: dict[str, Any] | None = None
+        self.tools: list[dict[str, Any]] | None = None
         self.pictures = write_images(folder, rng)
         uri = "data:image/png;base64," + base64.b64encode(png(50, 70, rng)).decode()
         self.data_uri = Picture(uri, (50, 70))
@@ -255,8 +265,12 @@ class Generator:
         if kind == "system-prompt-dropped" and c.messages[0]["role"] != "system":
             return None
         sample = Sample(messages=c.messages, tools=None, reasoning=c.reasoning, answer=c.answer)
+        kwargs = {"add_vision_id": True} if pictures and rng.random() < 0.1 else None
+        self.kwargs = kwargs
+        self.tools = random_tools(rng) if rng.random() < 0.2 else None
+        sample.tools = self.tools
         try:
-            input_ids = b.render(sample, thinking)
+            input_ids = self.render(c.messages, thinking, kwargs)
         except Exception:  # noqa: BLE001 - the template refused the conversation
             return None
         reasoning = b.profile.prompt_reasoning(input_ids)
@@ -280,6 +294,8 @@ class Generator:
                 and sent == [p.reference for p in pictures] and prompt_tokens is None and kind in TEXT_KINDS:
             return None
         record: dict[str, Any] = {"id": draft.sample_id, "input_ids": draft.input_ids, "output_ids": draft.output_ids}
+        if sent and rng.random() < 0.05:  # absolute paths into the data file's folder
+            sent = [str(self.folder / ref) if not ref.startswith("data:") else ref for ref in sent]
         if sent:
             record["image_data"] = sent
         keep_meta = kind in ("truncated", "aborted", "meta-count-mismatch") or kind in IMAGE_KINDS and \
@@ -293,9 +309,27 @@ class Generator:
                 else len(draft.output_ids)}
         if draft.text is not None:
             record["text"] = draft.text
+        elif rng.random() < 0.3:
+            record["text"] = b.tokenizer.decode_batch([draft.output_ids])[0]
         if keep_messages:
             record["messages"] = c.messages
+            if kwargs:
+                record["chat_template_kwargs"] = kwargs
+            if self.tools:
+                record["tools"] = self.tools
         return record
+
+    def render(self, messages: list[dict[str, Any]], thinking: bool, kwargs: dict[str, Any] | None) -> list[int]:
+        """The real template's prompt, with the record's template variables (`add_vision_id`
+        writes "Picture N: " before each image)."""
+        from audit.model.templating import render_prompts
+
+        b = self.b
+        [text] = render_prompts(b.tokenizer, [messages], [self.tools], thinking=thinking, extra_kwargs=[kwargs],
+                                renderer=b.profile.prompt_renderer,
+                                template_kwargs=b.profile.profile.template_kwargs(thinking))
+        assert isinstance(text, str)
+        return b.tokenizer.encode_text(text)
 
     def corrupt(self, kind: str, c: Conversation, d: Draft, sent: list[str], keep: bool) -> tuple[bool, int | None]:
         """One image corruption applied to the draft (and the images it sends): whether the
@@ -315,10 +349,11 @@ class Generator:
         elif kind == "image-data-dropped":
             sent.clear()
         elif kind == "images-dropped-from-prompt":
-            d.input_ids = b.render(Sample(drop_images(c.messages), None, "", ""), b.profile.thinking)
+            d.input_ids = self.render(drop_images(c.messages), b.profile.thinking, None)
         elif kind in ("image-missing", "image-truncated", "image-html-page", "image-empty"):
-            name = {"image-missing": "images/never-saved.png", "image-truncated": "images/cut.png",
-                    "image-html-page": "images/page.png", "image-empty": "images/empty.png"}[kind]
+            name = {"image-missing": "images/never-saved.png", "image-truncated": f"images/cut-{rng.randrange(5)}.png",
+                    "image-html-page": rng.choice(["images/page.png", "images/error.png", "images/noise.png"]),
+                    "image-empty": "images/empty.png"}[kind]
             sent[rng.randrange(len(sent))] = name
         elif kind == "images-out-of-order":
             while sent == [p.reference for p in pictures]:
@@ -338,14 +373,17 @@ class Generator:
             d.input_ids.insert(rng.choice(starts), self.start)
         elif kind.startswith("prompt-tokens"):
             true = expanded(len(d.input_ids) - len(pictures), pictures, rng) + len(pictures)
+            # Both counts a server may give (on the files' sizes, after SGLang's pre-resize).
+            valid = {len(d.input_ids) + sum(reference_tokens(*p.size) - 1 for p in pictures),
+                     len(d.input_ids) + sum(reference_tokens(*sglang_qwen_size(*p.size)) - 1  # type: ignore[misc]
+                                            for p in pictures)}
             if kind == "prompt-tokens-unexpanded":
                 return keep, len(d.input_ids)
-            if kind == "prompt-tokens-off":
-                return keep, true + rng.choice([-3, -1, 1, 2, 17])
             other = dict(PREPROCESSOR_CONFIG, patch_size=14, size={"longest_edge": 12845056, "shortest_edge": 3136})
             counted = len(d.input_ids) + sum(reference_tokens(*p.size, config=other) - 1 for p in pictures)
-            valid = {true, len(d.input_ids) + sum(reference_tokens(*p.size) - 1 for p in pictures)}
-            while counted in valid:  # the other processor counts these images as this one does
+            if kind == "prompt-tokens-off":
+                counted = true + rng.choice([-3, -1, 1, 2, 17])
+            while counted in valid:  # the other processor (or the other way) counts it so too
                 counted += 1
             return keep, counted
         elif kind in ("typed-pad-beside-images", "typed-placeholder-beside-images"):
@@ -356,7 +394,7 @@ class Generator:
             else:
                 text = next(part for part in last["content"] if part.get("type") == "text")
                 text["text"] = f"What does {typed} mean here? " + text["text"]
-            d.input_ids = b.render(Sample(c.messages, None, "", ""), b.profile.thinking)
+            d.input_ids = self.render(c.messages, b.profile.thinking, self.kwargs)
         return keep, None
 
 

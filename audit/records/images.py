@@ -25,6 +25,9 @@ import numpy as np
 
 from audit.model.vision import ResolvedVision, server_counts
 
+# A PNG's last chunk, IEND, with its checksum: a file cut inside it still verifies.
+_PNG_END = b"IEND\xaeB`\x82"
+
 # Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
 _DECODED_PIXELS = 50_000_000
 
@@ -141,6 +144,8 @@ def image_bytes(data: bytes) -> ImageRead:
                 size = image.size
                 if image.format == "PNG":
                     image.verify()  # every chunk and its checksum, without decoding the pixels
+                    if data.rfind(_PNG_END) == -1:
+                        return ImageRead(problem="a PNG with no end chunk (IEND): cut short?")
                 elif size[0] * size[1] <= _DECODED_PIXELS:
                     image.load()  # other formats: decoded whole, which finds a cut-short file
     except UnidentifiedImageError:
