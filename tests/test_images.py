@@ -196,3 +196,84 @@ def test_the_image_holdout_is_judged_exactly(tmp_path):
     result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path)
     assert result["corrupt"] > 40 and len(result["kinds"]) > 20
     assert (result["missed"], result["alarms"], result["internal"]) == ([], [], 0)
+
+
+@pytest.fixture
+def image_server():
+    """A local HTTP server: /ok.png an image, /page.png an HTML page, anything else 404; the
+    paths asked for are recorded."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+    body = png(30, 20)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            asked.append(self.path)
+            if self.path == "/redirect.png":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/hostname")
+                self.end_headers()
+                return
+            found = {"/ok.png": body, "/page.png": b"<!DOCTYPE html><html>503</html>"}.get(self.path)
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            self.wfile.write(found or b"not found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def test_remote_images_are_fetched_only_when_asked(image_server, data_folder):
+    from audit.records import images
+
+    base, asked = image_server
+    images._fetched.cache_clear()
+    assert read_image(f"{base}/ok.png", ImageSource(data_folder)).unchecked is not None
+    assert asked == []  # never fetched unless asked
+    fetching = ImageSource(data_folder, fetch=True)
+    assert read_image(f"{base}/ok.png", fetching).size == (30, 20)
+    assert "HTTP 404" in read_image(f"{base}/gone.png", fetching).problem
+    assert "markup" in read_image(f"{base}/page.png", fetching).problem
+    # A redirect out of http(s) is not followed: the image is not checked, nothing is read.
+    redirected = read_image(f"{base}/redirect.png", fetching)
+    assert redirected.size is None and (redirected.problem or redirected.unchecked)
+    # Nothing listens there: the image is not checked, and says why.
+    assert "could not be fetched" in read_image("http://127.0.0.1:9/a.png", fetching).unchecked
+
+
+def test_check_fetches_remote_images_with_the_flag_only(image_server, tmp_path):
+    """`audit check` leaves a remote image unchecked (IMG007, a warning) and sends no request;
+    with --fetch-images an image the URL no longer serves is IMG004, an error."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from audit.records import images
+    from tests.conftest import PREPARED
+
+    base, asked = image_server
+    images._fetched.cache_clear()
+    records = [json.loads(line) for line in (PREPARED / "V1_images" / "raw_responses.jsonl").read_text().splitlines()]
+    record = next(r for r in records if r["id"] == "vqa-0000")
+    record["image_data"] = [f"{base}/gone.png"]
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "raw_responses.jsonl").write_text(json.dumps(record) + "\n")
+    command = ["check", str(folder / "raw_responses.jsonl"), "--profile", "qwen3.6", "--tokenizer",
+               str(PREPARED.parent / "tokenizers" / "qwen3.6-mini"), "--format", "json", "--report", "none"]
+    plain = CliRunner().invoke(app, command)
+    assert plain.exit_code == 0, plain.output
+    assert "IMG007" in plain.output and asked == []
+    fetched = CliRunner().invoke(app, [*command, "--fetch-images"])
+    assert fetched.exit_code == 1, fetched.output
+    assert "IMG004" in fetched.output and "HTTP 404" in fetched.output and asked == ["/gone.png"]

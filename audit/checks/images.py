@@ -308,9 +308,11 @@ class ImageNotChecked(ImageRule):
     """An image the audit did not read: a remote URL, or a path beside data in object storage.
 
     What it checks:
-        Says which `image_data` entries were not read, so that no record passes the image
-        checks unseen: an `http(s)` URL (the audit never fetches one) or a path when the data
-        file is not in a local folder. Its size, content and token count are then unknown.
+        Says which `image_data` entries were not read, once a record, so that no record passes
+        the image checks unseen: an `http(s)` URL (fetched only with `--fetch-images`; with
+        it, one the network did not answer) or a path when the data file is not in a local
+        folder. Its size, content and token count are then unknown. With `--fetch-images`, a
+        URL that answers an HTTP error or no image is IMG004's.
 
     Why it matters:
         A URL that answers with an error page today trains nothing tomorrow; an image whose
@@ -321,7 +323,8 @@ class ImageNotChecked(ImageRule):
         and content were not checked
 
     Fix:
-        Save the images beside the data file and name them by relative path.
+        Save the images beside the data file and name them by relative path, or check the
+        URLs once with `--fetch-images`.
     """
 
     code = "IMG007"

@@ -27,6 +27,7 @@ from audit.cli.app import (
     ExitZeroOption,
     FailOn,
     FailOnOption,
+    FetchImagesOption,
     JobsOption,
     NoCacheOption,
     ProfileOption,
@@ -257,6 +258,7 @@ def check(
     engine: EngineOption = Engine.local,
     shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
+    fetch_images: FetchImagesOption = False,
     trainer: TrainerOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
@@ -283,7 +285,7 @@ def check(
     root = data_root_for(data_root, targets, announce=output_format is OutputFormat.rich)
     options = check_options(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
-        engine=engine, shard_size=shard_size,
+        engine=engine, shard_size=shard_size, fetch_images=fetch_images,
     )
     options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python)
     fail_on_warning = fail_on is FailOn.warning

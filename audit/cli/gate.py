@@ -18,6 +18,7 @@ from audit.cli.app import (
     ExitZeroOption,
     FailOn,
     FailOnOption,
+    FetchImagesOption,
     NoCacheOption,
     ProfileOption,
     RulesOption,
@@ -78,6 +79,7 @@ def gate(
     engine: EngineOption = Engine.local,
     shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
+    fetch_images: FetchImagesOption = False,
 ) -> None:
     """Split TARGET into the records training may use and the ones it must not.
 
@@ -102,7 +104,7 @@ def gate(
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(
         profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache, engine=engine,
-        shard_size=shard_size,
+        shard_size=shard_size, fetch_images=fetch_images,
     )
     fail_on_warning = fail_on is FailOn.warning
     try:

@@ -151,10 +151,13 @@ class AuditCache:
 
     @classmethod
     def for_options(cls, options: Any) -> AuditCache | None:
-        """The cache a run uses, or None when `--no-cache` turned it off, or when a trainer's own
-        environment runs (`--trainer-python`: it may change under the same path unseen)."""
+        """The cache a run uses, or None when `--no-cache` turned it off, when a trainer's own
+        environment runs (`--trainer-python`: it may change under the same path unseen), or
+        when remote images are fetched (`--fetch-images`: likewise under the same URL)."""
         if not getattr(options, "cache", True) or getattr(options, "trainer_python", None) is not None:
             return None
+        if getattr(options, "fetch_images", False):
+            return None  # remote images may change under the same URL, unseen
         root = getattr(options, "cache_dir", None)
         return cls(Path(root) if root is not None else default_cache_dir())
 

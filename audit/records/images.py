@@ -3,10 +3,10 @@ per batch for the image rules (`audit.checks.images`) and the prompt count (INT0
 
 Every `image_data` entry is untrusted. A path is read only inside the data file's folder (an
 absolute path too, when it leads there): one that leads out of it (absolute, a `..` that climbs
-out, or a symlink) is a finding, never opened.
-An `http(s)` URL is never fetched (no network at run time): its image is "not checked", and
-says so. A `data:` URI is decoded in memory. An image is read with Pillow, which tells a real
-image from an empty file, an HTML error page saved under an image's name or a truncated PNG.
+out, or a symlink) is a finding, never opened. An `http(s)` URL is fetched only when the user
+asks (`--fetch-images`); else its image is "not checked", and says so. A `data:` URI is decoded
+in memory. An image is read with Pillow, which tells a real image from an empty file, an HTML
+error page saved under an image's name or a truncated PNG.
 """
 
 from __future__ import annotations
@@ -25,6 +25,10 @@ import numpy as np
 
 from audit.model.vision import ResolvedVision, server_counts
 
+# `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
+FETCH_TIMEOUT = 20
+FETCH_MAX_BYTES = 64 << 20
+
 # A PNG's last chunk, IEND, with its checksum: a file cut inside it still verifies.
 _PNG_END = b"IEND\xaeB`\x82"
 
@@ -39,14 +43,17 @@ _IMAGE_PART_TYPES = ("image", "image_url")
 @dataclass(frozen=True)
 class ImageSource:
     """Where a run reads the images its records name: the data file's folder (None when the
-    data is in object storage: relative paths are then not checked)."""
+    data is in object storage: relative paths are then not checked), and whether `http(s)`
+    URLs are fetched (only when the user asks: `--fetch-images`)."""
 
     folder: Path | None = None
+    fetch: bool = False
 
 
-def image_source(data_file: object) -> ImageSource:
+def image_source(data_file: object, fetch: bool = False) -> ImageSource:
     """Where the images of `data_file` are read: its folder, when it is a local file."""
-    return ImageSource(folder=data_file.parent) if isinstance(data_file, Path) else ImageSource()
+    folder = data_file.parent if isinstance(data_file, Path) else None
+    return ImageSource(folder=folder, fetch=fetch)
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,9 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
     """The image `entry` names, read (see the module docstring for what is refused)."""
     lowered = entry[:8].lower()
     if lowered.startswith(("http://", "https://")):
-        return ImageRead(unchecked="a remote URL: not fetched, so its size and content were not checked")
+        if source.fetch:
+            return _fetched(entry)
+        return ImageRead(unchecked="a remote URL: not fetched (--fetch-images fetches it), so its size and content were not checked")
     if lowered.startswith("data:"):
         return _from_data_uri(entry)
     if "://" in entry[:16] or lowered.startswith("file:"):
@@ -107,6 +116,33 @@ def _read_file(path: str, size: int, mtime_ns: int) -> ImageRead:
         data = Path(path).read_bytes()
     except OSError as exc:
         return ImageRead(problem=f"cannot be read ({exc.strerror or type(exc).__name__})")
+    return image_bytes(data)
+
+
+@lru_cache(maxsize=1024)
+def _fetched(url: str) -> ImageRead:
+    """The image at `url`, fetched once a process (`--fetch-images`): only over http(s), its
+    redirects too, at most FETCH_MAX_BYTES, within FETCH_TIMEOUT seconds. An HTTP error or a
+    body that is no image is a problem of the record (it cannot be replayed); a network that
+    does not answer leaves the image unchecked, and says why."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.HTTPHandler, urllib.request.HTTPSHandler, urllib.request.HTTPRedirectHandler,
+                    urllib.request.HTTPErrorProcessor, urllib.request.HTTPDefaultErrorHandler):
+        opener.add_handler(handler())
+    request = urllib.request.Request(url, headers={"User-Agent": "audit (--fetch-images)"})
+    try:
+        with opener.open(request, timeout=FETCH_TIMEOUT) as response:
+            data = response.read(FETCH_MAX_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return ImageRead(problem=f"the URL answered HTTP {exc.code} ({exc.reason}): no image to train on")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return ImageRead(unchecked=f"a remote URL that could not be fetched ({reason}): not checked")
+    if len(data) > FETCH_MAX_BYTES:
+        return ImageRead(unchecked=f"a remote image over {FETCH_MAX_BYTES >> 20} MiB: not fetched whole, not checked")
     return image_bytes(data)
 
 
