@@ -277,3 +277,25 @@ def test_check_fetches_remote_images_with_the_flag_only(image_server, tmp_path):
     fetched = CliRunner().invoke(app, [*command, "--fetch-images"])
     assert fetched.exit_code == 1, fetched.output
     assert "IMG004" in fetched.output and "HTTP 404" in fetched.output and asked == ["/gone.png"]
+
+
+def test_inspect_and_the_html_show_each_image_as_one_chip(tmp_path):
+    """The pad of each vision span is shown as the image it stands for: its image_data entry,
+    its size and N (the tokens the server expands it to); an image that cannot be read says why."""
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from tests.conftest import PREPARED
+
+    data = str(PREPARED / "V1_images")
+    shown = CliRunner().invoke(app, ["inspect", data, "--line", "4", "--print", "--all-tokens"])
+    assert shown.exit_code == 0, shown.output
+    assert "[image 1 · images/dot.png · 1x1 · N=64 tokens]" in shown.output  # scaled up to the minimum
+    assert "[image 3 · images/red.png · 8x6 · N=70 tokens]" in shown.output
+    assert shown.output.count("<|image_pad|>") == 0  # every pad is its image's chip
+    broken = CliRunner().invoke(app, ["inspect", data, "--line", "13", "--print", "--all-tokens"])
+    assert "[image 1 · images/cut.png · a damaged image" in broken.output
+    page = tmp_path / "report.html"
+    CliRunner().invoke(app, ["check", data, "--html", str(page), "--report", "none"])
+    html = page.read_text()
+    assert 'class="tok image' in html and "[image 1 · no image_data entry]" in html

@@ -14,7 +14,7 @@ import polars as pl
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.image_view import RecordImages, batch_images
-from audit.records.images import part_reference
+from audit.records.images import excerpt, part_reference
 
 
 class ImageRule(RecordRule):
@@ -40,13 +40,6 @@ class ImageRule(RecordRule):
     def judge(self, record: RecordImages) -> Sequence[tuple[int | None, str]]:
         """(position, message) of each finding on one record; none when it passes."""
         raise NotImplementedError
-
-
-def excerpt(entry: str) -> str:
-    """An `image_data` entry for a message: a data: URI by its header, anything long cut."""
-    if entry[:5].lower() == "data:":
-        return entry.partition(",")[0] + ",…"
-    return entry if len(entry) <= 80 else entry[:79] + "…"
 
 
 def _file_name(entry: str) -> str:

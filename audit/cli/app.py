@@ -162,13 +162,6 @@ NoCacheOption = Annotated[
     bool,
     typer.Option("--no-cache", help="Audit again even when an identical earlier audit is cached (.audit-cache/)."),
 ]
-FetchImagesOption = Annotated[
-    bool,
-    typer.Option(
-        "--fetch-images",
-        help="Fetch the images records name by http(s) URL, to check them (never fetched otherwise; no cache then).",
-    ),
-]
 ExitZeroOption = Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when the gate fails.")]
 
 
@@ -219,7 +212,6 @@ def check_options(
     cache: bool = True,
     engine: Engine = Engine.local,
     shard_size: str | None = None,
-    fetch_images: bool = False,
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.flows.session import CheckOptions
@@ -240,7 +232,6 @@ def check_options(
         thinking=None if thinking is None else flag_mode(thinking.value),
         rules=rules,
         prompts=prompts,
-        fetch_images=fetch_images,
     )
 
 

@@ -6,6 +6,7 @@ which prints reports in the chosen format (the writers themselves live in `audit
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -27,7 +28,6 @@ from audit.cli.app import (
     ExitZeroOption,
     FailOn,
     FailOnOption,
-    FetchImagesOption,
     JobsOption,
     NoCacheOption,
     ProfileOption,
@@ -61,6 +61,14 @@ from audit.report.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report.report import Report
 
 DEFAULT_REPORTS_DIR = Path("reports")
+
+FetchImagesOption = Annotated[
+    bool,
+    typer.Option(
+        "--fetch-images",
+        help="Fetch the images records name by http(s) URL, to check them (never fetched otherwise; no cache then).",
+    ),
+]
 
 FormatOption = Annotated[
     OutputFormat,
@@ -285,8 +293,9 @@ def check(
     root = data_root_for(data_root, targets, announce=output_format is OutputFormat.rich)
     options = check_options(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
-        engine=engine, shard_size=shard_size, fetch_images=fetch_images,
+        engine=engine, shard_size=shard_size,
     )
+    options = dataclasses.replace(options, fetch_images=fetch_images)
     options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python)
     fail_on_warning = fail_on is FailOn.warning
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 from typing import Annotated
 
@@ -18,7 +19,6 @@ from audit.cli.app import (
     ExitZeroOption,
     FailOn,
     FailOnOption,
-    FetchImagesOption,
     NoCacheOption,
     ProfileOption,
     RulesOption,
@@ -36,7 +36,7 @@ from audit.cli.app import (
     os_error,
     writing,
 )
-from audit.cli.check import FormatOption, emit, explain_shipped_sample
+from audit.cli.check import FetchImagesOption, FormatOption, emit, explain_shipped_sample
 from audit.report.formats import OutputFormat
 
 
@@ -104,8 +104,9 @@ def gate(
     root = data_root_for(data_root, [target], announce=output_format is OutputFormat.rich)
     options = check_options(
         profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache, engine=engine,
-        shard_size=shard_size, fetch_images=fetch_images,
+        shard_size=shard_size,
     )
+    options = dataclasses.replace(options, fetch_images=fetch_images)
     fail_on_warning = fail_on is FailOn.warning
     try:
         resolved = resolve_target(target, root)

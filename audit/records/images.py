@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from audit.model.vision import ResolvedVision, server_counts
+from audit.model.vision import ResolvedVision, image_tokens, server_counts
 
 # `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
 FETCH_TIMEOUT = 20
@@ -318,3 +318,54 @@ def expanded_counts(layout: VisionLayout, prompt_length: int, reads: list[ImageR
     if all(n is not None for n in pre):
         lengths.add(base + sum(n for n in pre if n is not None))
     return frozenset(lengths)
+
+
+def excerpt(entry: str) -> str:
+    """An `image_data` entry for a message: a data: URI by its header, anything long cut."""
+    if entry[:5].lower() == "data:":
+        return entry.partition(",")[0] + ",…"
+    return entry if len(entry) <= 80 else entry[:79] + "…"
+
+
+def image_chips(ids: np.ndarray, vision: ResolvedVision, entries: list[str] | None,
+                source: ImageSource) -> dict[int, str]:
+    """What `audit inspect` and the HTML show for each vision span of a prompt, in one chip at
+    its first pad: the image it stands for (the `image_data` entry of its place), the image's
+    size and N, the tokens the server expands it to; or why they are not known."""
+    entries = entries or []
+    chips: dict[int, str] = {}
+    at = np.flatnonzero(np.isin(ids, vision.ids)).tolist()
+    number = 0
+    open_at: int | None = None
+    pads: list[int] = []
+    for position in at:
+        token = int(ids[position])
+        if token == vision.start:
+            open_at, pads = position, []
+        elif token in vision.pads and open_at is not None:
+            pads.append(position)
+        elif token == vision.end and open_at is not None and pads:
+            chips[pads[0]] = _chip(number, entries, source, vision, len(pads))
+            number += 1
+            open_at = None
+    return chips
+
+
+def _chip(number: int, entries: list[str], source: ImageSource, vision: ResolvedVision, pads: int) -> str:
+    return f"[{_chip_text(number, entries, source, vision, pads)}]"
+
+
+def _chip_text(number: int, entries: list[str], source: ImageSource, vision: ResolvedVision, pads: int) -> str:
+    head = f"image {number + 1}"
+    if pads > 1:
+        head += f" ({pads} pads: expanded already)"
+    if number >= len(entries):
+        return f"{head} · no image_data entry"
+    entry = entries[number]
+    read = read_image(entry, source)
+    if read.size is None:
+        return f"{head} · {excerpt(entry)} · {read.problem or read.unchecked}"
+    width, height = read.size
+    tokens = image_tokens(width, height, vision.settings)
+    count = "refused by the processor" if tokens is None else f"N={tokens} tokens"
+    return f"{head} · {excerpt(entry)} · {width}x{height} · {count}"
