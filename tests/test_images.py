@@ -299,3 +299,29 @@ def test_inspect_and_the_html_show_each_image_as_one_chip(tmp_path):
     CliRunner().invoke(app, ["check", data, "--html", str(page), "--report", "none"])
     html = page.read_text()
     assert 'class="tok image' in html and "[image 1 · no image_data entry]" in html
+
+
+def test_export_masks_image_spans_and_says_what_the_trainers_do_with_them(tmp_path):
+    """Exported samples keep each image placeholder as the server was sent it, with loss mask 0
+    over it; one line per trainer says what it does with such rows (SpecForge 0.2.0 cannot
+    train a VLM; speculators 0.9.0 gets no image from ids alone)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from tests.conftest import PREPARED
+
+    out = tmp_path / "export"
+    result = CliRunner().invoke(app, ["export", str(PREPARED / "V1_images"), "--out", str(out), "--format", "jsonl"])
+    assert result.exit_code == 1, result.output  # the sample's corrupted records fail its gate
+    vision = {248053, 248054, 248056, 248057}
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    holding = [row for row in rows if vision & set(row["input_ids"])]
+    assert holding
+    for row in holding:
+        assert all(mask == 0 for token, mask in zip(row["input_ids"], row["loss_mask"], strict=True) if token in vision)
+    assert json.loads((out / "export.json").read_text())["counts"]["image_rows"] == len(holding)
+    text = " ".join(result.output.split())
+    assert f"SpecForge 0.2.0: cannot train on the {len(holding)} rows" in text
+    assert "speculators 0.9.0: the" in text and "no image reaches the hidden states" in text
