@@ -188,7 +188,7 @@ def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture)
     chosen = [rng.choice(pictures) for _ in range(count)]
     if count >= 2 and rng.random() < 0.2:
         chosen[1] = chosen[0]  # the same image twice
-    if count and rng.random() < 0.05:
+    if count and rng.random() < 0.1:
         chosen[0] = data_uri
     named = rng.random() < 0.8
     typed = None
@@ -294,8 +294,13 @@ class Generator:
                 and sent == [p.reference for p in pictures] and prompt_tokens is None and kind in TEXT_KINDS:
             return None
         record: dict[str, Any] = {"id": draft.sample_id, "input_ids": draft.input_ids, "output_ids": draft.output_ids}
-        if sent and rng.random() < 0.05:  # absolute paths into the data file's folder
+        spelled = rng.random()
+        if sent and spelled < 0.05:  # absolute paths into the data file's folder
             sent = [str(self.folder / ref) if not ref.startswith("data:") else ref for ref in sent]
+        elif sent and spelled < 0.08:  # file:// URLs of them
+            sent = [(self.folder / ref).as_uri() if not ref.startswith("data:") else ref for ref in sent]
+        elif sent and spelled < 0.1:  # a data: URI as bare base64, which SGLang decodes too
+            sent = [ref.partition(",")[2] if ref.startswith("data:") else ref for ref in sent]
         if sent:
             record["image_data"] = sent
         keep_meta = kind in ("truncated", "aborted", "meta-count-mismatch") or kind in IMAGE_KINDS and \

@@ -50,7 +50,9 @@ def data_folder(tmp_path):
         ("img", "not a regular file"),
         ("/etc/hostname", "absolute path outside"),
         ("C:\\images\\a.png", "absolute Windows path"),
-        ("file:///etc/hostname", "URL of a kind"),
+        ("file:///etc/hostname", "absolute path outside"),
+        ("file://host/images/a.png", "absolute path outside"),
+        ("A" * 80, "not an image format"),
         ("s3://bucket/a.png", "URL of a kind"),
         ("data:image/png;base64,@@@", "does not decode"),
         ("data:image/png,rawbytes", "not base64"),
@@ -68,6 +70,8 @@ def test_images_inside_the_folder_and_data_uris_are_read(data_folder):
     assert read_image("img/ok.png", source).size == (40, 30)
     assert read_image("img/inside.png", source).size == (40, 30)  # a symlink that stays inside
     assert read_image(str(data_folder / "img" / "ok.png"), source).size == (40, 30)  # absolute, inside
+    assert read_image((data_folder / "img" / "ok.png").as_uri(), source).size == (40, 30)  # file: URL, inside
+    assert read_image(base64.b64encode(png()).decode(), source).size == (8, 6)  # bare base64, as SGLang takes it
     assert read_image("data:image/png;base64," + base64.b64encode(png()).decode(), source).size == (8, 6)
 
 

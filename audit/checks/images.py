@@ -14,7 +14,7 @@ import polars as pl
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.image_view import RecordImages, batch_images
-from audit.records.images import excerpt, part_reference
+from audit.records.images import RAW_BASE64, excerpt, part_reference
 
 
 class ImageRule(RecordRule):
@@ -43,8 +43,11 @@ class ImageRule(RecordRule):
 
 
 def _file_name(entry: str) -> str:
-    """The last path component of a path or URL (a data: URI is its own name)."""
+    """The last path component of a path or URL; an image given inline is its base64 (a data:
+    URI's, or a bare base64 string)."""
     if entry[:5].lower() == "data:":
+        return entry.partition(",")[2]
+    if RAW_BASE64.fullmatch(entry):
         return entry
     return entry.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
@@ -177,11 +180,11 @@ class ImageUnreadable(ImageRule):
     """An image the record sends that is missing, unreadable, not an image, or outside its folder.
 
     What it checks:
-        Every `image_data` entry that is a path names a file inside the data file's folder
-        (an absolute path, a `..` or a symlink that leads out of it is refused) that Pillow
-        reads whole as an image;
-        a `data:` URI decodes to one. An empty file, an HTML error page saved under an
-        image's name and a truncated PNG are each named.
+        Every `image_data` entry that is a path (or a `file://` URL) names a file inside the
+        data file's folder (an absolute path, a `..` or a symlink that leads out of it is
+        refused) that Pillow reads whole as an image; a `data:` URI or a bare base64 string
+        decodes to one. An empty file, an HTML error page saved under an image's name and a
+        truncated PNG (cut anywhere, its end chunk too) are each named.
 
     Why it matters:
         The record cannot be replayed or exported with its image: the sample is lost, or

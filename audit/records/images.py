@@ -5,8 +5,9 @@ Every `image_data` entry is untrusted. A path is read only inside the data file'
 absolute path too, when it leads there): one that leads out of it (absolute, a `..` that climbs
 out, or a symlink) is a finding, never opened. An `http(s)` URL is fetched only when the user
 asks (`--fetch-images`); else its image is "not checked", and says so. A `data:` URI is decoded
-in memory. An image is read with Pillow, which tells a real image from an empty file, an HTML
-error page saved under an image's name or a truncated PNG.
+in memory, and so is a bare base64 string, and a `file://` URL is read as the path it names
+(both as SGLang reads them). An image is read with Pillow, which tells a real image from an
+empty file, an HTML error page saved under an image's name or a truncated PNG.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import base64
 import binascii
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
@@ -31,6 +34,11 @@ FETCH_MAX_BYTES = 64 << 20
 
 # A PNG's last chunk, IEND, with its checksum: a file cut inside it still verifies.
 _PNG_END = b"IEND\xaeB`\x82"
+
+# An image_data string SGLang 0.5.23 decodes as base64 (`srt/utils/common.py::get_image_bytes`:
+# any string that is no URL, data: URI or absolute path): of the base64 alphabet only (no
+# file suffix) and long, and no file of that name beside the data.
+RAW_BASE64 = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
 
 # Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
 _DECODED_PIXELS = 50_000_000
@@ -75,7 +83,13 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
         return ImageRead(unchecked="a remote URL: not fetched (--fetch-images fetches it), so its size and content were not checked")
     if lowered.startswith("data:"):
         return _from_data_uri(entry)
-    if "://" in entry[:16] or lowered.startswith("file:"):
+    if lowered.startswith("file://"):  # SGLang reads it as the absolute path it names
+        entry = unquote(urlparse(entry).path)
+        if not entry.startswith("/"):
+            return ImageRead(problem="a file: URL with no absolute path")
+    elif RAW_BASE64.fullmatch(entry) and not (source.folder is not None and (source.folder / entry).is_file()):
+        return _decoded(entry)  # SGLang decodes any other string as base64
+    elif "://" in entry[:16] or lowered.startswith("file:"):
         return ImageRead(problem="a URL of a kind the audit does not read: give a path relative to the data file's folder, an http(s) URL or a data: URI")
     if source.folder is None:
         return ImageRead(unchecked="a path, and the data file is not in a local folder: not checked")
@@ -152,10 +166,14 @@ def _from_data_uri(entry: str) -> ImageRead:
         return ImageRead(problem="a data: URI with no ',' before its data")
     if not header.lower().endswith(";base64"):
         return ImageRead(problem="a data: URI that is not base64 (SGLang decodes base64 images only)")
+    return _decoded(payload, "a data: URI whose base64 does not decode")
+
+
+def _decoded(payload: str, problem: str = "base64 that does not decode") -> ImageRead:
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        return ImageRead(problem="a data: URI whose base64 does not decode")
+        return ImageRead(problem=problem)
     return image_bytes(data)
 
 
