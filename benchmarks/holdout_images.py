@@ -19,9 +19,12 @@ server does: each image pad becomes N tokens, N from transformers' own Qwen2-VL 
 (the reference, not the audit's arithmetic) on the file's size, or, for some records, on the
 size SGLang's Qwen-VL processor resizes it to first.
 
-About a quarter of the records are corrupted, one kind each: the image kinds below (`IMAGE_KINDS`)
-and the text corruptions that still apply (`fixtures.family_partitions.CORRUPTIONS` for
-answers). A record is flagged when `audit check` gives it a finding at error severity. Exit 1
+Four records in ten are the text holdout's conversations (`benchmarks.holdout.random_sample`:
+tools, tool calls in the output, agentic histories with calls and results) with images added
+to their user turns. About a quarter of the records are corrupted, one kind each: the image
+kinds below (`IMAGE_KINDS`), the text corruptions that still apply to an answer
+(`fixtures.family_partitions.CORRUPTIONS`), and every corruption of the text holdout on its
+agentic conversations (`agentic:KIND`). A record is flagged when `audit check` gives it a finding at error severity. Exit 1
 unless recall is 1.0, the false-positive rate 0.0 and no internal error.
 """
 
@@ -49,13 +52,15 @@ from audit.flows.session import shared_tokenizer as load_cached_tokenizer
 from audit.flows.targets import resolve_target
 from audit.model.profiles import ResolvedProfile, load_profile
 from audit.model.vision import sglang_qwen_size
-from benchmarks.holdout import paragraph, random_tools
+from benchmarks.holdout import corruption_kinds, paragraph, random_sample, random_tools
 from fixtures.family_partitions import (
     CORRUPTIONS,
     Builder,
+    Corruption,
     Draft,
     Sample,
     load_spec,
+    output_text,
     spec_tokenizer_dir,
 )
 
@@ -85,6 +90,9 @@ TEXT_KINDS = [
     "text-edited", "text-from-parser", "truncated", "aborted", "end-of-turn-missing", "turn-joined",
     "empty-output", "token-out-of-vocabulary", "meta-count-mismatch", "repetition-loop",
 ]
+# The text holdout's corruptions of the family, on its agentic conversations (`agentic:KIND`):
+# tool calls, their arguments and results, the reasoning around them (filled by `build`).
+AGENTIC_KINDS: dict[str, Corruption] = {}
 IMAGE_KINDS = [
     "pads-pre-expanded", "placeholder-without-image", "image-without-placeholder", "image-data-dropped",
     "images-dropped-from-prompt", "image-missing", "image-truncated", "image-html-page", "image-empty",
@@ -253,9 +261,38 @@ class Generator:
         self.start = tokenizer.token_id("<|vision_start|>")
         self.end = tokenizer.token_id("<|vision_end|>")
 
+    def agentic(self) -> tuple[Conversation, Sample]:
+        """A conversation of the text holdout (tools, calls and their results, histories;
+        `benchmarks.holdout.random_sample`) with images added to its user turns, in order."""
+        rng = self.rng
+        sample = random_sample(rng, self.b.spec, self.b.profile)
+        named = rng.random() < 0.8
+        left = rng.choice([0, 1, 1, 2, 3, 5])
+        pictures: list[Picture] = []
+        users = [m for m in sample.messages if m["role"] == "user"]
+        for n, turn in enumerate(users):
+            count = left if n == len(users) - 1 else rng.randint(0, left)
+            left -= count
+            if not count:
+                continue
+            chosen = [rng.choice(self.pictures) for _ in range(count)]
+            pictures += chosen
+            text = turn["content"]
+            turn["content"] = [image_part(rng, p, named) for p in chosen] + [{"type": "text", "text": text}]
+        return Conversation(sample.messages, pictures, sample.answer or "", sample.reasoning, named), sample
+
     def record(self, kind: str | None, index: int, thinking: bool) -> dict[str, Any] | None:
         rng, b = self.rng, self.b
-        c = conversation(rng, self.pictures, self.data_uri)
+        agentic = kind in AGENTIC_KINDS or (kind is None or kind in IMAGE_KINDS) and rng.random() < 0.4
+        if agentic:
+            c, sample = self.agentic()
+            if kind in AGENTIC_KINDS:
+                needs = AGENTIC_KINDS[kind].needs
+                if (needs == "call" and sample.answer is not None) or (needs == "answer" and sample.answer is None):
+                    return None
+        else:
+            c = conversation(rng, self.pictures, self.data_uri)
+            sample = Sample(messages=c.messages, tools=None, reasoning=c.reasoning, answer=c.answer)
         pictures = list(c.pictures)
         needs_images = kind in IMAGE_KINDS and kind not in ("vision-id-in-output",)
         if needs_images and not pictures:
@@ -264,34 +301,39 @@ class Generator:
             return None
         if kind == "system-prompt-dropped" and c.messages[0]["role"] != "system":
             return None
-        sample = Sample(messages=c.messages, tools=None, reasoning=c.reasoning, answer=c.answer)
         kwargs = {"add_vision_id": True} if pictures and rng.random() < 0.1 else None
         self.kwargs = kwargs
-        self.tools = random_tools(rng) if rng.random() < 0.2 else None
-        sample.tools = self.tools
+        if not agentic:
+            sample.tools = random_tools(rng) if rng.random() < 0.2 else None
+        self.tools = sample.tools
         try:
             input_ids = self.render(c.messages, thinking, kwargs)
         except Exception:  # noqa: BLE001 - the template refused the conversation
             return None
         reasoning = b.profile.prompt_reasoning(input_ids)
-        text = (c.reasoning + "\n</think>\n\n" if reasoning == "prompt_opens" else "") + c.answer + "<|im_end|>"
+        if agentic:
+            text = output_text(b.spec, b.profile, sample, reasoning)
+        else:
+            text = (c.reasoning + "\n</think>\n\n" if reasoning == "prompt_opens" else "") + c.answer + "<|im_end|>"
         output = b.tokenizer.encode_text(text)
         draft = Draft(sample=sample, sample_id=f"vl-{index:06d}", input_ids=list(input_ids),
                       output_ids=list(output), finish={"type": "stop", "matched": output[-1]}, reasoning=reasoning)
         sent = [p.reference for p in pictures]
         keep_messages = rng.random() < 0.7
         prompt_tokens: int | None = None
-        if kind in TEXT_KINDS:
+        if kind in TEXT_KINDS or kind in AGENTIC_KINDS:
+            corruption = AGENTIC_KINDS[kind] if agentic else CORRUPTIONS[kind]
             try:
-                CORRUPTIONS[kind].apply(b, draft)
+                corruption.apply(b, draft)
             except (ValueError, IndexError, AssertionError):
                 return None
-            keep_messages = keep_messages or "TPL001" in CORRUPTIONS[kind].catches
+            keep_messages = keep_messages or bool({"TPL001", "TCL002"} & set(corruption.catches))
         elif kind is not None:
             keep_messages, prompt_tokens = self.corrupt(kind, c, draft, sent, keep_messages)
         if kind is not None and draft.input_ids == input_ids and draft.output_ids == output and \
                 draft.text is None and draft.completion_tokens is None and draft.finish["type"] == "stop" \
-                and sent == [p.reference for p in pictures] and prompt_tokens is None and kind in TEXT_KINDS:
+                and sent == [p.reference for p in pictures] and prompt_tokens is None \
+                and (kind in TEXT_KINDS or kind in AGENTIC_KINDS):
             return None
         record: dict[str, Any] = {"id": draft.sample_id, "input_ids": draft.input_ids, "output_ids": draft.output_ids}
         spelled = rng.random()
@@ -303,7 +345,7 @@ class Generator:
             sent = [ref.partition(",")[2] if ref.startswith("data:") else ref for ref in sent]
         if sent:
             record["image_data"] = sent
-        keep_meta = kind in ("truncated", "aborted", "meta-count-mismatch") or kind in IMAGE_KINDS and \
+        keep_meta = (kind or "").removeprefix("agentic:") in ("truncated", "aborted", "meta-count-mismatch") or kind in IMAGE_KINDS and \
             kind.startswith("prompt-tokens") or rng.random() < 0.85
         if keep_meta or (kind is None and c.typed and not keep_messages):
             if prompt_tokens is None:
@@ -322,6 +364,8 @@ class Generator:
                 record["chat_template_kwargs"] = kwargs
             if self.tools:
                 record["tools"] = self.tools
+        elif self.tools and rng.random() < 0.5:
+            record["tools"] = self.tools  # the declared types alone
         return record
 
     def render(self, messages: list[dict[str, Any]], thinking: bool, kwargs: dict[str, Any] | None) -> list[int]:
@@ -405,13 +449,15 @@ class Generator:
 
 def build(builder: Builder, folder: Path, records: int, seed: int, thinking: bool) -> list[Labelled]:
     rng = random.Random(seed)
+    AGENTIC_KINDS.clear()
+    AGENTIC_KINDS.update({f"agentic:{k}": c for k, c in corruption_kinds(builder.profile, builder.spec).items()})
     generator = Generator(builder, folder, rng)
-    kinds = IMAGE_KINDS + TEXT_KINDS
+    kinds = IMAGE_KINDS + TEXT_KINDS + sorted(AGENTIC_KINDS)
     out: list[Labelled] = []
     while len(out) < records:
         kind = None
         if rng.random() < 0.27:
-            kind = rng.choice(IMAGE_KINDS) if rng.random() < 0.75 else rng.choice(kinds)
+            kind = rng.choice(IMAGE_KINDS) if rng.random() < 0.6 else rng.choice(kinds)
         if kind == "prompt-thinking-off" and not thinking:
             continue
         record = generator.record(kind, len(out), thinking)
