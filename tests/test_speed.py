@@ -286,6 +286,64 @@ def test_an_image_replaced_beside_the_data_is_a_new_audit(tmp_path: Path, monkey
     assert fixed.findings.filter(pl.col("rule") == "IMG004").height == first.findings.filter(pl.col("rule") == "IMG004").height - 1
 
 
+def test_images_beside_the_data_are_known_by_their_stat_not_read(tmp_path: Path, monkeypatch) -> None:
+    """The cache key of a folder of images costs one stat a file, no read (files changed in
+    the last two seconds aside), and an image rewritten with its size and mtime kept is still
+    another key: its change time moved."""
+    import time
+
+    from audit.flows import cache
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+    from audit.records.images import ImageSource
+
+    shutil.copytree(PREPARED / "V1_images", tmp_path / "V1_images")
+    folder = tmp_path / "V1_images"
+    tokenizer = load_tokenizer(PREPARED.parent / "tokenizers" / "qwen3.6-mini")
+    context = AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer, images=ImageSource(folder))
+    monkeypatch.setattr(cache, "_RECENT_NS", 0)  # as if every file were older than two seconds
+    monkeypatch.setattr(cache.hashlib, "file_digest", lambda *a, **k: pytest.fail("an image was read"))
+    before = _describe_context(context)["images"]
+    assert _describe_context(context)["images"] == before
+    image = folder / "images" / "red.png"
+    status = image.stat()
+    time.sleep(0.05)  # past the file clock's tick
+    data = bytearray(image.read_bytes())
+    data[-20] ^= 0xFF
+    image.write_bytes(bytes(data))
+    os.utime(image, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert image.stat().st_size == status.st_size and image.stat().st_mtime_ns == status.st_mtime_ns
+    assert _describe_context(context)["images"] != before
+
+
+def test_a_recently_changed_image_is_hashed_whole(tmp_path: Path, monkeypatch) -> None:
+    """Within the file clock's tick a rewrite may leave every time as it was: a file changed in
+    the last two seconds is known by its content too."""
+    from audit.model.profiles import load_profile
+    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.records.batch import AuditContext
+    from audit.records.images import ImageSource
+
+    folder = tmp_path / "partition"
+    folder.mkdir()
+    image = folder / "a.png"
+    image.write_bytes(b"1" * 100)
+    tokenizer = load_tokenizer(PREPARED.parent / "tokenizers" / "qwen3.6-mini")
+    context = AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer, images=ImageSource(folder))
+    from audit.flows import cache
+
+    read = []
+    digest = cache.hashlib.file_digest
+    monkeypatch.setattr(cache.hashlib, "file_digest", lambda *a, **k: read.append(1) or digest(*a, **k))
+    before = _describe_context(context)["images"]
+    assert read == [1]
+    status = image.stat()
+    image.write_bytes(b"2" * 100)
+    os.utime(image, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert _describe_context(context)["images"] != before
+
+
 def test_cache_key_covers_the_image_processor_settings(tmp_path: Path) -> None:
     """The processor's settings decide each image's token count (INT005): another
     preprocessor_config.json is another key, though the tokenizer's fingerprint is the same."""

@@ -85,9 +85,25 @@ def test_sglang_pre_resize_is_one_of_the_server_counts():
     # SGLang's Qwen-VL processor rounds 100x100 to 112x112 (factor 28) before the model's
     # processor, whose own rounding to 32 then differs from 100x100's.
     assert sglang_qwen_size(100, 100) == (112, 112)
-    counts = server_counts(100, 50, QWEN2)
-    assert image_tokens(100, 50, QWEN2) in counts
-    assert image_tokens(112, 56, QWEN2) in counts
+    assert server_counts(100, 50, QWEN2) == (image_tokens(100, 50, QWEN2), image_tokens(112, 56, QWEN2))
+    assert server_counts(1, 201, QWEN2) is None  # the model's processor refuses it
+
+
+def test_a_prompt_is_counted_one_way_for_all_its_images():
+    """Every image on its file's size, or every image after SGLang's pre-resize: never a mix
+    (an image whose count is higher one way beside one whose count is lower that way)."""
+    import numpy as np
+
+    from audit.model.vision import ResolvedVision, VisionSpec
+    from audit.records.images import ImageRead, expanded_counts, vision_layout
+
+    vision = ResolvedVision(VisionSpec("<s>", "</s>", "<pad>", None, QWEN35), 1, 2, 3, None, QWEN35)
+    sizes = [(20, 16), (1000, 1000)]  # one counts more after the pre-resize, the other fewer
+    per = [server_counts(w, h, QWEN35) for w, h in sizes]
+    assert (per[0][0] - per[0][1]) * (per[1][0] - per[1][1]) < 0
+    layout = vision_layout(np.array([9, 1, 3, 2, 1, 3, 2]), vision)
+    counts = expanded_counts(layout, 7, [ImageRead(size=s) for s in sizes], vision)
+    assert counts == {5 + per[0][0] + per[1][0], 5 + per[0][1] + per[1][1]}
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import polars as pl
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.image_view import RecordImages, batch_images
-from audit.records.images import part_reference
+from audit.records.images import RAW_BASE64, excerpt, part_reference
 
 
 class ImageRule(RecordRule):
@@ -42,16 +42,12 @@ class ImageRule(RecordRule):
         raise NotImplementedError
 
 
-def excerpt(entry: str) -> str:
-    """An `image_data` entry for a message: a data: URI by its header, anything long cut."""
-    if entry[:5].lower() == "data:":
-        return entry.partition(",")[0] + ",…"
-    return entry if len(entry) <= 80 else entry[:79] + "…"
-
-
 def _file_name(entry: str) -> str:
-    """The last path component of a path or URL (a data: URI is its own name)."""
+    """The last path component of a path or URL; an image given inline is its base64 (a data:
+    URI's, or a bare base64 string)."""
     if entry[:5].lower() == "data:":
+        return entry.partition(",")[2]
+    if RAW_BASE64.fullmatch(entry):
         return entry
     return entry.split("?", 1)[0].split("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
@@ -69,8 +65,9 @@ class PlaceholderCount(ImageRule):
         number of image parts in the record's `messages` when it has them. A record that sends
         no `image_data` passes when its messages hold no image part (a user who typed the
         placeholder as text, which the server passes through: its messages type as many image
-        pads as the prompt holds); with image parts, with more pads than the messages type, or
-        with no messages to tell, its placeholders say images were dropped.
+        pads as the prompt holds, or, with no messages to tell, a `meta_info.prompt_tokens` of
+        `len(input_ids)`: the server expanded nothing); with image parts, with more pads than
+        the messages type, or with neither to tell, its placeholders say images were dropped.
 
     Why it matters:
         SGLang pairs the i-th placeholder with the i-th image: with one too many or too few the
@@ -98,6 +95,8 @@ class PlaceholderCount(ImageRule):
                 return []  # placeholder text typed in a text-only conversation: harmless
             if held == 0:
                 return []  # pads typed as text with no span: text to the server (IMG003 if images are sent)
+            if parts is None and record.counted_as_text:
+                return []  # no messages to tell, and the server counted the placeholder as text
             said = f"its messages hold {_images(len(parts))}" if parts else (
                 "it has no messages" if parts is None else f"its messages type {typed} image pad(s) as text")
             return [(None, f"input_ids hold {held} image placeholder(s) but the record sends no image_data ({said})")]
@@ -181,10 +180,11 @@ class ImageUnreadable(ImageRule):
     """An image the record sends that is missing, unreadable, not an image, or outside its folder.
 
     What it checks:
-        Every `image_data` entry that is a path names a file inside the data file's folder
-        (no absolute path, no `..` or symlink out of it) that Pillow reads whole as an image;
-        a `data:` URI decodes to one. An empty file, an HTML error page saved under an
-        image's name and a truncated PNG are each named.
+        Every `image_data` entry that is a path (or a `file://` URL) names a file inside the
+        data file's folder (an absolute path, a `..` or a symlink that leads out of it is
+        refused) that Pillow reads whole as an image; a `data:` URI or a bare base64 string
+        decodes to one. An empty file, an HTML error page saved under an image's name and a
+        truncated PNG (cut anywhere, its end chunk too) are each named.
 
     Why it matters:
         The record cannot be replayed or exported with its image: the sample is lost, or
@@ -304,9 +304,11 @@ class ImageNotChecked(ImageRule):
     """An image the audit did not read: a remote URL, or a path beside data in object storage.
 
     What it checks:
-        Says which `image_data` entries were not read, so that no record passes the image
-        checks unseen: an `http(s)` URL (the audit never fetches one) or a path when the data
-        file is not in a local folder. Its size, content and token count are then unknown.
+        Says which `image_data` entries were not read, once a record, so that no record passes
+        the image checks unseen: an `http(s)` URL (fetched only with `--fetch-images`; with
+        it, one the network did not answer) or a path when the data file is not in a local
+        folder. Its size, content and token count are then unknown. With `--fetch-images`, a
+        URL that answers an HTTP error or no image is IMG004's.
 
     Why it matters:
         A URL that answers with an error page today trains nothing tomorrow; an image whose
@@ -317,7 +319,8 @@ class ImageNotChecked(ImageRule):
         and content were not checked
 
     Fix:
-        Save the images beside the data file and name them by relative path.
+        Save the images beside the data file and name them by relative path, or check the
+        URLs once with `--fetch-images`.
     """
 
     code = "IMG007"

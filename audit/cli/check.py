@@ -7,6 +7,7 @@ which prints reports in the chosen format (the writers themselves live in `audit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Sequence
@@ -62,6 +63,14 @@ from audit.report.history import KEEP_REPORTS, dated_report_path, prune_reports
 from audit.report.report import Report
 
 DEFAULT_REPORTS_DIR = Path("reports")
+
+FetchImagesOption = Annotated[
+    bool,
+    typer.Option(
+        "--fetch-images",
+        help="Fetch the images records name by http(s) URL, to check them (never fetched otherwise; no cache then).",
+    ),
+]
 
 FormatOption = Annotated[
     OutputFormat,
@@ -275,6 +284,7 @@ def check(
     engine: EngineOption = Engine.local,
     shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
+    fetch_images: FetchImagesOption = False,
     trainer: TrainerOption = None,
     trainer_max_length: TrainerMaxLengthOption = None,
     trainer_python: TrainerPythonOption = None,
@@ -304,6 +314,7 @@ def check(
         profile, tokenizer, trust_remote_code, thinking, rules, prompts, jobs=jobs, cache=not no_cache,
         engine=engine, shard_size=shard_size,
     )
+    options = dataclasses.replace(options, fetch_images=fetch_images)
     options = with_trainer(options, trainer, trainer_max_length, reply_shape=reply_shape, python=trainer_python,
                            timeout=trainer_timeout)
     fail_on_warning = fail_on is FailOn.warning

@@ -228,6 +228,8 @@ def _print_report(source: Any) -> None:
 
 
 def _notes(counts: dict[str, Any], samples: Any) -> None:
+    from audit.flows.export import image_notes
+
     if samples.max_length is not None:
         handled = {"keep": "kept whole", "drop": f"{counts['max_length_dropped']} dropped",
                    "truncate": f"{counts['max_length_truncated']} cut to {samples.max_length}, {counts['max_length_dropped']} left with no trained token dropped"}
@@ -237,6 +239,8 @@ def _notes(counts: dict[str, Any], samples: Any) -> None:
         )
     if counts["untrained_rows"]:
         _say(f"{counts['untrained_rows']} rows have no trained token (both trainers drop such rows)")
+    for line in image_notes(counts["image_rows"]):
+        _say(line)
     if counts["unreadable_clean_records"]:
         _say(f"{counts['unreadable_clean_records']} clean records are not readable records and are not exported "
              f"(lines {', '.join(map(str, counts['unreadable_lines']))})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from enum import StrEnum
 from typing import Annotated
 
@@ -35,7 +36,7 @@ from audit.cli.app import (
     os_error,
     writing,
 )
-from audit.cli.check import FormatOption, emit, explain_shipped_sample
+from audit.cli.check import FetchImagesOption, FormatOption, emit, explain_shipped_sample
 from audit.report.formats import OutputFormat
 
 
@@ -78,6 +79,7 @@ def gate(
     engine: EngineOption = Engine.local,
     shard_size: ShardSizeOption = None,
     no_cache: NoCacheOption = False,
+    fetch_images: FetchImagesOption = False,
 ) -> None:
     """Split TARGET into the records training may use and the ones it must not.
 
@@ -104,6 +106,7 @@ def gate(
         profile, tokenizer, trust_remote_code, thinking, rules, cache=not no_cache, engine=engine,
         shard_size=shard_size,
     )
+    options = dataclasses.replace(options, fetch_images=fetch_images)
     fail_on_warning = fail_on is FailOn.warning
     try:
         resolved = resolve_target(target, root)

@@ -6,7 +6,8 @@ A result is stored under a key made of everything that decides it:
   all be restored after an edit; hashing costs a fraction of a second per 200 MB),
 * the rule set (every selected rule with its severity, thresholds and parameters),
 * the resolved profile and anything else in the audit context (e.g. `--prompts`; for a
-  family that reads images, every file beside the data file, where records name them),
+  family that reads images, every file beside the data file, where records name them, known
+  by its name, size, inode and times: one `stat` a file, see `_images_digest`),
 * the tokenizer's fingerprint (a hash of its files) and the decode/encode backend,
 * the tool: its version and a hash of its own source code, so an edited rule never reads a
   result its old code produced.
@@ -25,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,18 +103,43 @@ def _describe_context(context: AuditContext) -> dict[str, str]:
     return described
 
 
+# A file changed less than this long before the key is made is hashed whole: its times may not
+# have moved yet past those of an earlier change (file times move by the kernel's clock tick).
+_RECENT_NS = 2_000_000_000
+
+
 def _images_digest(images: ImageSource, context: AuditContext) -> str:
-    """The content of every file beside the data file, for a family that reads images (the
-    records name them by path there): an image replaced gives another key. Other families
-    read no file but the data, and their key is the folder's name only."""
+    """Every file beside the data file, for a family that reads images (the records name them
+    by path there): an image replaced, fixed or broken gives another key. Other families read no
+    file but the data, and their key is the folder's name only.
+
+    A file is known by its name, size, inode and times, not its content, so that a folder of
+    many images costs one `stat` each, not a read: its change time (`st_ctime_ns`) is set by
+    the kernel on every write and cannot be set back (`utime` sets only the access and
+    modification times), so a file edited and given its old mtime still changes the key. A
+    file changed in the last two seconds is hashed too (a change within one clock tick of
+    another leaves its times as they were)."""
     if images.folder is None or context.profile.vision is None:
         return repr(images)
     digest = hashlib.sha256(str(images.folder).encode())
-    for path in sorted(images.folder.rglob("*")):
-        if path.is_file() and path.name != DATA_FILE:
-            digest.update(b"\0" + str(path.relative_to(images.folder)).encode() + b"\0")
-            with path.open("rb") as handle:
-                digest.update(hashlib.file_digest(handle, "sha256").digest())
+    now = time.time_ns()
+    for directory, folders, files in os.walk(images.folder):
+        folders.sort()
+        for name in sorted(files):
+            path = Path(directory, name)
+            relative = str(path.relative_to(images.folder))
+            if relative == DATA_FILE:
+                continue
+            try:
+                status = path.stat()
+            except OSError:
+                digest.update(b"\0" + relative.encode() + b"\0unreadable")
+                continue
+            stamp = f"{relative}\0{status.st_size}\0{status.st_ino}\0{status.st_mtime_ns}\0{status.st_ctime_ns}"
+            digest.update(b"\0" + stamp.encode())
+            if now - max(status.st_mtime_ns, status.st_ctime_ns) < _RECENT_NS:
+                with contextlib.suppress(OSError), path.open("rb") as handle:
+                    digest.update(hashlib.file_digest(handle, "sha256").digest())
     return digest.hexdigest()
 
 
@@ -124,10 +151,13 @@ class AuditCache:
 
     @classmethod
     def for_options(cls, options: Any) -> AuditCache | None:
-        """The cache a run uses, or None when `--no-cache` turned it off, or when a trainer's own
-        environment runs (`--trainer-python`: it may change under the same path unseen)."""
+        """The cache a run uses, or None when `--no-cache` turned it off, when a trainer's own
+        environment runs (`--trainer-python`: it may change under the same path unseen), or
+        when remote images are fetched (`--fetch-images`: likewise under the same URL)."""
         if not getattr(options, "cache", True) or getattr(options, "trainer_python", None) is not None:
             return None
+        if getattr(options, "fetch_images", False):
+            return None  # remote images may change under the same URL, unseen
         root = getattr(options, "cache_dir", None)
         return cls(Path(root) if root is not None else default_cache_dir())
 

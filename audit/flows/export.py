@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from audit import __version__
 from audit.base.destinations import same_file
 from audit.base.errors import InputError
@@ -112,6 +114,7 @@ class SampleTally:
     tokens: int = 0
     trained_tokens: int = 0
     untrained_rows: int = 0  # rows with no trained token (both trainers drop such rows)
+    image_rows: int = 0  # rows whose prompt holds an image placeholder (`image_notes`)
     # per trainer, the rows its default max_length cuts and drops
     trainers: list[TrainerLengths] = field(default_factory=lambda: [TrainerLengths(t) for t in all_trainer_rules()])
 
@@ -122,6 +125,7 @@ class SampleTally:
             "tokens": self.tokens,
             "trained_tokens": self.trained_tokens,
             "untrained_rows": self.untrained_rows,
+            "image_rows": self.image_rows,
             "unreadable_clean_records": self.source.unreadable,
             "unreadable_lines": self.source.unreadable_lines,
             **{f"max_length_{name}": value for name, value in asdict(self.length).items()},
@@ -140,9 +144,34 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
         tally.tokens += len(block.values)
         tally.trained_tokens += int(trained.sum())
         tally.untrained_rows += int((trained == 0).sum())
+        vision = context.profile.vision
+        if vision is not None and block.rows:  # a row holding a vision placeholder sends images
+            hits = np.flatnonzero(np.isin(block.values, vision.ids))
+            tally.image_rows += len(np.unique(np.searchsorted(block.offsets, hits, side="right")))
         for trainer in tally.trainers:
             trainer.add(block)
         yield block
+
+
+def image_notes(rows: int) -> list[str]:
+    """What each trainer does with the rows whose prompt holds an image placeholder, one line
+    each (none when no row does). A row is the prompt as the server was sent it, one placeholder per image
+    (the loss mask is 0 over it, as over the whole prompt), and carries no image."""
+    if not rows:
+        return []
+    return [
+        # specforge==0.2.0, specforge/inference/media.py: "The current runtime does not support
+        # VLM training or media rollout inputs."
+        f"SpecForge 0.2.0: cannot train on the {rows} rows whose prompt holds an image placeholder: its runtime does not "
+        "support VLM training (specforge/inference/media.py)",
+        # speculators==0.9.0, train/data.py::build_client_item: only a row whose `messages` hold
+        # content parts is sent as messages (vLLM renders and expands them, and
+        # data_generation/vllm_client.py::extract_output drops a row whose ids differ); any
+        # other row is sent as its ids alone.
+        f"speculators 0.9.0: the {rows} rows whose prompt holds an image placeholder carry their ids, "
+        "one placeholder per image, and no messages: it sends them to vLLM as ids alone, so no image "
+        "reaches the hidden states it trains on",
+    ]
 
 
 class NothingToExport(InputError):

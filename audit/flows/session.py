@@ -59,6 +59,8 @@ class CheckOptions:
     # The server whose reply shape the conversations follow where vLLM's and SGLang's differ
     # (audit.model.trainer_rules.REPLY_SHAPES; None: vLLM's).
     trainer_reply_shape: str | None = None
+    # Fetch the images records name by http(s) URL (`--fetch-images`); never otherwise.
+    fetch_images: bool = False
 
 
 @dataclass
@@ -181,7 +183,7 @@ def prepare(target: Target, options: CheckOptions) -> Session:
     return Session(
         target=target,
         context=AuditContext(
-            profile, tokenizer, prompts=prompts, trainer=trainer, images=image_source(target.data_file)
+            profile, tokenizer, prompts=prompts, trainer=trainer, images=image_source(target.data_file, fetch=options.fetch_images)
         ),
         rule_set=rule_set,
         options=options,

@@ -19,6 +19,7 @@ No terminal code here: it is drawn by `audit.tui.detail` (rich text) and `audit.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,8 +37,9 @@ from audit.flows.token_window import TokenRun, special_tokens, token_run
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
+from audit.records.images import image_chips, image_source
 from audit.records.record_lines import LineIndex, read_record
-from audit.records.segments import token_roles, token_segments
+from audit.records.segments import ROLE_IMAGE, token_roles, token_segments
 from audit.records.sources import file_blocks
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
@@ -284,11 +286,12 @@ class Inspector:
             output_shown = token_window.output_spans(len(output_ids), [p for p, _ in pointed("output_ids")])
         prompt_at, output_at = token_window.indices(prompt_shown), token_window.indices(output_shown)
         segments = token_segments(batch)[0][output_at] if len(output_ids) else np.array([], dtype=object)
+        prompt = token_run(self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None)
         view = RecordView(
             line=line,
             id=record_id,
             findings=marks,
-            prompt=token_run(self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None),
+            prompt=self._image_chips(prompt, prompt_ids, record.get("image_data")),
             output=token_run(
                 self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments
             ),
@@ -303,6 +306,20 @@ class Inspector:
         if problem is None:
             view.comparisons = self._explanations(batch, marks)
         return view
+
+    def _image_chips(self, run: TokenRun, ids: np.ndarray, image_data: list[str] | None) -> TokenRun:
+        """The prompt's vision placeholders, each one's pad shown as one chip of the image it
+        stands for (its size and N, `audit.records.images.image_chips`), in the image role."""
+        vision = self.profile.vision
+        if vision is None or not np.isin(run.tokens["id"].to_numpy(), vision.ids).any():
+            return run
+        chips = image_chips(ids, vision, image_data, image_source(self.data_file))
+        chip = pl.col("index").is_in(list(chips))
+        tokens = run.tokens.with_columns(
+            pl.col("index").replace_strict(chips, default=pl.col("piece"), return_dtype=pl.String).alias("piece"),
+            pl.when(chip).then(pl.lit(ROLE_IMAGE)).otherwise(pl.col("role")).alias("role"),
+        )
+        return dataclasses.replace(run, tokens=tokens)
 
     def _explanations(self, batch: Batch, marks: list[FindingMark]) -> list[Explanation]:
         """What each rule with a finding here wants shown beside the record, in finding order."""

@@ -33,10 +33,11 @@ PROCESSOR_CONFIG = "preprocessor_config.json"
 # transformers' smart_resize refuses an image whose long side is over 200 times its short one.
 MAX_ASPECT_RATIO = 200
 
-# SGLang's Qwen-VL processor resizes each image before the model's processor sees it
-# (`multimodal/processors/qwen_vl.py`: `resize_image` with IMAGE_FACTOR 28, MIN_PIXELS 4*28*28
-# and MAX_PIXELS `SGLANG_IMAGE_MAX_PIXELS`, default 16384*28*28, in `environ.py`), so a server
-# may count an image from that size rather than the file's: both counts are the server's.
+# Earlier SGLang releases' Qwen-VL processor resized each image before the model's processor
+# saw it (`multimodal/processors/qwen_vl.py`: `resize_image` with IMAGE_FACTOR 28, MIN_PIXELS
+# 4*28*28 and MAX_PIXELS `SGLANG_IMAGE_MAX_PIXELS`, default 16384*28*28, in `environ.py`), so
+# such a server counts an image from that size rather than the file's; SGLang 0.5.23 keeps that
+# `smart_resize` for videos only and counts images on the file's size. Both counts are a server's.
 SGLANG_QWEN_FACTOR = 28
 SGLANG_QWEN_MIN_PIXELS = 4 * 28 * 28
 SGLANG_QWEN_MAX_PIXELS = 16384 * 28 * 28
@@ -236,14 +237,12 @@ def sglang_qwen_size(width: int, height: int) -> tuple[int, int] | None:
     return w_bar, h_bar
 
 
-def server_counts(width: int, height: int, settings: ProcessorSettings) -> frozenset[int]:
-    """Every N a server may give this image: the model's processor on the file's size, and on
-    the size SGLang's Qwen-VL processor resizes it to first. Empty when it is refused."""
-    counts = set()
+def server_counts(width: int, height: int, settings: ProcessorSettings) -> tuple[int, int | None] | None:
+    """The N a server gives this image: (on the file's size, after SGLang's own Qwen-VL
+    pre-resize, None when that resize refuses it); None when the model's processor refuses
+    the file's size. A server counts every image of a request the same one of the two ways."""
     direct = image_tokens(width, height, settings)
-    if direct is not None:
-        counts.add(direct)
+    if direct is None:
+        return None
     pre = sglang_qwen_size(width, height)
-    if pre is not None and (after := image_tokens(pre[0], pre[1], settings)) is not None:
-        counts.add(after)
-    return frozenset(counts)
+    return direct, (image_tokens(pre[0], pre[1], settings) if pre is not None else None)

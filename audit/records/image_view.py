@@ -30,6 +30,7 @@ class RecordImages:
     reads: tuple[ImageRead, ...]  # each entry of `sent`, read
     parts: list[Any] | None  # the image parts of its messages; None: no messages
     typed_pads: int | None = None  # image pads typed as text in its messages; None: no messages
+    counted_as_text: bool = False  # meta_info.prompt_tokens is len(input_ids): nothing expanded
 
     @property
     def sends_images(self) -> bool:
@@ -57,8 +58,9 @@ def _batch_images(batch: Batch) -> list[RecordImages]:
     if len(rows) == 0:
         return []
     images = batch.records["image_data"].gather(rows).to_list()
+    counted = batch.records["prompt_tokens"].gather(rows).to_list()
     found = []
-    for row, entries in zip(rows.tolist(), images, strict=True):
+    for row, entries, prompt_tokens in zip(rows.tolist(), images, counted, strict=True):
         sent = tuple(entries or ())
         found.append(
             RecordImages(
@@ -68,6 +70,7 @@ def _batch_images(batch: Batch) -> list[RecordImages]:
                 reads=tuple(read_image(entry, batch.context.images) for entry in sent),
                 parts=message_images(prompt := batch.source_prompt(row)),
                 typed_pads=typed_count(prompt, vision.spec.image_pad),
+                counted_as_text=prompt_tokens == flat.offsets[row + 1] - flat.offsets[row],
             )
         )
     return found

@@ -1,11 +1,13 @@
 """The images a record sends (`image_data`) and the vision placeholders of its prompt, read once
 per batch for the image rules (`audit.checks.images`) and the prompt count (INT005).
 
-Every `image_data` entry is untrusted. A path is read only inside the data file's folder: an
-absolute path, a `..` that climbs out, or a symlink that leads out is a finding, never opened.
-An `http(s)` URL is never fetched (no network at run time): its image is "not checked", and
-says so. A `data:` URI is decoded in memory. An image is read with Pillow, which tells a real
-image from an empty file, an HTML error page saved under an image's name or a truncated PNG.
+Every `image_data` entry is untrusted. A path is read only inside the data file's folder (an
+absolute path too, when it leads there): one that leads out of it (absolute, a `..` that climbs
+out, or a symlink) is a finding, never opened. An `http(s)` URL is fetched only when the user
+asks (`--fetch-images`); else its image is "not checked", and says so. A `data:` URI is decoded
+in memory, and so is a bare base64 string, and a `file://` URL is read as the path it names
+(both as SGLang reads them). An image is read with Pillow, which tells a real image from an
+empty file, an HTML error page saved under an image's name or a truncated PNG.
 """
 
 from __future__ import annotations
@@ -14,15 +16,29 @@ import base64
 import binascii
 import io
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
-from audit.model.vision import ResolvedVision, server_counts
+from audit.model.vision import ResolvedVision, image_tokens, server_counts
+
+# `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
+FETCH_TIMEOUT = 20
+FETCH_MAX_BYTES = 64 << 20
+
+# A PNG's last chunk, IEND, with its checksum: a file cut inside it still verifies.
+_PNG_END = b"IEND\xaeB`\x82"
+
+# An image_data string SGLang 0.5.23 decodes as base64 (`srt/utils/common.py::get_image_bytes`:
+# any string that is no URL, data: URI or absolute path): of the base64 alphabet only (no
+# file suffix) and long, and no file of that name beside the data.
+RAW_BASE64 = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
 
 # Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
 _DECODED_PIXELS = 50_000_000
@@ -35,14 +51,17 @@ _IMAGE_PART_TYPES = ("image", "image_url")
 @dataclass(frozen=True)
 class ImageSource:
     """Where a run reads the images its records name: the data file's folder (None when the
-    data is in object storage: relative paths are then not checked)."""
+    data is in object storage: relative paths are then not checked), and whether `http(s)`
+    URLs are fetched (only when the user asks: `--fetch-images`)."""
 
     folder: Path | None = None
+    fetch: bool = False
 
 
-def image_source(data_file: object) -> ImageSource:
+def image_source(data_file: object, fetch: bool = False) -> ImageSource:
     """Where the images of `data_file` are read: its folder, when it is a local file."""
-    return ImageSource(folder=data_file.parent) if isinstance(data_file, Path) else ImageSource()
+    folder = data_file.parent if isinstance(data_file, Path) else None
+    return ImageSource(folder=folder, fetch=fetch)
 
 
 @dataclass(frozen=True)
@@ -59,21 +78,29 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
     """The image `entry` names, read (see the module docstring for what is refused)."""
     lowered = entry[:8].lower()
     if lowered.startswith(("http://", "https://")):
-        return ImageRead(unchecked="a remote URL: not fetched, so its size and content were not checked")
+        if source.fetch:
+            return _fetched(entry)
+        return ImageRead(unchecked="a remote URL: not fetched (--fetch-images fetches it), so its size and content were not checked")
     if lowered.startswith("data:"):
         return _from_data_uri(entry)
-    if "://" in entry[:16] or lowered.startswith("file:"):
+    if lowered.startswith("file://"):  # SGLang reads it as the absolute path it names
+        entry = unquote(urlparse(entry).path)
+        if not entry.startswith("/"):
+            return ImageRead(problem="a file: URL with no absolute path")
+    elif RAW_BASE64.fullmatch(entry) and not (source.folder is not None and (source.folder / entry).is_file()):
+        return _decoded(entry)  # SGLang decodes any other string as base64
+    elif "://" in entry[:16] or lowered.startswith("file:"):
         return ImageRead(problem="a URL of a kind the audit does not read: give a path relative to the data file's folder, an http(s) URL or a data: URI")
     if source.folder is None:
         return ImageRead(unchecked="a path, and the data file is not in a local folder: not checked")
     if not entry or "\0" in entry:
         return ImageRead(problem="an empty path" if not entry else "a path holding a NUL byte")
-    if os.path.isabs(entry) or entry.startswith(("/", "\\")) or (len(entry) > 1 and entry[1] == ":"):
-        return ImageRead(problem="an absolute path: images are read only inside the data file's folder; give a relative path")
-    return _from_file(str(source.folder), entry)
+    if entry.startswith("\\") or (len(entry) > 1 and entry[1] == ":"):
+        return ImageRead(problem="an absolute Windows path: images are read only inside the data file's folder; give a relative path")
+    return _from_file(str(source.folder), entry, absolute=os.path.isabs(entry))
 
 
-def _from_file(folder: str, entry: str) -> ImageRead:
+def _from_file(folder: str, entry: str, absolute: bool = False) -> ImageRead:
     root = Path(folder).resolve()
     path = Path(folder) / entry
     try:
@@ -81,6 +108,8 @@ def _from_file(folder: str, entry: str) -> ImageRead:
     except (OSError, RuntimeError):
         return ImageRead(problem="a path that cannot be resolved (a symlink loop?)")
     if not resolved.is_relative_to(root):
+        if absolute:
+            return ImageRead(problem="an absolute path outside the data file's folder: refused, never opened; give a path relative to the folder")
         return ImageRead(problem="a path that leads outside the data file's folder: refused, never opened")
     try:
         status = resolved.stat()
@@ -104,16 +133,47 @@ def _read_file(path: str, size: int, mtime_ns: int) -> ImageRead:
     return image_bytes(data)
 
 
+@lru_cache(maxsize=1024)
+def _fetched(url: str) -> ImageRead:
+    """The image at `url`, fetched once a process (`--fetch-images`): only over http(s), its
+    redirects too, at most FETCH_MAX_BYTES, within FETCH_TIMEOUT seconds. An HTTP error or a
+    body that is no image is a problem of the record (it cannot be replayed); a network that
+    does not answer leaves the image unchecked, and says why."""
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.OpenerDirector()
+    for handler in (urllib.request.HTTPHandler, urllib.request.HTTPSHandler, urllib.request.HTTPRedirectHandler,
+                    urllib.request.HTTPErrorProcessor, urllib.request.HTTPDefaultErrorHandler):
+        opener.add_handler(handler())
+    request = urllib.request.Request(url, headers={"User-Agent": "audit (--fetch-images)"})
+    try:
+        with opener.open(request, timeout=FETCH_TIMEOUT) as response:
+            data = response.read(FETCH_MAX_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return ImageRead(problem=f"the URL answered HTTP {exc.code} ({exc.reason}): no image to train on")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        return ImageRead(unchecked=f"a remote URL that could not be fetched ({reason}): not checked")
+    if len(data) > FETCH_MAX_BYTES:
+        return ImageRead(unchecked=f"a remote image over {FETCH_MAX_BYTES >> 20} MiB: not fetched whole, not checked")
+    return image_bytes(data)
+
+
 def _from_data_uri(entry: str) -> ImageRead:
     header, comma, payload = entry.partition(",")
     if not comma:
         return ImageRead(problem="a data: URI with no ',' before its data")
     if not header.lower().endswith(";base64"):
         return ImageRead(problem="a data: URI that is not base64 (SGLang decodes base64 images only)")
+    return _decoded(payload, "a data: URI whose base64 does not decode")
+
+
+def _decoded(payload: str, problem: str = "base64 that does not decode") -> ImageRead:
     try:
         data = base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        return ImageRead(problem="a data: URI whose base64 does not decode")
+        return ImageRead(problem=problem)
     return image_bytes(data)
 
 
@@ -138,6 +198,8 @@ def image_bytes(data: bytes) -> ImageRead:
                 size = image.size
                 if image.format == "PNG":
                     image.verify()  # every chunk and its checksum, without decoding the pixels
+                    if data.rfind(_PNG_END) == -1:
+                        return ImageRead(problem="a PNG with no end chunk (IEND): cut short?")
                 elif size[0] * size[1] <= _DECODED_PIXELS:
                     image.load()  # other formats: decoded whole, which finds a cut-short file
     except UnidentifiedImageError:
@@ -259,10 +321,69 @@ def expanded_counts(layout: VisionLayout, prompt_length: int, reads: list[ImageR
     sizes = [read.size for read in reads if read.size is not None]
     if len(sizes) != len(reads):
         return None
-    per_image = [sorted(server_counts(width, height, vision.settings)) for width, height in sizes]
-    if any(not counts for counts in per_image):
-        return None
+    direct: list[int] = []
+    pre: list[int | None] = []
+    for width, height in sizes:
+        counts = server_counts(width, height, vision.settings)
+        if counts is None:
+            return None
+        direct.append(counts[0])
+        pre.append(counts[1])
     base = prompt_length - layout.pads_in_spans
-    # A server counts every image the same way: each on its file's size (the first count), or
-    # each after its own pre-resize (the last).
-    return frozenset({base + sum(c[0] for c in per_image), base + sum(c[-1] for c in per_image)})
+    # A server counts every image of a request the same way: each on its file's size, or each
+    # after its own pre-resize (where that refuses an image, the request has no such count).
+    lengths = {base + sum(direct)}
+    if all(n is not None for n in pre):
+        lengths.add(base + sum(n for n in pre if n is not None))
+    return frozenset(lengths)
+
+
+def excerpt(entry: str) -> str:
+    """An `image_data` entry for a message: a data: URI by its header, anything long cut."""
+    if entry[:5].lower() == "data:":
+        return entry.partition(",")[0] + ",…"
+    return entry if len(entry) <= 80 else entry[:79] + "…"
+
+
+def image_chips(ids: np.ndarray, vision: ResolvedVision, entries: list[str] | None,
+                source: ImageSource) -> dict[int, str]:
+    """What `audit inspect` and the HTML show for each vision span of a prompt, in one chip at
+    its first pad: the image it stands for (the `image_data` entry of its place), the image's
+    size and N, the tokens the server expands it to; or why they are not known."""
+    entries = entries or []
+    chips: dict[int, str] = {}
+    at = np.flatnonzero(np.isin(ids, vision.ids)).tolist()
+    number = 0
+    open_at: int | None = None
+    pads: list[int] = []
+    for position in at:
+        token = int(ids[position])
+        if token == vision.start:
+            open_at, pads = position, []
+        elif token in vision.pads and open_at is not None:
+            pads.append(position)
+        elif token == vision.end and open_at is not None and pads:
+            chips[pads[0]] = _chip(number, entries, source, vision, len(pads))
+            number += 1
+            open_at = None
+    return chips
+
+
+def _chip(number: int, entries: list[str], source: ImageSource, vision: ResolvedVision, pads: int) -> str:
+    return f"[{_chip_text(number, entries, source, vision, pads)}]"
+
+
+def _chip_text(number: int, entries: list[str], source: ImageSource, vision: ResolvedVision, pads: int) -> str:
+    head = f"image {number + 1}"
+    if pads > 1:
+        head += f" ({pads} pads: expanded already)"
+    if number >= len(entries):
+        return f"{head} · no image_data entry"
+    entry = entries[number]
+    read = read_image(entry, source)
+    if read.size is None:
+        return f"{head} · {excerpt(entry)} · {read.problem or read.unchecked}"
+    width, height = read.size
+    tokens = image_tokens(width, height, vision.settings)
+    count = "refused by the processor" if tokens is None else f"N={tokens} tokens"
+    return f"{head} · {excerpt(entry)} · {width}x{height} · {count}"

@@ -206,10 +206,12 @@ def _field_problem(value: dict[str, Any]) -> str | None:
         if prompt is not None and not (isinstance(prompt, list) and all(isinstance(m, dict) for m in prompt)):
             return f"{name} must be a list of objects, got {_shown(prompt)}"
     images = value.get("image_data")
-    if images is not None and not (isinstance(images, list) and all(isinstance(i, str) for i in images)):
+    if images is not None and not isinstance(images, str) and not (
+        isinstance(images, list) and all(isinstance(i, str) for i in images)
+    ):
         return (
             "image_data must be a list of strings (a path relative to the data file's folder, an "
-            f"http(s) URL or a data: URI, one per image placeholder), got {_shown(images)}"
+            f"http(s) URL or a data: URI, one per image placeholder), or one such string, got {_shown(images)}"
         )
     return meta_info_problem(value.get("meta_info"))
 

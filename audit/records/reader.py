@@ -10,7 +10,8 @@ One JSON object per line (SGLang `/generate` output saved raw):
     text          optional, the server's decoded text
     image_data    optional, the images sent with the prompt, in placeholder order: a list of
                   strings (a path relative to the data file's folder, an http(s) URL or a
-                  data: URI), as SGLang's `GenerateReqInput.image_data` takes them
+                  data: URI), or one such string for one image, as SGLang's
+                  `GenerateReqInput.image_data` takes them
     messages, tools optional, the source prompt: kept as the line's raw text in `source`
                   (only for lines that have them, and only when a rule reads it: the
                   template-fidelity rule, and the tool-call rules for declared types)
@@ -225,7 +226,8 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         pl.Series("finish_message", finish("message"), dtype=pl.String()),
         pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
         pl.Series("completion_tokens", meta("completion_tokens"), dtype=pl.Int64(), strict=True),
-        pl.Series("image_data", [value.get("image_data") for value in values], dtype=pl.List(pl.String())),
+        # One string is one image, as SGLang's GenerateReqInput.image_data takes it.
+        pl.Series("image_data", [_listed(value.get("image_data")) for value in values], dtype=pl.List(pl.String())),
         pl.Series(
             "source",
             [source_prompt(value) for value in values] if keep_source else [None] * len(values),
@@ -317,3 +319,8 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Rejected
         ).iter_rows()
     ]
     return records.filter(~flagged).drop("_prompt_ids", "_input_ids"), refused
+
+
+def _listed(images: Any) -> Any:
+    """`image_data` as a list: one string is a list of one."""
+    return [images] if isinstance(images, str) else images

@@ -44,6 +44,7 @@ ROLE_END_OF_TURN = "end_of_turn"
 ROLE_EOS = "eos"
 ROLE_TOOL = "tool"  # prefixed: tool:section_begin, tool:call_begin, ...
 ROLE_SPECIAL = "special"  # a special token of the tokenizer the profile gives no role
+ROLE_IMAGE = "image"  # a vision placeholder's tokens, its pad shown as the image's chip (inspect, HTML)
 
 SPANS_SCHEMA: dict[str, pl.DataType] = {
     "row": pl.UInt32(),

@@ -23,6 +23,7 @@ from audit.flows.token_window import ROLE_UNKNOWN, TokenRun
 from audit.records.segments import (
     ROLE_END_OF_TURN,
     ROLE_EOS,
+    ROLE_IMAGE,
     ROLE_RESPONSE,
     ROLE_SPECIAL,
     ROLE_THINK,
@@ -41,6 +42,7 @@ ROLE_STYLE = {
     ROLE_TOOL: "bold yellow",
     ROLE_SPECIAL: "cyan",
     ROLE_UNKNOWN: "bold white on red",
+    ROLE_IMAGE: "bold black on bright_cyan",
 }
 ROLE_LABEL = {
     ROLE_THINK: "think",
@@ -50,6 +52,7 @@ ROLE_LABEL = {
     ROLE_TOOL: "tool marker",
     ROLE_SPECIAL: "special",
     ROLE_UNKNOWN: "not in vocabulary",
+    ROLE_IMAGE: "image",
 }
 SEGMENT_STYLE = {
     SEGMENT_PROMPT: "grey50",
@@ -104,7 +107,8 @@ class _TokenBlock:
         text.append("▌ ", style=SEGMENT_STYLE.get(segment, ""))
         text.append(f"{index:>7} ", style="dim")
         text.append(f"{token_id:>7}  ")
-        shown = shown_piece(piece)
+        # An image's chip is text of the audit's own (escaped: it names the image_data entry).
+        shown = terminal(piece) if role == ROLE_IMAGE else shown_piece(piece)
         # Pad only when a role or a finding follows, so printed rows carry no trailing blanks.
         text.append(f"{shown:<28}" if role is not None or rules else shown, style=role_style(role) or None)
         if role is not None:

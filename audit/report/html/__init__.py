@@ -380,6 +380,7 @@ svg .dots circle { fill: var(--accent); fill-opacity: 0.55; }
   padding: 6px 8px; }
 .tok { white-space: pre; border: 1px solid #d5dae1; border-radius: 3px; padding: 0 2px; background: #fff; }
 .tok.special { background: #e7efff; border-color: #7a9ad6; color: #1d3f7a; font-weight: 600; }
+.tok.image { background: #e0f7f4; border-color: #2a9d8f; color: #14514a; font-weight: 600; }
 .tok.unknown { background: #fde7e7; border-color: var(--fail); color: var(--fail); }
 .tok.hit { outline: 2px solid var(--fail); outline-offset: 1px; background: #fff1c2; }
 .seg { display: inline-flex; flex-wrap: wrap; gap: 4px 2px; padding-bottom: 2px; border-bottom: 3px solid #c7ccd3; }

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from audit.base.errors import ConfigError
@@ -26,6 +27,7 @@ from audit.model.thinking_modes import MIXED
 from audit.model.token_text import token_strings
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
+from audit.records.images import ImageSource, image_chips, image_source
 from audit.records.record_lines import read_record
 from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
 from audit.records.sources import InputDigest, file_blocks
@@ -45,7 +47,7 @@ class Token:
     index: int  # position in the field's id list
     id: int
     text: str
-    kind: str  # "text" | "special" | "unknown" (not in the vocabulary)
+    kind: str  # "text" | "special" | "unknown" (not in the vocabulary) | "image" (a vision pad's chip)
     segment: str = SEGMENT_PROMPT  # prompt, reasoning, answer, tool_calls
 
 
@@ -109,8 +111,9 @@ def collect_samples(
     records = _records(lines, profile, tokenizer)
     roles = token_roles(profile, tokenizer) if profile is not None else dict.fromkeys(tokenizer.special_ids, "")
     samples: list[Sample] = []
+    images = image_source(path)
     for row in chosen.iter_rows(named=True):  # a handful of rows: rules x per_rule
-        samples.append(_cut(row, lines.get(row["line"]), records, window))
+        samples.append(_cut(row, lines.get(row["line"]), records, window, images))
     _decode(samples, tokenizer, frozenset(roles))
     by_rule: dict[str, list[Sample]] = {}
     for sample in samples:
@@ -191,7 +194,7 @@ def _read_lines(path: AnyPath, wanted: set[int], *, full_pass: bool) -> tuple[di
     return found, digest.sha256 if digest is not None else ""
 
 
-def _cut(row: dict, raw: bytes | None, records: _Records, window: int) -> Sample:
+def _cut(row: dict, raw: bytes | None, records: _Records, window: int, images: ImageSource) -> Sample:
     sample = Sample(
         rule=row["rule"],
         line=row["line"],
@@ -226,6 +229,13 @@ def _cut(row: dict, raw: bytes | None, records: _Records, window: int) -> Sample
         Token(index, ids[index], "", "text", SEGMENT_PROMPT if segments is None else str(segments[index]))
         for index in range(start, stop)
     ]
+    vision = batch.profile.vision
+    if name == "input_ids" and vision is not None:
+        entries = batch.records["image_data"][at]
+        chips = image_chips(np.asarray(ids, dtype=np.int64), vision, entries.to_list() if entries is not None else None,
+                            images)
+        sample.tokens = [dataclasses.replace(t, text=chips[t.index], kind="image") if t.index in chips else t
+                         for t in sample.tokens]
     rule = RULES.get(sample.rule)
     if rule is not None and row["line"] in records.readable:
         sample.explanation = rule().explain(batch, at, position)
@@ -239,7 +249,7 @@ def _decode(samples: list[Sample], tokenizer: Tokenizer, specials: frozenset[int
     pieces = dict(zip(ids, token_strings(tokenizer, ids), strict=True)) if ids else {}
     for sample in samples:
         sample.tokens = [
-            Token(
+            t if t.kind == "image" else Token(  # an image's chip (`_cut`) is shown as it is
                 t.index,
                 t.id,
                 pieces.get(t.id, ""),
