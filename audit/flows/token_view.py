@@ -37,7 +37,7 @@ from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.record_lines import LineIndex, read_record
-from audit.records.segments import token_roles, token_segments
+from audit.records.segments import sequence_roles, token_roles, token_segments
 from audit.records.sources import file_blocks
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
@@ -186,6 +186,7 @@ class Inspector:
         self._index: LineIndex | None = None
         self._views: OrderedDict[tuple[int, bool], RecordView] = OrderedDict()
         roles = token_roles(profile, tokenizer)
+        self._role_of = roles
         self._roles = pl.DataFrame(
             {"id": list(roles), "role": list(roles.values())}, schema={"id": pl.Int64, "role": pl.String}
         )
@@ -288,9 +289,13 @@ class Inspector:
             line=line,
             id=record_id,
             findings=marks,
-            prompt=token_run(self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None),
+            prompt=token_run(
+                self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None,
+                sequence_roles(self.profile, self._role_of, prompt_ids),
+            ),
             output=token_run(
-                self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments
+                self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments,
+                sequence_roles(self.profile, self._role_of, output_ids),
             ),
             finish_reason=_finish_text(record),
             problem=problem,

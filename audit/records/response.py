@@ -130,14 +130,14 @@ def _bounds(batch: Batch) -> pl.DataFrame:
         # A `<think>` lost but its `</think>` kept: the reasoning still ran from the start.
         opened = _first(markers, [profile.think_start])
         model_opens = state == REASONING_STATES.index("model_opens")
-        start = np.where(model_opens & (opened != ABSENT), opened + 1, start)
+        start = np.where(model_opens & (opened != ABSENT), opened + profile.width(profile.think_start), start)
         has_start |= model_opens & ((opened != ABSENT) | has_close)
         may_open = state == REASONING_STATES.index("may_open")
-        flat = batch.output_flat
+        flat = batch.marker_flat
         own_think = np.zeros(batch.height, dtype=bool)
         nonempty = flat.lengths > 0
         own_think[nonempty] = flat.values[flat.offsets[:-1][nonempty]] == profile.think_start
-        start = np.where(may_open, own_think.astype(np.int64), start)
+        start = np.where(may_open, own_think.astype(np.int64) * profile.width(profile.think_start), start)
         has_start |= may_open
 
     spec = profile.tool_calls
@@ -146,7 +146,9 @@ def _bounds(batch: Batch) -> pl.DataFrame:
     by_end = has_start & ~has_close & ~closed_by_call
     reasoning_end = np.select([by_close, by_call], [close, entry], end)
     has_reasoning_end = by_close | by_call | (by_end & present)
-    answer_start = np.select([~has_start, by_close, by_call], [0, close + 1, entry], 0)
+    # The answer starts after the whole response marker (one id, or a sequence's).
+    close_width = profile.width(profile.think_end) if profile.think_end is not None else 1
+    answer_start = np.select([~has_start, by_close, by_call], [0, close + close_width, entry], 0)
     has_answer_start = ~has_start | by_close | by_call
     # The greater of the two that are known (polars' max_horizontal).
     answer_end = np.where(present & has_answer_start, np.maximum(end, answer_start), np.where(present, end, answer_start))
