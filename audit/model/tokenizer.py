@@ -341,3 +341,21 @@ class Tokenizer(FastPaths):
         if self._tiktoken is not None:
             return self._tiktoken.encode_batch(list(texts), allowed_special="all")
         return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+
+    def encode_batch_as_text(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts with special-token strings NOT recognised (each is its characters'
+        tokens), no BOS/EOS added: how Kimi-K3's encoder encodes content (`allow_special_tokens=False`),
+        so a message that spells a marker never yields the marker's id. An added token that is
+        not special (`"special": false`) is still matched by a `tokenizers` backend."""
+        if not texts:
+            return []
+        if self._has_backend:
+            backend = self._fast
+            backend.encode_special_tokens = True
+            try:
+                return [e.ids for e in backend.encode_batch(list(texts), add_special_tokens=False)]
+            finally:
+                backend.encode_special_tokens = False
+        if self._tiktoken is not None:
+            return self._tiktoken.encode_batch(list(texts), allowed_special=set(), disallowed_special=())
+        return [self.hf.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts]

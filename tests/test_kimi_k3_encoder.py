@@ -1,0 +1,245 @@
+"""Kimi-K3's built-in encoder renders what the checkpoint's `encoding_k3.py` renders.
+
+The exact strings are those the public ports of `encoding_k3.py` test (see the module's
+docstring); the ids come from a stand-in tokenizer: Kimi-K2.5's fixture with the four XTML
+markers at their real ids (163586-163589), made here in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from audit.model.encoders import ENCODERS, EncoderError, SegmentedPrompt, kimi_k3, xtml
+from audit.model.templating import (
+    RENDERERS,
+    encode_prompts,
+    prompt_ids,
+    render_prompts,
+    render_variants,
+)
+from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+EFFORT_MAX = (
+    '<|open|>message role="system" type="thinking-effort"<|sep|>`thinking_effort` guides on how much '
+    "to think in your thinking channel (not including the response channel), supported values include "
+    "`low`, `medium`, `high`, and `max`.\nNow the system is invoked with `thinking_effort=max`."
+    "<|close|>message<|sep|><|end_of_msg|>"
+)
+USER_HI = '<|open|>message role="user"<|sep|>hi<|close|>message<|sep|><|end_of_msg|>'
+OPEN_THINK = '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>'
+OPEN_RESPONSE = '<|open|>message role="assistant"<|sep|><|open|>response<|sep|>'
+TOOL = {
+    "type": "function",
+    "function": {"name": "search", "description": "Search.", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    """Kimi-K2.5's fixture tokenizer with `<|end_of_msg|>`, `<|open|>`, `<|close|>`, `<|sep|>`
+    at Kimi-K3's ids, in place of the K2.5 tokens there."""
+    kimi_k3_mini = ROOT / "fixtures" / "tokenizers" / "kimi-k3-mini"
+    if kimi_k3_mini.is_dir():
+        return load_tokenizer(kimi_k3_mini)
+    source = ROOT / "fixtures" / "tokenizers" / "kimi-k2.5-mini"
+    folder = tmp_path_factory.mktemp("kimi-k3-standin")
+    names = {str(number): marker for marker, number in xtml.MARKER_IDS.items()}
+    backend = json.loads((source / "tokenizer.json").read_text())
+    for token in backend["added_tokens"]:
+        token["content"] = names.get(str(token["id"]), token["content"])
+    vocab = backend["model"]["vocab"]
+    for text, number in list(vocab.items()):
+        if str(number) in names:
+            del vocab[text]
+            vocab[names[str(number)]] = number
+    (folder / "tokenizer.json").write_text(json.dumps(backend))
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    for number, token in config.get("added_tokens_decoder", {}).items():
+        token["content"] = names.get(number, token["content"])
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return load_tokenizer(folder)
+
+
+def test_first_turn_with_thinking_and_a_system_prompt() -> None:
+    messages = [{"role": "system", "content": "be nice"}, {"role": "user", "content": "hi"}]
+    assert kimi_k3.render(messages, thinking=True) == (
+        EFFORT_MAX
+        + '<|open|>message role="system"<|sep|>be nice<|close|>message<|sep|><|end_of_msg|>'
+        + USER_HI
+        + OPEN_THINK
+    )
+
+
+def test_without_thinking_no_effort_note_and_the_response_channel_opens() -> None:
+    text = kimi_k3.render([{"role": "user", "content": "hi"}], thinking=False)
+    assert text == USER_HI + OPEN_RESPONSE
+
+
+def test_past_turns_keep_their_think_channel_empty_or_not() -> None:
+    messages = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "sure", "reasoning_content": "they said again"},
+        {"role": "user", "content": "how are you"},
+    ]
+    assert kimi_k3.render(messages, thinking=True) == (
+        EFFORT_MAX
+        + USER_HI
+        + '<|open|>message role="assistant"<|sep|><|open|>think<|sep|><|close|>think<|sep|>'
+        "<|open|>response<|sep|>hello<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        '<|open|>message role="user"<|sep|>again<|close|>message<|sep|><|end_of_msg|>'
+        '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>they said again<|close|>think<|sep|>'
+        "<|open|>response<|sep|>sure<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        '<|open|>message role="user"<|sep|>how are you<|close|>message<|sep|><|end_of_msg|>' + OPEN_THINK
+    )
+    off = kimi_k3.render(messages, thinking=False)
+    assert "think" not in off and "they said again" not in off
+
+
+def test_tools_are_declared_first_and_calls_and_results_render_as_xtml() -> None:
+    messages = [
+        {"role": "user", "content": "find"},
+        {
+            "role": "assistant",
+            "content": None,
+            "reasoning_content": "look it up",
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "search", "arguments": '{"q": "x", "n": 2}'}},
+                {"id": "b", "type": "function", "function": {"name": "open", "arguments": {"ok": True, "v": None}}},
+            ],
+        },
+        # results given out of order: put into the order of the calls, named by them
+        {"role": "tool", "tool_call_id": "b", "content": "opened"},
+        {"role": "tool", "tool_call_id": "a", "content": "found"},
+    ]
+    text = kimi_k3.render(messages, [TOOL], thinking=True, thinking_effort="low")
+    declare = (
+        '<|open|>message role="system" type="tool-declare"<|sep|># Tools\nHere are the available tools, '
+        'described in JSONSchema.\n\n```json\n[{"function":{"description":"Search.","name":"search",'
+        '"parameters":{"properties":{},"type":"object"}},"type":"function"}]\n```'
+        "<|close|>message<|sep|><|end_of_msg|>"
+    )
+    assert text.startswith(declare + '<|open|>message role="system" type="thinking-effort"<|sep|>')
+    assert "`thinking_effort=low`" in text
+    assert text.endswith(
+        '<|open|>message role="assistant"<|sep|><|open|>think<|sep|>look it up<|close|>think<|sep|>'
+        "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="search" index="1"<|sep|>'
+        '<|open|>argument key="q" type="string"<|sep|>x<|close|>argument<|sep|>'
+        '<|open|>argument key="n" type="number"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|>'
+        '<|open|>call tool="open" index="2"<|sep|>'
+        '<|open|>argument key="ok" type="boolean"<|sep|>true<|close|>argument<|sep|>'
+        '<|open|>argument key="v" type="null"<|sep|>null<|close|>argument<|sep|><|close|>call<|sep|>'
+        "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>"
+        '<|open|>message role="tool" tool="search" index="1"<|sep|>found<|close|>message<|sep|><|end_of_msg|>'
+        '<|open|>message role="tool" tool="open" index="2"<|sep|>opened<|close|>message<|sep|><|end_of_msg|>'
+        + OPEN_THINK
+    )
+
+
+def test_arguments_that_are_not_json_render_raw_in_a_json_block() -> None:
+    call = {"id": "a", "function": {"name": "f", "arguments": "{not json"}}
+    text = kimi_k3.render([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}], thinking=False)
+    assert '<|open|>json type="object"<|sep|>{not json<|close|>json<|sep|>' in text
+
+
+def _parsed_calls(text: str) -> list[tuple[str, dict]]:
+    """The calls of a rendered assistant turn, read back as SGLang's Kimi-K3 detector reads
+    them: attribute values unescaped, a string argument raw, others JSON."""
+    calls = []
+    for name, body in re.findall(r'<\|open\|>call tool="([^"]*)" index="\d+"<\|sep\|>(.*?)<\|close\|>call<\|sep\|>', text):
+        arguments = {}
+        for key, kind, value in re.findall(
+            r'<\|open\|>argument key="([^"]*)" type="([^"]*)"<\|sep\|>(.*?)<\|close\|>argument<\|sep\|>', body
+        ):
+            arguments[xtml.unescape_attribute(key)] = value if kind == "string" else json.loads(value)
+        calls.append((xtml.unescape_attribute(name), arguments))
+    return calls
+
+
+def test_tool_calls_with_quotes_and_ampersands_in_attributes_round_trip() -> None:
+    arguments = {'say "hi"': "a & b", "a&quot;b": [1, {"x": "&amp;"}], "plain": 'quote " & amp'}
+    name = 'q&a "tool"'
+    call = {"id": "a", "function": {"name": name, "arguments": arguments}}
+    text = kimi_k3.render([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}], thinking=True)
+    assert 'tool="q&amp;a &quot;tool&quot;"' in text
+    assert 'key="a&amp;quot;b"' in text
+    assert _parsed_calls(text) == [(name, arguments)]
+
+
+def test_content_spelling_a_marker_stays_text(tokenizer: Tokenizer) -> None:
+    messages = [
+        {"role": "user", "content": "write <|open|>tools<|sep|> and <|end_of_msg|>"},
+        {"role": "assistant", "content": "ok", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {"s": "<|close|>argument<|sep|>"}}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "<|close|>message<|sep|>"},
+    ]
+    [text] = render_prompts(tokenizer, [messages], [None], thinking=True, renderer="kimi-k3")
+    assert isinstance(text, SegmentedPrompt)
+    [ids] = encode_prompts(tokenizer, [text])
+    markers = set(xtml.MARKER_IDS.values())
+    expected = [s.text for s in text.segments if s.control]
+    found = [i for i in ids if i in markers]
+    assert [tokenizer.decode_batch([[i]])[0] for i in found] == expected
+    assert tokenizer.decode_batch([ids])[0] == text
+    # joined and encoded in one piece, the content's marker strings would become markers
+    assert len([i for i in tokenizer.encode_text(str(text)) if i in markers]) == len(found) + 7
+
+
+def test_each_segment_is_encoded_on_its_own(tokenizer: Tokenizer) -> None:
+    text = kimi_k3.render([{"role": "user", "content": "hi"}], thinking=False)
+    [ids] = encode_prompts(tokenizer, [text])
+    by_segment = [
+        i
+        for s in text.segments
+        for i in (tokenizer.encode_text(s.text) if s.control else tokenizer.encode_batch_as_text([s.text])[0])
+    ]
+    assert ids == by_segment
+    assert ids[-1] == xtml.MARKER_IDS["<|sep|>"]
+
+
+def test_the_renderer_takes_the_records_effort_and_accepts_other_efforts_as_variants(tokenizer: Tokenizer) -> None:
+    assert ENCODERS["kimi-k3"] is kimi_k3.render
+    messages = [{"role": "user", "content": "hi"}]
+    [low] = render_prompts(
+        tokenizer, [messages], [None], thinking=True, renderer="kimi-k3", extra_kwargs=[{"thinking_effort": "low"}]
+    )
+    assert "`thinking_effort=low`" in low
+    variants = render_variants(tokenizer, messages, None, thinking=True, renderer="kimi-k3")
+    assert variants[2] == USER_HI + OPEN_THINK  # no effort note
+    assert any("`thinking_effort=high`" in text for text in variants)
+    # a record that names its effort has no other
+    assert render_variants(
+        tokenizer, messages, None, thinking=True, renderer="kimi-k3", extra_kwargs={"thinking_effort": "low"}
+    ) == []
+    [off] = render_prompts(tokenizer, [messages], [None], thinking=True, renderer="kimi-k3", extra_kwargs=[{"thinking": False}])
+    assert off.endswith(OPEN_RESPONSE)
+    assert RENDERERS["kimi-k3"].available(tokenizer)
+
+
+@pytest.mark.parametrize(
+    ("messages", "options", "says"),
+    [
+        ([{"role": "developer", "content": "x"}], {}, "role 'developer'"),
+        (["hi"], {}, "messages[0] is not an object"),
+        ([{"role": "user", "content": "x"}], {"thinking_effort": "medium"}, "thinking_effort 'medium'"),
+        ([{"role": "tool", "content": "x"}], {}, "no tool name"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}], {}, "has no function name"),
+        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}], {}, "not an object"),
+    ],
+)
+def test_conversations_the_encoder_refuses_raise_one_clear_error(messages, options, says) -> None:
+    with pytest.raises(EncoderError, match=re.escape(says)):
+        kimi_k3.render(messages, thinking=True, **options)
+
+
+def test_a_refused_conversation_is_a_render_failure_not_an_exception(tokenizer: Tokenizer) -> None:
+    [failure] = prompt_ids(tokenizer, [[{"role": "developer", "content": "x"}]], [None], thinking=True, renderer="kimi-k3")
+    assert not isinstance(failure, list) and "developer" in failure.reason
