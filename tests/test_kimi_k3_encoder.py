@@ -1,8 +1,7 @@
 """Kimi-K3's built-in encoder renders what the checkpoint's `encoding_k3.py` renders.
 
 The exact strings are those the public ports of `encoding_k3.py` test (see the module's
-docstring); the ids come from a stand-in tokenizer: Kimi-K2.5's fixture with the four XTML
-markers at their real ids (163586-163589), made here in a temporary folder.
+docstring); the ids come from a stand-in tokenizer (`tests.kimi_k3_support`).
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from audit.model.templating import (
 )
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
+from tests.kimi_k3_support import standin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 EFFORT_MAX = (
@@ -42,29 +42,7 @@ TOOL = {
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    """Kimi-K2.5's fixture tokenizer with `<|end_of_msg|>`, `<|open|>`, `<|close|>`, `<|sep|>`
-    at Kimi-K3's ids, in place of the K2.5 tokens there."""
-    kimi_k3_mini = ROOT / "fixtures" / "tokenizers" / "kimi-k3-mini"
-    if kimi_k3_mini.is_dir():
-        return load_tokenizer(kimi_k3_mini)
-    source = ROOT / "fixtures" / "tokenizers" / "kimi-k2.5-mini"
-    folder = tmp_path_factory.mktemp("kimi-k3-standin")
-    names = {str(number): marker for marker, number in xtml.MARKER_IDS.items()}
-    backend = json.loads((source / "tokenizer.json").read_text())
-    for token in backend["added_tokens"]:
-        token["content"] = names.get(str(token["id"]), token["content"])
-    vocab = backend["model"]["vocab"]
-    for text, number in list(vocab.items()):
-        if str(number) in names:
-            del vocab[text]
-            vocab[names[str(number)]] = number
-    (folder / "tokenizer.json").write_text(json.dumps(backend))
-    config = json.loads((source / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    for number, token in config.get("added_tokens_decoder", {}).items():
-        token["content"] = names.get(number, token["content"])
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return load_tokenizer(folder)
+    return standin_tokenizer(tmp_path_factory.mktemp("kimi-k3-standin"))
 
 
 def test_first_turn_with_thinking_and_a_system_prompt() -> None:
