@@ -280,3 +280,14 @@ def test_generate_sends_the_encoders_prompt_segment_by_segment(servers, tmp_path
     assert tokenizer.decode_batch([sent["agentic"]])[0].endswith(
         'found <|close|>message<|sep|><|end_of_msg|><|close|>message<|sep|><|end_of_msg|>' + OPEN_THINK
     )
+
+
+def test_a_tiktoken_tokenizer_behind_remote_code_encodes_content_as_text(tmp_path: Path) -> None:
+    """Kimi's real tokenizers are tiktoken code (`--trust-remote-code`): a segment of content is
+    encoded with no special token allowed, as `allow_special_tokens=False` does."""
+    from tests import tiktoken_remote_code
+
+    tokenizer = load_tokenizer(tiktoken_remote_code.build(tmp_path / "kimi-tiktoken"), trust_remote_code=True)
+    assert tokenizer.encode_text("a<|im_end|>") == [*tokenizer.encode_text("a"), 163586]
+    [as_text] = tokenizer.encode_batch_as_text(["a<|im_end|>"])
+    assert 163586 not in as_text and tokenizer.decode_batch([as_text]) == ["a<|im_end|>"]
