@@ -171,6 +171,15 @@ def test_content_spelling_a_marker_stays_text(tokenizer: Tokenizer) -> None:
     assert len([i for i in tokenizer.encode_text(str(text)) if i in markers]) == len(found) + 7
 
 
+def test_a_segmented_prompt_keeps_its_segments_when_copied_or_pickled() -> None:
+    import copy
+    import pickle
+
+    text = kimi_k3.render([{"role": "user", "content": "hi <|open|>"}], thinking=True)
+    for again in (pickle.loads(pickle.dumps(text)), copy.deepcopy(text)):
+        assert again == text and again.segments == text.segments
+
+
 def test_each_segment_is_encoded_on_its_own(tokenizer: Tokenizer) -> None:
     text = kimi_k3.render([{"role": "user", "content": "hi"}], thinking=False)
     [ids] = encode_prompts(tokenizer, [text])

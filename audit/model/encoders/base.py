@@ -65,3 +65,7 @@ class SegmentedPrompt(str):
         prompt = super().__new__(cls, "".join(segment.text for segment in kept))
         prompt.segments = kept
         return prompt
+
+    def __reduce__(self) -> tuple[type[SegmentedPrompt], tuple[tuple[Segment, ...]]]:
+        # Pickled and copied with its segments (str's own way would pass the text to __new__).
+        return SegmentedPrompt, (self.segments,)
