@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from audit.model.encoders import ENCODERS, EncoderError, SegmentedPrompt, kimi_k3, xtml
 from audit.model.templating import (
@@ -129,6 +131,47 @@ def test_arguments_that_are_not_json_render_raw_in_a_json_block() -> None:
     assert '<|open|>json type="object"<|sep|>{not json<|close|>json<|sep|>' in text
 
 
+def _call_turn(arguments: object, reasoning: str = "") -> list[dict]:
+    call = {"id": "a", "function": {"name": "f", "arguments": arguments}}
+    return [{"role": "user", "content": "x"}, {"role": "assistant", "reasoning_content": reasoning, "tool_calls": [call]}]
+
+
+def test_the_two_revisions_write_string_arguments_and_blank_reasoning_as_each_did() -> None:
+    """a590ce09 keeps each value's own JSON text and writes any reasoning but ""; c5d1dd4 writes
+    each value again with json.dumps and leaves whitespace-only reasoning out."""
+    arguments = '{"a": [1,2], "n": 1e2, "s": "x\\"y", "a": {"k":true}}'
+    turn = _call_turn(arguments, reasoning=" \n")
+    newest = kimi_k3.render(turn, thinking=True)
+    earlier = kimi_k3.render(turn, thinking=True, revision=kimi_k3.EARLIER)
+
+    def argument(key: str, kind: str, text: str) -> str:
+        return f'<|open|>argument key="{key}" type="{kind}"<|sep|>{text}<|close|>argument<|sep|>'
+
+    assert (
+        argument("a", "array", "[1,2]") + argument("n", "number", "1e2") + argument("s", "string", 'x"y')
+        + argument("a", "object", '{"k":true}')
+    ) in newest
+    assert "<|open|>think<|sep|> \n<|close|>think<|sep|>" in newest
+    # what follows the object is ignored by the newest, a JSON error (raw) for the earlier
+    assert kimi_k3.render(_call_turn(arguments + " etc", reasoning=" \n"), thinking=True) == newest
+    assert "etc<|close|>json<|sep|>" in kimi_k3.render(_call_turn(arguments + " etc"), thinking=True, revision=kimi_k3.EARLIER)
+    assert earlier == kimi_k3.render(
+        _call_turn({"a": {"k": True}, "n": 100.0, "s": 'x"y'}), thinking=True, revision=kimi_k3.EARLIER
+    )
+    assert '<|open|>think<|sep|><|close|>think<|sep|>' in earlier and '{"k": true}' in earlier
+    for text in ("[1]", "  ", "{not json"):  # newest: raw in a json element
+        raw = f'<|open|>json type="object"<|sep|>{text}<|close|>json<|sep|>'
+        assert raw in kimi_k3.render(_call_turn(text), thinking=False)
+    assert "json" not in kimi_k3.render(_call_turn("  "), thinking=False, revision=kimi_k3.EARLIER)
+
+
+def test_the_earlier_revision_is_a_real_rendering_the_renderer_accepts(tokenizer: Tokenizer) -> None:
+    turn = _call_turn('{"a": [1,2]}')
+    variants = render_variants(tokenizer, turn, None, thinking=True, renderer="kimi-k3")
+    assert kimi_k3.render(turn, thinking=True, revision=kimi_k3.EARLIER) in variants
+    assert kimi_k3.render(turn, thinking=True) not in variants
+
+
 def _parsed_calls(text: str) -> list[tuple[str, dict]]:
     """The calls of a rendered assistant turn, read back as SGLang's Kimi-K3 detector reads
     them: attribute values unescaped, a string argument raw, others JSON."""
@@ -202,10 +245,11 @@ def test_the_renderer_takes_the_records_effort_and_accepts_other_efforts_as_vari
     variants = render_variants(tokenizer, messages, None, thinking=True, renderer="kimi-k3")
     assert variants[2] == USER_HI + OPEN_THINK  # no effort note
     assert any("`thinking_effort=high`" in text for text in variants)
-    # a record that names its effort has no other
-    assert render_variants(
+    # a record that names its effort has no other (the earlier revision renders it at that effort)
+    named = render_variants(
         tokenizer, messages, None, thinking=True, renderer="kimi-k3", extra_kwargs={"thinking_effort": "low"}
-    ) == []
+    )
+    assert named == [low]
     [off] = render_prompts(tokenizer, [messages], [None], thinking=True, renderer="kimi-k3", extra_kwargs=[{"thinking": False}])
     assert off.endswith(OPEN_RESPONSE)
     assert RENDERERS["kimi-k3"].available(tokenizer)
@@ -219,7 +263,12 @@ def test_the_renderer_takes_the_records_effort_and_accepts_other_efforts_as_vari
         ([{"role": "user", "content": "x"}], {"thinking_effort": "medium"}, "thinking_effort 'medium'"),
         ([{"role": "tool", "content": "x"}], {}, "no tool name"),
         ([{"role": "assistant", "tool_calls": [{"function": {"arguments": {}}}]}], {}, "has no function name"),
-        ([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}], {}, "not an object"),
+        (
+            [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "[1]"}}]}],
+            {"revision": kimi_k3.EARLIER},
+            "not an object",
+        ),
+        ([{"role": "user", "content": "x"}], {"revision": "v2"}, "no Kimi-K3 encoder revision 'v2'"),
     ],
 )
 def test_conversations_the_encoder_refuses_raise_one_clear_error(messages, options, says) -> None:
@@ -300,3 +349,29 @@ def test_a_tiktoken_tokenizer_behind_remote_code_encodes_content_as_text(tmp_pat
     assert tokenizer.encode_text("a<|im_end|>") == [*tokenizer.encode_text("a"), 163586]
     [as_text] = tokenizer.encode_batch_as_text(["a<|im_end|>"])
     assert 163586 not in as_text and tokenizer.decode_batch([as_text]) == ["a<|im_end|>"]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(), JSON_VALUES, max_size=4), st.sampled_from([None, (",", ":"), (", ", ": ")]))
+def test_string_arguments_are_read_one_level_deep_to_the_same_values(arguments: dict, separators) -> None:
+    text = json.dumps(arguments, ensure_ascii=False, separators=separators)
+    read = xtml.text_arguments(text)
+    assert read is not None and [key for key, _, _ in read] == list(arguments)
+    for key, kind, written in read:
+        value = arguments[key]
+        assert kind == xtml.argument_type(value)
+        assert written == value if isinstance(value, str) else json.loads(written) == value
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=40))
+def test_any_argument_text_is_read_or_written_raw_never_an_error(text: str) -> None:
+    read = xtml.text_arguments(text)
+    assert read is None or all(isinstance(part, str) for argument in read for part in argument)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.base.errors import ConfigError
-from audit.model.encoders import ENCODERS, SegmentedPrompt, deepseek_v32
+from audit.model.encoders import ENCODERS, SegmentedPrompt, deepseek_v32, kimi_k3
 from audit.model.flat_ids import FlatIds
 from audit.model.segment_encoding import encoded_by_segments
 from audit.model.tokenizer import Tokenizer
@@ -263,16 +263,20 @@ RENDERERS: dict[str, PromptRenderer] = {
         requirement="nothing (the encoder is built in)",
         variants=(_encoder_render("deepseek-v4", reasoning_effort="max"),),
     ),
-    # Kimi-K3 as its `apply_chat_template` renders it (`encoding_k3.py`): with thinking on, the
-    # thinking-effort note at its default "max". A request may name another effort ("low",
-    # "high") or none (`build_chat_segments` called directly): accepted too, unless the
-    # record's chat_template_kwargs name its effort. The text is a `SegmentedPrompt`.
+    # Kimi-K3 as its `apply_chat_template` renders it (`encoding_k3.py` at a590ce09): with
+    # thinking on, the thinking-effort note at its default "max". A request may name another
+    # effort ("low", "high") or none (`build_chat_segments` called directly), and the file's
+    # earlier revision writes string arguments otherwise: accepted too (an effort unless the
+    # record's chat_template_kwargs name it). The text is a `SegmentedPrompt`.
     "kimi-k3": PromptRenderer(
         name="kimi-k3",
         render=_encoder_render("kimi-k3"),
         available=lambda tokenizer: True,
         requirement="nothing (the encoder is built in)",
-        variants=tuple(_encoder_render("kimi-k3", thinking_effort=effort) for effort in ("high", "low", None)),
+        variants=(
+            *(_encoder_render("kimi-k3", thinking_effort=effort) for effort in ("high", "low", None)),
+            _encoder_render("kimi-k3", revision=kimi_k3.EARLIER),
+        ),
     ),
 }
 

@@ -1,62 +1,50 @@
 """Kimi-K3's prompt encoder, a reimplementation of `encoding_k3.py`'s `build_chat_segments`.
 
-Kimi-K3 ships no chat template: the checkpoint renders prompts in Python (`encoding_k3.py`
-beside `tokenization_kimi.py`, whose `apply_chat_template` calls it), in XTML. Its markup is
-four special tokens, `<|open|>`, `<|close|>`, `<|sep|>` and `<|end_of_msg|>`; tag names and
-attributes between them are ordinary text:
+Kimi-K3 ships no chat template: its tokenizer's `apply_chat_template` (`tokenization_kimi.py`)
+renders in Python, with `encoding_k3.py`, in XTML (`audit.model.encoders.xtml`). The prompt is
+a list of segments, each encoded on its own: markers with special-token strings recognised,
+everything else (content, reasoning, argument values, tag names, attribute fragments) with
+them not recognised, so content that spells `<|open|>` is text, never a marker. `render`
+returns the joined text as a `SegmentedPrompt`, which `audit.model.templating.encode_prompts`
+encodes segment by segment. What it renders, in the reference's order:
 
-    <|open|>message role="user"<|sep|>TEXT<|close|>message<|sep|><|end_of_msg|>
-    <|open|>message role="assistant"<|sep|>
-      <|open|>think<|sep|>REASONING<|close|>think<|sep|>
-      <|open|>response<|sep|>ANSWER<|close|>response<|sep|>
-      <|open|>tools<|sep|><|open|>call tool="NAME" index="1"<|sep|>
-        <|open|>argument key="K" type="string"<|sep|>VALUE<|close|>argument<|sep|>
-      <|close|>call<|sep|><|close|>tools<|sep|>
-    <|close|>message<|sep|><|end_of_msg|>
-
-(no newlines in the real text). The prompt is built as segments, each encoded on its own:
-markers with special-token strings recognised, everything else (content, reasoning, argument
-values, tag names, attribute fragments) with them not recognised, so message content that
-spells `<|open|>` is text, never a marker. `render` returns the joined text as a
-`SegmentedPrompt`, which `audit.model.templating.encode_prompts` encodes segment by segment.
-
-What it renders, in the reference's order:
-- the request's tools first, as a `type="tool-declare"` system message (`# Tools` and the tools
-  as compact JSON, keys sorted at every depth); a system message carrying `tools` mid-way is the
+- the request's tools, as a `type="tool-declare"` system message (`# Tools`, the tools as
+  compact JSON with keys sorted at every depth); a system message carrying `tools` later is the
   lazy-loading declaration (`## New Tools Available`);
-- with thinking on, the `type="thinking-effort"` system message; `apply_chat_template` defaults
-  `thinking_effort` to "max" (`kwargs.setdefault("thinking_effort", "max")`); "low" and "high"
-  are the other values accepted (the note names `medium` too, which the reference refuses);
-- each message: user and system (a `name` attribute when named), tool results as
-  `role="tool" tool="NAME" index="N"` (N counts from 1 after each assistant turn; results are
-  put into the order of the calls by `tool_call_id` first), assistant turns as above. With
-  thinking on every assistant turn carries its think channel, empty when it has no reasoning:
-  past reasoning is kept, never dropped; with thinking off the channel is absent. The response
-  channel is always there, empty for a turn with only calls. A call's arguments: a string value
-  raw with `type="string"`, others as JSON (`json.dumps` defaults) typed
-  boolean/null/number/object/array; arguments given as a string that is not JSON render as
-  `<|open|>json type="object"<|sep|>RAW<|close|>json<|sep|>`. Attribute values escape `&`
-  then `"` (`&amp;`, `&quot;`); `<` and `>` stay as they are;
-- `tool_choice` "required"/"none" and `response_format` notes (type `tool-choice`,
-  `response-format`) after the conversation;
-- the generation prompt, an open assistant message and channel:
-  `<|open|>message role="assistant"<|sep|><|open|>think<|sep|>` (thinking) or
-  `...<|open|>response<|sep|>` (off). No BOS.
+- with thinking on, the `type="thinking-effort"` system message: `apply_chat_template` defaults
+  `thinking_effort` to "max" (`kwargs.setdefault("thinking_effort", "max")`) and thinking to on;
+  "low" and "high" are the other efforts accepted (the note names `medium`, which is refused);
+- the messages: user and system (`name` attribute when named); tool results as
+  `role="tool" tool="NAME" index="N"` (N from 1 after each assistant turn, results first put
+  into the order of the calls by `tool_call_id`); assistant turns as think channel (thinking on
+  only, there even when empty: past reasoning is kept, never dropped), response channel (always
+  there), then the calls in a tools channel, one `argument key="K" type="T"` per argument (a
+  string raw, others JSON) or arguments that are no JSON object raw in a `json type="object"`
+  element;
+- `tool_choice` ("required"/"none") and `response_format` notes, then the generation prompt:
+  `<|open|>message role="assistant"<|sep|><|open|>think<|sep|>`, or `<|open|>response<|sep|>`
+  with thinking off. No BOS.
+
+Two revisions of the checkpoint's file render string arguments and reasoning differently
+(SGLang's router port pins a590ce09 and says the repo "has shipped two different
+tool-argument renderings"): a590ce09 (`REVISION`, the default) reads arguments given as a JSON
+string one level deep and writes each value's own text (`[1,2]` stays `[1,2]`), writes any
+text that is not such an object raw, and writes whitespace-only reasoning; c5d1dd4 (`EARLIER`)
+parses the string and writes each value again with `json.dumps` (`[1, 2]`), refuses JSON that
+is not an object, and leaves whitespace-only reasoning out. Both are real renderings.
 
 Sources (public ports of `encoding_k3.py`; nothing from a model directory is executed here):
-- `xtml.py` of a serving engine (SQLite Cloud, Apache-2.0), a port checked by a differential
-  test against the release's `encoding_k3.py`: the one followed where ports disagree;
-- vLLM's port "derived from moonshotai/Kimi-K3 encoding_k3.py at commit c5d1dd4";
-- a Rust port's exact-string tests (the thinking-effort text, message wrapping, the generation
-  prompts, attribute escaping, the stop token `<|end_of_msg|>` 163586);
-- a wrapper around the vendored file (the marker ids 163586-163589, `apply_chat_template`'s
-  "max" default, segment-by-segment encoding with `allow_special_tokens`);
-- SGLang's `function_call/kimik3_format.py` and `kimik3_detector.py` for what the model emits.
-Where they disagree: vLLM's port writes an attribute ` key="value"` as one segment and gives
-an assistant message no `name` attribute; the tested port (followed here) writes ` key`, `="`,
-the value and `"` as four segments (each BPE-encoded alone) and names a named assistant. The
-reference skips a message whose role it does not know, in silence; this encoder refuses it
-(`EncoderError`), so a prompt that lost a message is never taken for the rendering.
+SGLang's router port (`kimi_k3` encoder, tested against fixtures the real encoder made at
+a590ce09); `xtml.py` of a serving engine (SQLite Cloud), checked by a differential test against
+the release; vLLM's port "derived from moonshotai/Kimi-K3 encoding_k3.py at commit c5d1dd4";
+a Rust port's exact-string tests (the thinking-effort text, message wrapping, generation
+prompts, escaping); a wrapper around the vendored file (marker ids, the "max" default,
+encoding with `allow_special_tokens`); SGLang's `function_call/kimik3_format.py` and
+`kimik3_detector.py` for what the model writes. Where the ports disagree, the tested ones are
+followed: vLLM's writes an attribute ` key="value"` as one segment and names no assistant; the
+tested ports write ` key`, `="`, the value and `"` as four segments and name a named
+assistant. A role the encoder does not know is refused with an `EncoderError` (a590ce09 raises
+too; c5d1dd4 dropped the message in silence).
 """
 
 from __future__ import annotations
@@ -95,6 +83,9 @@ JSON_SCHEMA_NOTE = (
     "The JSON data must match the following schema:\n```json\n{schema}\n```"
 )
 ROLES = frozenset({"system", "user", "assistant", "tool"})
+REVISION = "a590ce09"  # the checkpoint file's revision rendered by default
+EARLIER = "c5d1dd4"  # the earlier revision (see the module docs)
+REVISIONS = (REVISION, EARLIER)
 
 
 
@@ -106,6 +97,7 @@ def render(
     thinking_effort: str | None = DEFAULT_THINKING_EFFORT,
     tool_choice: Any = None,
     response_format: Any = None,
+    revision: str = REVISION,
 ) -> SegmentedPrompt:
     """The prompt Kimi-K3 is given for an OpenAI-style conversation, generation prompt included,
     as `apply_chat_template(messages, tools, add_generation_prompt=True, thinking=...)` renders it.
@@ -121,6 +113,7 @@ def render(
             thinking_effort=thinking_effort,
             tool_choice=tool_choice,
             response_format=response_format,
+            revision=revision,
         )
     )
 
@@ -148,6 +141,7 @@ def segments(
     tool_choice: Any = None,
     response_format: Any = None,
     add_generation_prompt: bool = True,
+    revision: str = REVISION,
 ) -> Segments:
     """`build_chat_segments` of the reference: the prompt's segments, in order."""
     if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
@@ -160,7 +154,9 @@ def segments(
                 f"messages[{index}] has role {message.get('role')!r}, which Kimi-K3's encoder does "
                 "not render (it knows system, user, assistant, tool)"
             )
-    prepared = [_normalized(message, index) for index, message in _in_call_order(messages)]
+    if revision not in REVISIONS:
+        raise EncoderError(f"no Kimi-K3 encoder revision {revision!r} (known: {', '.join(REVISIONS)})")
+    prepared = [_normalized(message, index, revision) for index, message in _in_call_order(messages)]
     out: Segments = []
     if tools:
         out += _tool_declare(tools, dynamic=False)
@@ -197,7 +193,7 @@ def segments(
             calls = message.get("tool_calls") or None
             tool_index = 0
             out += xtml.open_tag("message", _named([("role", "assistant")], message))
-            out += _assistant(message, index, thinking=thinking)
+            out += _assistant(message, index, thinking=thinking, revision=revision)
             out += xtml.close_tag("message") + xtml.end_of_msg()
     if tool_choice in TOOL_CHOICE_NOTES:
         out += _internal_system_message("tool-choice", TOOL_CHOICE_NOTES[tool_choice])
@@ -257,12 +253,13 @@ def _content(content: Any, index: int) -> Segments:
     return out
 
 
-def _assistant(message: Mapping[str, Any], index: int, *, thinking: bool) -> Segments:
+def _assistant(message: Mapping[str, Any], index: int, *, thinking: bool, revision: str) -> Segments:
     out: Segments = []
     if thinking:  # the think channel is structural: there, empty or not, with thinking on
         reasoning = message.get("reasoning_content") or message.get("reasoning")
         out += xtml.open_tag("think")
-        if reasoning is not None and str(reasoning).strip():
+        # a590ce09 writes any reasoning but "" (whitespace too); c5d1dd4 only one with a non-space
+        if reasoning is not None and (str(reasoning).strip() if revision == EARLIER else str(reasoning)):
             out += xtml.text(reasoning)
         out += xtml.close_tag("think")
     out += xtml.open_tag("response") + _content(message.get("content"), index) + xtml.close_tag("response")
@@ -272,13 +269,12 @@ def _assistant(message: Mapping[str, Any], index: int, *, thinking: bool) -> Seg
         for number, call in enumerate(calls, start=1):
             function = _function(call)
             out += xtml.open_tag("call", [("tool", function["name"]), ("index", number)])
-            if "_raw_arguments" in function:
-                out += xtml.open_tag("json", [("type", "object")]) + xtml.text(function["_raw_arguments"]) + xtml.close_tag("json")
-            else:
-                for key, value in function["arguments"].items():
-                    out += xtml.open_tag("argument", [("key", key), ("type", xtml.argument_type(value))])
-                    out += xtml.text(xtml.argument_text(value))
-                    out += xtml.close_tag("argument")
+            if "raw" in function:
+                out += xtml.open_tag("json", [("type", "object")]) + xtml.text(function["raw"]) + xtml.close_tag("json")
+            for key, kind, text in function.get("arguments", ()):
+                out += xtml.open_tag("argument", [("key", key), ("type", kind)])
+                out += xtml.text(text)
+                out += xtml.close_tag("argument")
             out += xtml.close_tag("call")
         out += xtml.close_tag("tools")
     return out
@@ -295,9 +291,9 @@ def _function(call: Any) -> Mapping[str, Any]:
     return function if isinstance(function, Mapping) else {}
 
 
-def _normalized(message: Mapping[str, Any], index: int) -> tuple[int, dict[str, Any]]:
-    """The message as the reference renders it: tools keys sorted, each call's arguments a
-    mapping (parsed from a JSON string) or, when the string is not JSON, kept raw."""
+def _normalized(message: Mapping[str, Any], index: int, revision: str) -> tuple[int, dict[str, Any]]:
+    """The message as the reference renders it: tools keys sorted, each call's arguments as the
+    (key, type, text) it writes, or `raw` text it writes in a `json` element."""
     normalized = dict(message)
     if normalized.get("tools") is not None:
         normalized["tools"] = _sorted_keys(normalized["tools"])
@@ -312,26 +308,32 @@ def _normalized(message: Mapping[str, Any], index: int) -> tuple[int, dict[str, 
         function = _function(call)
         if not isinstance(call, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
             raise EncoderError(f"{where} has no function name")
-        arguments = function.get("arguments")
-        kept: dict[str, Any] = {"name": function["name"]}
-        if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-            kept["arguments"] = {}
-        elif isinstance(arguments, str):
-            try:
-                parsed = json.loads(arguments)
-            except ValueError:
-                kept["_raw_arguments"] = arguments
-            else:
-                if not isinstance(parsed, dict):
-                    raise EncoderError(f"{where}.function.arguments is JSON but not an object")
-                kept["arguments"] = parsed
-        elif isinstance(arguments, Mapping):
-            kept["arguments"] = dict(arguments)
-        else:
-            raise EncoderError(f"{where}.function.arguments is neither an object nor a JSON string")
+        kept = {"name": function["name"], **_arguments(function.get("arguments"), where, revision)}
         prepared.append({**call, "function": kept})
     normalized["tool_calls"] = prepared
     return index, normalized
+
+
+def _arguments(arguments: Any, where: str, revision: str) -> dict[str, Any]:
+    """`{"arguments": [(key, type, text), ...]}` or `{"raw": text}`, as the revision writes them:
+    a590ce09 reads a JSON string one level deep (`xtml.text_arguments`, any other string raw);
+    c5d1dd4 parses it whole and writes each value again, refusing JSON that is not an object."""
+    if arguments is None or arguments == "" or (revision == EARLIER and isinstance(arguments, str) and not arguments.strip()):
+        return {"arguments": []}
+    if isinstance(arguments, Mapping):
+        return {"arguments": xtml.mapping_arguments(arguments)}
+    if not isinstance(arguments, str):
+        raise EncoderError(f"{where}.function.arguments is neither an object nor a JSON string")
+    if revision != EARLIER:
+        parsed = xtml.text_arguments(arguments)
+        return {"raw": arguments} if parsed is None else {"arguments": parsed}
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return {"raw": arguments}
+    if not isinstance(value, dict):
+        raise EncoderError(f"{where}.function.arguments is JSON but not an object")
+    return {"arguments": xtml.mapping_arguments(value)}
 
 
 def _in_call_order(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, Mapping[str, Any]]]:

@@ -92,3 +92,61 @@ def close_tag(tag: str) -> Segments:
 def end_of_msg() -> Segments:
     """`<|end_of_msg|>`, the end of every message (and the model's stop token)."""
     return control(END_OF_MSG)
+
+
+# One argument as written: (key, type attribute, the text between its tags).
+Argument = tuple[str, str, str]
+_JSON = json.JSONDecoder(strict=False)
+_JSON_SPACE = " \t\n\r"
+
+
+def mapping_arguments(arguments: Mapping[str, Any]) -> list[Argument]:
+    """Arguments given as a mapping: each value typed and written (`argument_text`)."""
+    return [(str(key), argument_type(value), argument_text(value)) for key, value in arguments.items()]
+
+
+def text_arguments(text: str) -> list[Argument] | None:
+    """Arguments given as a JSON object's text, as `encoding_k3._parse_arguments_object` (revision
+    a590ce09) reads them: one level deep, each value written as its own slice of the text (a
+    string value decoded), so nested spacing and number spelling are kept; duplicate keys kept,
+    anything after the closing brace ignored. None where the text is not such an object (the
+    encoder then writes it raw in a `json` element)."""
+    try:
+        return _parsed_object(text)
+    except (ValueError, IndexError, RecursionError):
+        return None
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in _JSON_SPACE:
+        at += 1
+    return at
+
+
+def _parsed_object(text: str) -> list[Argument] | None:
+    at = _skip_space(text, 0)
+    if text[at : at + 1] != "{":
+        return None
+    at = _skip_space(text, at + 1)
+    if at >= len(text):
+        return None
+    parsed: list[Argument] = []
+    if text[at] == "}":
+        return parsed
+    while True:
+        key, at = _JSON.raw_decode(text, at)
+        if not isinstance(key, str):
+            return None
+        at = _skip_space(text, at)
+        if text[at : at + 1] != ":":
+            return None
+        start = _skip_space(text, at + 1)
+        value, at = _JSON.raw_decode(text, start)
+        parsed.append((key, argument_type(value), value if isinstance(value, str) else text[start:at]))
+        at = _skip_space(text, at)
+        separator = text[at : at + 1]
+        at = _skip_space(text, at + len(separator))
+        if separator == "}":
+            return parsed
+        if separator != ",":
+            return None
