@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 class EncoderError(ValueError):
@@ -38,8 +37,7 @@ def to_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-@dataclass(frozen=True)
-class Segment:
+class Segment(NamedTuple):
     """A run of prompt text and how it is encoded: a `control` segment is markup (special-token
     strings in it are their ids); any other segment is text, in which the same strings are
     ordinary characters."""

@@ -67,7 +67,7 @@ def argument_text(value: Any) -> str:
 
 def control(marker: str) -> Segments:
     """Markup: special-token strings in it are their ids."""
-    return [Segment(marker, control=True)] if marker else []
+    return [Segment(marker, True)] if marker else []
 
 
 def text(value: Any) -> Segments:
@@ -76,17 +76,25 @@ def text(value: Any) -> Segments:
     return [Segment(value)] if value else []
 
 
+_OPEN, _CLOSE, _SEP = Segment(OPEN, True), Segment(CLOSE, True), Segment(SEP, True)
+_EQUALS_QUOTE, _QUOTE = Segment('="', False), Segment('"', False)
+
+
 def open_tag(tag: str, attributes: Iterable[tuple[str, Any]] = ()) -> Segments:
     """`<|open|>TAG KEY="VALUE"...<|sep|>`, the value escaped."""
-    out = control(OPEN) + text(tag)
+    out = [_OPEN, Segment(tag, False)]
     for key, value in attributes:
-        out += text(f" {key}") + text('="') + text(escape_attribute(value)) + text('"')
-    return out + control(SEP)
+        out.append(Segment(f" {key}", False))
+        out.append(_EQUALS_QUOTE)
+        out += text(escape_attribute(value))
+        out.append(_QUOTE)
+    out.append(_SEP)
+    return out
 
 
 def close_tag(tag: str) -> Segments:
     """`<|close|>TAG<|sep|>`."""
-    return control(CLOSE) + text(tag) + control(SEP)
+    return [_CLOSE, Segment(tag, False), _SEP]
 
 
 def end_of_msg() -> Segments:
