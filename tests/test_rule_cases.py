@@ -109,12 +109,6 @@ TOKENIZERS = {
     "minimax-m3": "minimax-m3",
     "kimi-k3": "kimi-k3-mini",
 }
-# Profiles with no chat template whose prompt encoder is not in the tree (`encoder` unset):
-# their cases' default prompt is the default turn as the family's renderer writes it, then the
-# mode's generation prompt (Kimi-K3: encoding_k3.py's user message, as its profile cites it).
-WRITTEN_TURNS = {
-    "kimi-k3": '<|open|>message role="user"<|sep|>Hello, can you help?<|close|>message<|sep|><|end_of_msg|>',
-}
 MINI_TOKENIZERS = FIXTURES / "tokenizers"
 # Profiles whose tokenizer's template is a sibling model's: how that template ends a generation
 # prompt, and how the profile's own does. TPL001 completes the 2507 ending the same way.
@@ -411,11 +405,6 @@ class Setup:
         """The family's rendering of the messages (as the generator and TPL001 render them),
         ending as the profile's own template ends it."""
         thinking = self.profile.modes[0]  # a mixed run's: thinking on
-        if self.profile.name in WRITTEN_TURNS and self.profile.profile.encoder is None:
-            if messages != DEFAULT_TURN:  # the tools are saved on the record, not declared in the prompt
-                raise CaseError(f"{self.profile.name} has no prompt encoder yet: give the case a `prompt`")
-            ending = self.profile.prompt_suffix_texts[self.profile.mode_endings(thinking)[0]]
-            return self.tokenizer.encode_text(WRITTEN_TURNS[self.profile.name] + ending)
         [text] = render_prompts(
             self.tokenizer, [messages], [tools], thinking=thinking,
             renderer=self.profile.prompt_renderer, template_kwargs=self.profile.mode_template_kwargs(thinking),
