@@ -15,7 +15,7 @@ from audit.model.prompt_endings import REASONING_STATES, Reasoning, reasoning_le
 
 MODES = ("thinking", "no_thinking")
 
-_CONTINUATION_KEYS = {"suffix", "modes", "reasoning"}
+_CONTINUATION_KEYS = {"suffix", "modes", "reasoning", "rendered"}
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
 CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
 _CHANNEL_NAMES = ("reasoning", "answer", "tools")
@@ -137,6 +137,10 @@ class Continuation:
     suffix: str
     modes: tuple[str, ...]
     reasoning: Reasoning
+    # The mode a prompt ending so was rendered in, when not the run's (Kimi-K3's thinking-off
+    # generation prompt, accepted in a thinking run): its records are judged, and TPL001
+    # renders them, in that mode. None: the run's.
+    rendered: str | None = None
 
 
 def check_continuation(
@@ -204,7 +208,10 @@ def parse_continuations(value: Any, modes: dict[str, Any], where: str) -> tuple[
                 f"{here}.modes: {unknown[0] if unknown else '[]'!r} is not a mode of the profile "
                 f"(it has: {', '.join(m for m in MODES if m in modes)})"
             )
-        parsed.append(Continuation(suffix, listed, state))
+        rendered = table.get("rendered")
+        if rendered is not None and expect(rendered, str, f"{here}.rendered") not in modes:
+            raise ConfigError(f"{here}.rendered: {rendered!r} is not a mode of the profile")
+        parsed.append(Continuation(suffix, listed, state, rendered))
     return tuple(parsed)
 
 

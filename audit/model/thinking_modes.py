@@ -80,13 +80,13 @@ def resolve_endings(
     states: list[Reasoning] = []
     modes: list[bool] = []
     for mode in modes_of(thinking):
-        for text, ending, state in _mode_endings(
+        for text, ending, state, rendered in _mode_endings(
             suffixes, continuations, tokenizer, mode, think_start, think_end, where, sequences or {}
         ):
             texts.append(text)
             ids.append(ending)
             states.append(state)
-            modes.append(mode)
+            modes.append(rendered)
     for index, ending in enumerate(ids):
         other = next((i for i in range(index) if ids[i] == ending and states[i] != states[index]), None)
         if other is not None:
@@ -107,8 +107,9 @@ def _mode_endings(
     think_end: int | None,
     where: str,
     sequences: dict[int, tuple[int, ...]],
-) -> list[tuple[str, tuple[int, ...], Reasoning]]:
-    """One mode's endings: its generation prompts (all in one state), then its continuations."""
+) -> list[tuple[str, tuple[int, ...], Reasoning, bool]]:
+    """One mode's endings: its generation prompts (all in one state), then its continuations;
+    each with the mode it was rendered in (the mode's, or the continuation's `rendered`)."""
     mode = mode_key(thinking)
     suffix_texts = suffixes.get(mode)
     if not suffix_texts:
@@ -142,12 +143,13 @@ def _mode_endings(
                 "different state than the first one; list such variants in separate "
                 "profiles, or as a [[generation_prompt.continuation]] that says its state"
             )
-    endings = [(text, ids, reasoning) for text, ids in found]
+    endings = [(text, ids, reasoning, thinking) for text, ids in found]
     for continuation in continuations:
         if mode not in continuation.modes:
             continue
         key = "generation_prompt.continuation.suffix"
         ids = ids_of(continuation.suffix, key)
         check_continuation(continuation, view_of(ids, sequences), think_start, think_end, thinking, f"{where}: {key}")
-        endings.append((continuation.suffix, ids, continuation.reasoning))
+        rendered = thinking if continuation.rendered is None else continuation.rendered == "thinking"
+        endings.append((continuation.suffix, ids, continuation.reasoning, rendered))
     return endings

@@ -202,10 +202,11 @@ def _prompt_endings(batch: Batch) -> np.ndarray:
 
 def record_modes(batch: Batch) -> np.ndarray:
     """Per record, the thinking mode it is judged in (True: thinking): the run's, or in a mixed
-    run that of its prompt's ending; a prompt with no accepted ending is judged in the first."""
+    run (or where an ending says it was rendered in the other mode) that of its prompt's ending;
+    a prompt with no accepted ending is judged in the first."""
     profile = batch.profile
     modes = np.full(batch.height, profile.modes[0], dtype=bool)
-    if len(profile.modes) > 1:
+    if len(set(profile.suffix_modes)) > 1:
         ending = prompt_endings(batch)
         matched = ending >= 0
         modes[matched] = np.asarray(profile.suffix_modes, dtype=bool)[ending[matched]]
