@@ -103,6 +103,9 @@ class ToolCallFormat:
     # in the `<invoke name=...>` element after the next namespace marker, so there the two
     # markers may touch: the whitespace between them is drift the serving parser ignores.
     name_after_begin: bool = True
+    # Does each call write its number (Kimi-K3's index="N")? Then the calls of an answer are
+    # numbered 1, 2, ... in order, as the template numbers them.
+    numbered_calls: bool = False
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -185,6 +188,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         roles=("section_begin", "section_end", "call_begin", "call_end", "argument_open", "argument_close"),
         grammar=r"(?:S(?:C(?:Pp)*E)+s)*",
         read=kimi_k3_call,
+        numbered_calls=True,
         description=(
             'tools-open( <|open|>call tool="NAME" index="N"<|sep|> ( <|open|>argument key="K" type="T"<|sep|> '
             "V <|close|>argument<|sep|> )* <|close|>call<|sep|> )+ tools-close"

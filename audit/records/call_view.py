@@ -235,10 +235,16 @@ def _read_calls(batch: Batch, found: _AnswerMarkers) -> list[ReadCall]:
         else [""] * len(rows)
     )
     read: list[ReadCall] = []
+    numbers: dict[int, int] = {}  # per record, the calls read so far (formats that number them)
     for i, (head, body) in enumerate(zip(heads, bodies, strict=True)):
         start = int(call_begin[i])
         spans = (int(rows[i]), start, int(call_end[i]) + end_width, start + begin_width, int(head_end[i]) + head_width)
         for call in fmt.read(head, body):
+            if fmt.numbered_calls:
+                numbers[spans[0]] = number = numbers.get(spans[0], 0) + 1
+                if call.malformed is None and call.index is not None and call.index != str(number):
+                    why = f"call index {call.index} where {number} belongs: the template numbers calls from 1 in order"
+                    call = replace(call, malformed=why, problem_at=0)
             problem_token = None
             if call.problem_at is not None:
                 pieces = [(head, values[base[i] + start + begin_width : base[i] + head_end[i]], spans[3])]
