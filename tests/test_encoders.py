@@ -19,7 +19,6 @@ import pytest
 
 from audit.base.errors import ConfigError
 from audit.model.encoders import (
-    ENCODERS,
     EncoderError,
     deepseek_v4,
     deepseek_v32,
@@ -32,6 +31,8 @@ from fixtures.conversations import TOOLS, conversation
 from fixtures.family_partitions import real_encoder, real_tokenizer_dir
 
 CONVERSATIONS = 400
+# The DeepSeek encoders (Kimi-K3's has tests of its own, tests/test_kimi_k3_encoder.py).
+DEEPSEEK = (deepseek_v32.render, deepseek_v4.render)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_deepseek_v32_release_encoder_agrees_on_string_arguments(real_v32) -> No
 
 def test_arguments_as_string_or_object_render_the_same() -> None:
     call = {"city": "[WIP] fix", "days": 3, "options": {"a": [1, None]}, "dry_run": False}
-    for render in ENCODERS.values():
+    for render in DEEPSEEK:
         rendered = {
             render(
                 [
@@ -197,7 +198,7 @@ def test_past_reasoning_is_dropped_unless_v4_has_tools() -> None:
         {"role": "assistant", "content": "a1", "reasoning_content": "r1"},
         {"role": "user", "content": "q2"},
     ]
-    for render in ENCODERS.values():
+    for render in DEEPSEEK:
         text = render(history, thinking=True)
         assert "r1" not in text and text.endswith("<｜User｜>q2<｜Assistant｜><think>")
         assert "<｜Assistant｜></think>a1<｜end▁of▁sentence｜>" in text

@@ -145,7 +145,7 @@ def test_every_trainer_rule_fires_on_a_shipped_sample() -> None:
     assert {"TRN005", "TRN006"} <= labelled
 
 
-@pytest.mark.parametrize("partition", ["B2_sharegpt", "K2_thinking", "H1_harmony", "V1_images"])
+@pytest.mark.parametrize("partition", ["B2_sharegpt", "K2_thinking", "H1_harmony", "V1_images", "K3_xtml"])
 def test_the_showcase_samples_are_labelled_with_exactly_what_the_audit_reports(partition: str) -> None:
     # These samples list, per corrupted line, every code the audit reports on it: nothing more,
     # nothing less, and a clean line has no finding at all.

@@ -53,6 +53,7 @@ from audit.checks.trainer import (
     TrainerRoleOrder,
     TrainerSystemPrompt,
 )
+from audit.checks.xtml import XtmlChannelOrder, XtmlMarkerAsText
 
 RULES: dict[str, type[Rule]] = {
     rule.code: rule
@@ -73,6 +74,8 @@ RULES: dict[str, type[Rule]] = {
         ChannelOrder,
         ChannelToolCall,
         ChannelStrayText,
+        XtmlChannelOrder,
+        XtmlMarkerAsText,
         PlaceholderCount,
         PreExpandedPads,
         VisionSpanBroken,

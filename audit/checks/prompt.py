@@ -115,8 +115,11 @@ class ThinkNotOpened(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return "model_opens" in batch.profile.reasonings
 
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        return batch.with_marker_ids(batch.records)
+
     def violation(self, batch: Batch) -> pl.Expr:
-        opened_at = first_index_of("output_ids", batch.profile.think_ids[0])
+        opened_at = first_index_of(batch.marker_column, batch.profile.think_ids[0])
         window = batch.profile.profile.think_open_window
         # Only records whose prompt leaves the opening to the model (not an agentic
         # continuation with a reasoning state of its own).

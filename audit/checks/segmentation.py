@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
+from audit.model.flat_ids import view_of
 from audit.model.prompt_endings import THINKING_STATES
 from audit.records.batch import Batch
 from audit.records.expressions import first_index_in, first_index_of, nth_index_of, truncated
@@ -23,7 +24,7 @@ def _reasons() -> pl.Expr:
 
 def _with_bounds(batch: Batch) -> pl.DataFrame:
     """The records with their reasoning/answer bounds (`audit.records.response`) beside them."""
-    return pl.concat([batch.records, response_bounds(batch)], how="horizontal")
+    return batch.with_marker_ids(pl.concat([batch.records, response_bounds(batch)], how="horizontal"))
 
 
 def _call_ends_reasoning(batch: Batch) -> bool:
@@ -102,15 +103,18 @@ class ResponseTokenRepeated(RecordRule):
     def applies(self, batch: Batch) -> bool:
         return _thinking(batch)
 
+    def frame(self, batch: Batch) -> pl.DataFrame:
+        return batch.with_marker_ids(batch.records)
+
     def violation(self, batch: Batch) -> pl.Expr:
-        return pl.col("output_ids").list.count_matches(batch.profile.think_ids[1]) > 1
+        return pl.col(batch.marker_column).list.count_matches(batch.profile.think_ids[1]) > 1
 
     def position(self, batch: Batch) -> pl.Expr:
-        return nth_index_of("output_ids", batch.profile.think_ids[1], 1)
+        return nth_index_of(batch.marker_column, batch.profile.think_ids[1], 1)
 
     def message(self, batch: Batch) -> pl.Expr:
         end = batch.profile.profile.think_end
-        count = pl.col("output_ids").list.count_matches(batch.profile.think_end)
+        count = pl.col(batch.marker_column).list.count_matches(batch.profile.think_end)
         return pl.format("{} appears {} times; expected once", pl.lit(repr(end)), count)
 
 
@@ -152,12 +156,13 @@ class ThinkTokenInOutput(RecordRule):
         """Per record, as its prompt left it: is a think token out of place, where, and why."""
         profile = batch.profile
         start, end = profile.think_ids
-        output = pl.col("output_ids")
+        column = batch.marker_column
+        output = pl.col(column)
         state = pl.col("reasoning")
         think = repr(profile.profile.think_start)
         opens = output.list.count_matches(start)
         own_first = (output.list.first() == start).fill_null(False)
-        first, second = first_index_of("output_ids", start), nth_index_of("output_ids", start, 1)
+        first, second = first_index_of(column, start), nth_index_of(column, start, 1)
         cases = [
             # the prompt opened it: none in the output
             ("prompt_opens", opens > 0, first, f"{think} in the output, but the prompt opened it"),
@@ -174,7 +179,7 @@ class ThinkTokenInOutput(RecordRule):
             (
                 "closed",
                 (opens + output.list.count_matches(end)) > 0,
-                first_index_in("output_ids", [start, end]),
+                first_index_in(column, [start, end]),
                 (
                     "think token in the output, but its prompt leaves no reasoning (thinking off, "
                     "or a turn after a tool result that the family answers without thinking)"
@@ -250,7 +255,11 @@ class ToolCallInReasoning(RecordRule):
         if flagged.is_empty():
             return empty_findings()
         start, end = profile.profile.think_start, profile.profile.think_end
-        # The prompt's last think token says whether reasoning was open when the output began.
+        # The prompt's last think token says whether reasoning was open when the output began
+        # (looked for in the prompt's marker view where the think tokens are sequences).
+        if profile.sequences:
+            views = [view_of(ids or [], profile.sequences) for ids in flagged["input_ids"].to_list()]
+            flagged = flagged.with_columns(pl.Series("input_ids", views, dtype=pl.List(pl.Int64)))
         last = [
             pl.col("input_ids").list.eval(pl.arg_where(pl.element() == token).last()).list.first()
             for token in (profile.think_start, profile.think_end)

@@ -108,7 +108,9 @@ class TemplateMismatch(RecordRule):
         # them so: sorted, prompts that render differently would share a key). A line's own
         # prompt is the reader's JSON of it (`source`), not written again.
         own_json = batch.records["source"].to_list()
-        switches = {mode: profile.mode_template_kwargs(mode) for mode in profile.modes}
+        # The run's modes, and a mode an ending says its prompts were rendered in.
+        rendered_modes = tuple(dict.fromkeys((*profile.modes, *profile.suffix_modes)))
+        switches = {mode: profile.mode_template_kwargs(mode) for mode in rendered_modes}
         switch_json = {mode: orjson.dumps(kwargs) for mode, kwargs in switches.items()}
         for row, prompt in sources:
             thinking = bool(modes[row])
@@ -122,7 +124,7 @@ class TemplateMismatch(RecordRule):
             digest = hashlib.blake2b(rendered_from, digest_size=16).digest()
             key = (id(batch.tokenizer), profile.prompt_renderer, thinking, digest)
             keyed.append((row, key, prompt))
-        for mode in profile.modes:
+        for mode in rendered_modes:
             self._render_missing(batch, [entry for entry in keyed if entry[1][2] == mode], mode)
 
         input_ids = batch.records["input_ids"]

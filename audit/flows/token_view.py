@@ -39,7 +39,7 @@ from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import image_chips, image_source
 from audit.records.record_lines import LineIndex, read_record
-from audit.records.segments import ROLE_IMAGE, token_roles, token_segments
+from audit.records.segments import ROLE_IMAGE, sequence_roles, token_roles, token_segments
 from audit.records.sources import file_blocks
 
 # How many prompt tokens to show before the output: the generation suffix and a little context.
@@ -188,6 +188,7 @@ class Inspector:
         self._index: LineIndex | None = None
         self._views: OrderedDict[tuple[int, bool], RecordView] = OrderedDict()
         roles = token_roles(profile, tokenizer)
+        self._role_of = roles
         self._roles = pl.DataFrame(
             {"id": list(roles), "role": list(roles.values())}, schema={"id": pl.Int64, "role": pl.String}
         )
@@ -286,14 +287,18 @@ class Inspector:
             output_shown = token_window.output_spans(len(output_ids), [p for p, _ in pointed("output_ids")])
         prompt_at, output_at = token_window.indices(prompt_shown), token_window.indices(output_shown)
         segments = token_segments(batch)[0][output_at] if len(output_ids) else np.array([], dtype=object)
-        prompt = token_run(self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None)
+        prompt = token_run(
+            self.tokenizer, self._roles, "input_ids", prompt_at, prompt_ids, pointed("input_ids"), None,
+            sequence_roles(self.profile, self._role_of, prompt_ids),
+        )
         view = RecordView(
             line=line,
             id=record_id,
             findings=marks,
             prompt=self._image_chips(prompt, prompt_ids, record.get("image_data")),
             output=token_run(
-                self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments
+                self.tokenizer, self._roles, "output_ids", output_at, output_ids, pointed("output_ids"), segments,
+                sequence_roles(self.profile, self._role_of, output_ids),
             ),
             finish_reason=_finish_text(record),
             problem=problem,

@@ -149,9 +149,11 @@ def token_run(
     ids: np.ndarray,
     pointed: list[tuple[int, str]],
     segments: np.ndarray | None,
+    marker_roles: np.ndarray | None = None,
 ) -> TokenRun:
     """The ids at indices `at` of the list `ids` (the record's `field`) as a run of tokens:
-    decoded, with their role (`roles`: id, role), their segment (the prompt's when None) and
+    decoded, with their role (`roles`: id, role; `marker_roles`: per index of `ids`, the role
+    of a marker written as a sequence, which wins), their segment (the prompt's when None) and
     the codes of the findings `pointed` at them (index, rule)."""
     shown = ids[at]
     frame = pl.DataFrame(
@@ -166,6 +168,9 @@ def token_run(
         },
         schema={"index": pl.Int64, "id": pl.Int64, "piece": pl.String, "known": pl.Boolean, "segment": pl.String},
     ).join(roles, on="id", how="left", maintain_order="left")
+    if marker_roles is not None:
+        by_sequence = pl.Series("sequence_role", marker_roles[at].tolist(), dtype=pl.String)
+        frame = frame.with_columns(pl.coalesce(by_sequence, pl.col("role")).alias("role"))
     frame = frame.with_columns(
         pl.when(~pl.col("known")).then(pl.lit(ROLE_UNKNOWN)).otherwise(pl.col("role")).alias("role")
     )

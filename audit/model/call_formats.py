@@ -10,6 +10,8 @@ the whole batch:
     K  key begin          k  key end      V  value begin      v  value end   (GLM arguments)
     T  tag marker (DSML's `｜DSML｜`, one id inside every tag)
     N  namespace marker (MiniMax-M3's `]<]minimax[>[`, one id before every element)
+    P  argument open   p  argument close   (Kimi-K3's XTML argument tags; its markers are
+       sequences of ids: `<|open|>argument`, `<|close|>argument<|sep|>`)
 
 The rest of a call's structure may be plain text (Qwen3.5/3.6's `<function=NAME>`, DSML's
 tags, MiniMax's elements). Only the text of calls is decoded, one batch per block of records,
@@ -50,6 +52,7 @@ from audit.model.call_readers import (
     qwen_xml_call,
     r1_call,
 )
+from audit.model.call_xtml import kimi_k3_call
 
 ROLE_LETTERS = {
     "section_begin": "S",
@@ -63,6 +66,8 @@ ROLE_LETTERS = {
     "value_end": "v",
     "tag": "T",
     "namespace": "N",
+    "argument_open": "P",
+    "argument_close": "p",
 }
 
 
@@ -98,6 +103,9 @@ class ToolCallFormat:
     # in the `<invoke name=...>` element after the next namespace marker, so there the two
     # markers may touch: the whitespace between them is drift the serving parser ignores.
     name_after_begin: bool = True
+    # Does each call write its number (Kimi-K3's index="N")? Then the calls of an answer are
+    # numbered 1, 2, ... in order, as the template numbers them.
+    numbered_calls: bool = False
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -170,6 +178,21 @@ FORMATS: dict[str, ToolCallFormat] = {
         read=kimi_call,
         has_call_ids=True,
         description="section( call-begin ID argument-begin JSON call-end )+ section-end",
+    ),
+    # Kimi-K3's XTML tools channel (SGLang function_call/kimik3_detector.py, kimik3_format.py):
+    # every marker is a sequence of ids (`<|open|>tools<|sep|>`, `<|open|>call`, ...); a call's
+    # attributes and each argument's are text, read by `kimi_k3_call`.
+    "kimi-k3": ToolCallFormat(
+        name="kimi-k3",
+        blank_between=("SC", "EC", "Es", "pP", "pE"),
+        roles=("section_begin", "section_end", "call_begin", "call_end", "argument_open", "argument_close"),
+        grammar=r"(?:S(?:C(?:Pp)*E)+s)*",
+        read=kimi_k3_call,
+        numbered_calls=True,
+        description=(
+            'tools-open( <|open|>call tool="NAME" index="N"<|sep|> ( <|open|>argument key="K" type="T"<|sep|> '
+            "V <|close|>argument<|sep|> )* <|close|>call<|sep|> )+ tools-close"
+        ),
     ),
     "deepseek-v3.1": ToolCallFormat(
         name="deepseek-v3.1",

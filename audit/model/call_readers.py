@@ -45,6 +45,8 @@ class ToolCall:
     # Values the model itself marked as strings (DSML's string="true"): judged by whether the
     # declared type admits a string at all, beside `arguments`, which is JSON.
     strings: tuple[tuple[str, str], ...] = ()
+    # The call's number as it writes it (Kimi-K3's index="N"), for formats that number calls.
+    index: str | None = None
 
 
 # (head, body) -> the calls in that text. For units "call" and "text", head is the text between

@@ -108,6 +108,49 @@ def differing_sequences(left: FlatIds, right: FlatIds) -> np.ndarray:
 # What `MarkerIndex` answers when a sequence does not hold the id asked about.
 ABSENT = -1
 
+# What a marker view holds at the later positions of a marker written as a sequence of ids:
+# beyond every vocabulary and every virtual id, so no look-up ever finds it.
+FILLER = 1 << 40
+
+
+def marker_view(flat: FlatIds, sequences: dict[int, tuple[int, ...]]) -> FlatIds:
+    """`flat` with each occurrence of a marker written as a sequence of ids (Kimi-K3's
+    `<|open|>think<|sep|>`: a special id, text, a special id) replaced by the marker's virtual
+    id (`ResolvedProfile.sequences`) at its first position and `FILLER` at the others: the same
+    positions, so every index found in the view is an index into the real ids. Longer markers
+    are matched first; an occurrence never overlaps another, nor crosses from one sequence of
+    `flat` into the next. Without sequences the view is `flat` itself."""
+    if not sequences or not len(flat.values):
+        return flat
+    real = flat.values
+    values = real.copy()
+    taken = np.zeros(len(real), dtype=bool)
+    ends = np.repeat(flat.offsets[1:], flat.lengths)
+    for virtual, ids in sorted(sequences.items(), key=lambda item: -len(item[1])):
+        width = len(ids)
+        at = np.flatnonzero(real == ids[0])
+        at = at[at + width <= ends[at]]
+        for k in range(1, width):
+            at = at[real[at + k] == ids[k]]
+        if not len(at):
+            continue
+        span = at[:, None] + np.arange(width)
+        at = at[~taken[span].any(axis=1)]
+        if len(at) > 1:  # a marker overlapping its own previous occurrence is not another one
+            at = at[np.r_[True, np.diff(at) >= width]]
+        span = (at[:, None] + np.arange(width)).ravel()
+        taken[span] = True
+        values[span] = FILLER
+        values[at] = virtual
+    return FlatIds(values, flat.offsets)
+
+
+def view_of(ids: Sequence[int], sequences: dict[int, tuple[int, ...]]) -> tuple[int, ...]:
+    """One id list's marker view (`marker_view`), for a handful of ids (a prompt ending)."""
+    if not sequences:
+        return tuple(ids)
+    return tuple(marker_view(FlatIds.from_sequences([ids]), sequences).values.tolist())
+
 
 class MarkerIndex:
     """Every place where one of a few ids (a profile's markers) occurs in a `FlatIds`.

@@ -5,7 +5,7 @@ error naming the file and the key."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from audit.base.config import expect, reject_unknown, string_list
@@ -15,10 +15,38 @@ from audit.model.prompt_endings import REASONING_STATES, Reasoning, reasoning_le
 
 MODES = ("thinking", "no_thinking")
 
-_CONTINUATION_KEYS = {"suffix", "modes", "reasoning"}
+_CONTINUATION_KEYS = {"suffix", "modes", "reasoning", "rendered"}
 # Harmony (gpt-oss): the marker tokens of a message, and the channel names that carry meaning.
 CHANNEL_MARKERS = ("start", "channel", "constrain", "message", "end", "call", "return")
 _CHANNEL_NAMES = ("reasoning", "answer", "tools")
+
+
+def marker_value(value: Any, where: str) -> tuple[str, tuple[str, ...] | None]:
+    """A marker as a profile writes it: one token's string, or a sequence of pieces (Kimi-K3's
+    `["<|open|>", "think", "<|sep|>"]`: special tokens and the text between them, each encoded
+    on its own as the family's renderer encodes segment by segment). Returns the marker's text
+    (the pieces joined: what a decoded output holds) and its pieces, None for one token."""
+    if isinstance(value, list):
+        pieces = tuple(expect(piece, str, f"{where}[{i}]") for i, piece in enumerate(value))
+        if not pieces or not all(pieces):
+            raise ConfigError(f"{where}: a marker sequence needs pieces, none of them empty; got {value!r}")
+        return "".join(pieces), pieces if len(pieces) > 1 else None
+    text = expect(value, str, where)
+    if not text:
+        raise ConfigError(f"{where}: expected a token string or a list of pieces, got {value!r}")
+    return text, None
+
+
+def marker_table(table: dict[str, Any], roles: Any, where: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """The markers of `roles` in `table` by text, and the pieces of those written as sequences."""
+    texts: dict[str, str] = {}
+    sequences: dict[str, tuple[str, ...]] = {}
+    for role in roles:
+        text, pieces = marker_value(table[role], f"{where}.{role}")
+        texts[role] = text
+        if pieces is not None:
+            sequences[text] = pieces
+    return texts, sequences
 
 
 @dataclass(frozen=True)
@@ -26,7 +54,7 @@ class ToolCallSpec:
     """The tool-call markers of a family, by string, and the format that orders them."""
 
     format: ToolCallFormat
-    markers: dict[str, str]  # role -> token string
+    markers: dict[str, str]  # role -> token string (a sequence's pieces joined)
     call_id_pattern: str | None = None
     # Kimi may enter a tool-call section straight from its reasoning, with no </think> (Kimi-K2
     # issue 89): real model behaviour, so such outputs are counted (SEG004), not rejected as a
@@ -40,6 +68,44 @@ class ToolCallSpec:
     # line (Qwen's and GLM's "<tools>" ... "</tools>"): a record without `tools` still has its
     # parameters' declared types, read from the prompt the model saw. None: not read.
     prompt_tools: tuple[str, str] | None = None
+    # The markers written as sequences of pieces (`marker_value`): text -> pieces.
+    sequences: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+# Kimi-K3's XTML turn: the channels beyond think and tools, each a marker (most of them sequences).
+XTML_MARKERS = ("answer_open", "answer_close", "message_close", "open", "close", "separator")
+
+
+@dataclass(frozen=True)
+class XtmlSpec:
+    """The channel markers of an XTML turn (Kimi-K3) beside its think and tool markers.
+
+    An output is the rest of an assistant message the generation prompt opened:
+    `[reasoning] THINK-CLOSE` (thinking on), `ANSWER-OPEN text ANSWER-CLOSE` (the answer
+    channel; the prompt opened it when thinking is off), the tools channel, then MESSAGE-CLOSE
+    and the end of turn. `open` and `close` are the special tokens every tag starts with: one
+    that no declared marker or call tag accounts for opens or closes an unknown channel;
+    `separator` ends every tag.
+    """
+
+    markers: dict[str, str]  # role -> text
+    sequences: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def parse_xtml(table: Any, where: str) -> XtmlSpec | None:
+    if table is None:
+        return None
+    where = f"{where}: [xtml]"
+    expect(table, dict, where)
+    reject_unknown(table, set(XTML_MARKERS), where)
+    missing = [role for role in XTML_MARKERS if role not in table]
+    if missing:
+        raise ConfigError(f"{where}: needs {', '.join(missing)}")
+    markers, sequences = marker_table(table, XTML_MARKERS, where)
+    for role in ("open", "close", "separator"):
+        if markers[role] in sequences:
+            raise ConfigError(f"{where}.{role}: the tag's special token, one token (not a sequence)")
+    return XtmlSpec(markers, sequences)
 
 
 @dataclass(frozen=True)
@@ -71,6 +137,10 @@ class Continuation:
     suffix: str
     modes: tuple[str, ...]
     reasoning: Reasoning
+    # The mode a prompt ending so was rendered in, when not the run's (Kimi-K3's thinking-off
+    # generation prompt, accepted in a thinking run): its records are judged, and TPL001
+    # renders them, in that mode. None: the run's.
+    rendered: str | None = None
 
 
 def check_continuation(
@@ -138,7 +208,10 @@ def parse_continuations(value: Any, modes: dict[str, Any], where: str) -> tuple[
                 f"{here}.modes: {unknown[0] if unknown else '[]'!r} is not a mode of the profile "
                 f"(it has: {', '.join(m for m in MODES if m in modes)})"
             )
-        parsed.append(Continuation(suffix, listed, state))
+        rendered = table.get("rendered")
+        if rendered is not None and expect(rendered, str, f"{here}.rendered") not in modes:
+            raise ConfigError(f"{here}.rendered: {rendered!r} is not a mode of the profile")
+        parsed.append(Continuation(suffix, listed, state, rendered))
     return tuple(parsed)
 
 
@@ -186,14 +259,28 @@ def parse_tool_calls(table: Any, where: str) -> ToolCallSpec | None:
     pattern = table.get("call_id_pattern")
     if pattern is not None:
         _compile(expect(pattern, str, f"{where}.call_id_pattern"), f"{where}.call_id_pattern")
+    markers, sequences = marker_table(table, fmt.roles, where)
     return ToolCallSpec(
         format=fmt,
-        markers={role: expect(table[role], str, f"{where}.{role}") for role in fmt.roles},
+        markers=markers,
+        sequences=sequences,
         call_id_pattern=pattern,
         may_end_reasoning=expect(table.get("may_end_reasoning", False), bool, f"{where}.may_end_reasoning"),
         end_of_turn=string_list(table.get("end_of_turn", []), f"{where}.end_of_turn"),
         prompt_tools=_prompt_tools(table.get("prompt_tools"), f"{where}.prompt_tools"),
     )
+
+
+def check_call_stops(spec: ToolCallSpec, end_of_turn: tuple[str, ...], eos: tuple[str, ...], where: str) -> None:
+    """`tool_calls.end_of_turn` names stop tokens of the profile, and not all of them."""
+    if not spec.end_of_turn:
+        return
+    stops = set(end_of_turn) | set(eos)
+    unknown = [t for t in spec.end_of_turn if t not in stops]
+    if unknown:
+        raise ConfigError(f"{where}: tool_calls.end_of_turn {unknown[0]!r} is not in tokens.end_of_turn or tokens.eos")
+    if stops <= set(spec.end_of_turn):
+        raise ConfigError(f"{where}: tool_calls.end_of_turn names every stop token: an answer could end with none")
 
 
 def _prompt_tools(value: Any, where: str) -> tuple[str, str] | None:

@@ -13,16 +13,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from audit.base.config import BUILTIN_RULES_DIR, expect, load_toml, reject_unknown, string_list
 from audit.base.errors import ConfigError
+from audit.model.marker_sequences import MarkerIds, widths
 from audit.model.profile_tables import (
     ChannelSpec,
     Continuation,
     ToolCallSpec,
+    XtmlSpec,
+    check_call_stops,
+    marker_table,
     parse_channels,
     parse_continuations,
     parse_template,
     parse_tool_calls,
+    parse_xtml,
 )
 from audit.model.prompt_endings import THINKING_STATES, Reasoning
 from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
@@ -34,7 +41,7 @@ PROFILES_DIR = BUILTIN_RULES_DIR / "profiles"
 
 _TOP_KEYS = {
     "name", "description", "encoder", "tokens", "pinned_ids",
-    "generation_prompt", "tool_calls", "channels", "template", "vision",
+    "generation_prompt", "tool_calls", "channels", "template", "vision", "xtml",
 }
 _TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
@@ -78,33 +85,24 @@ class Profile:
     # Prompt endings after a tool result (agentic continuations), each with its reasoning state.
     continuations: tuple[Continuation, ...] = ()
     vision: VisionSpec | None = None  # the image placeholder's tokens and the processor's defaults
+    # Markers written as sequences of special tokens and text (Kimi-K3's XTML tags): each
+    # marker's text -> its pieces. Resolved, each gets a virtual id (`ResolvedProfile.sequences`).
+    sequences: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    xtml: XtmlSpec | None = None  # the channels of an XTML turn beside think and tools (Kimi-K3)
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement.
         `thinking`: the run's mode, or `"mixed"` for the endings of both, each record in its own."""
         where = f"profile {self.name} ({self.source})"
-
-        def token(text: str) -> int:
-            token_id = tokenizer.token_id(text)
-            if token_id is None:
-                raise ConfigError(
-                    f"{where}: token {text!r} is not in the tokenizer at {tokenizer.directory} "
-                    "as a single token: is this the right profile for this tokenizer?"
-                )
-            return token_id
-
-        for text, pinned in self.pinned_ids.items():
-            actual = token(text)
-            if actual != pinned:
-                raise ConfigError(
-                    f"{where}: pins {text!r} to id {pinned}, but the tokenizer at "
-                    f"{tokenizer.directory} has it at {actual}: wrong tokenizer or stale profile"
-                )
+        # Each marker's id: a token's, or a virtual one for a sequence (above the vocabulary).
+        token = MarkerIds(tokenizer, self.sequences, where)
+        token.check_pins(self.pinned_ids)
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
         endings = resolve_endings(
-            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where
+            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
+            token.sequences,
         )
 
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
@@ -121,6 +119,9 @@ class Profile:
         channel_markers: dict[str, int] = {}
         if self.channels is not None:
             channel_markers = {role: token(text) for role, text in self.channels.markers.items()}
+        xtml_markers: dict[str, int] = {}
+        if self.xtml is not None:
+            xtml_markers = {role: token(text) for role, text in self.xtml.markers.items()}
 
         return ResolvedProfile(
             profile=self,
@@ -141,6 +142,8 @@ class Profile:
             tool_result_text=spelled,
             call_stops=call_stops,
             vision=self.vision.resolve(token, tokenizer.directory) if self.vision else None,
+            xtml_markers=xtml_markers,
+            sequences=token.sequences,
         )
 
 
@@ -168,6 +171,19 @@ class ResolvedProfile:
     vision: ResolvedVision | None = None  # vision ids and processor settings; None: no images
     # The thinking mode each accepted ending belongs to (True: thinking); one value unless mixed.
     suffix_modes: tuple[bool, ...] = ()
+    xtml_markers: dict[str, int] = field(default_factory=dict)  # XTML channel role -> id
+    # Markers written as sequences: virtual id (above the vocabulary) -> the real ids. The
+    # batch's marker view (`audit.model.flat_ids.marker_view`) puts these ids in an output's
+    # place; every comparison of output ids with marker ids reads that view.
+    sequences: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    def width(self, marker: int) -> int:
+        """How many ids the marker takes in an output: its sequence's length, else 1."""
+        return len(self.sequences.get(marker, (marker,)))
+
+    def widths(self, markers: np.ndarray) -> np.ndarray:
+        """`width` of each of many marker ids."""
+        return widths(self.sequences, markers)
 
     @property
     def name(self) -> str:
@@ -204,7 +220,7 @@ class ResolvedProfile:
     def marker_ids(self) -> tuple[int, ...]:
         """Every id the profile names in outputs: think, stop, tool-call, tool-result, channels."""
         named = (self.think_start, self.think_end, *self.stop_ids, *self.tool_markers.values(),
-                 *self.tool_result, *self.channel_markers.values())
+                 *self.tool_result, *self.channel_markers.values(), *self.xtml_markers.values())
         return tuple(dict.fromkeys(i for i in named if i is not None))
 
     @property
@@ -295,6 +311,8 @@ class ResolvedProfile:
             **({"tool_result_text": list(self.tool_result_text)} if self.tool_result_text else {}),
             **({"call_stops": list(self.call_stops)} if self.call_stops else {}),
             **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
+            **({"xtml_markers": self.xtml_markers} if self.xtml_markers else {}),
+            **({"sequences": {str(k): list(v) for k, v in self.sequences.items()}} if self.sequences else {}),
         }
 
 
@@ -336,10 +354,8 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     end_of_turn = string_list(tokens["end_of_turn"], f"{where}: tokens.end_of_turn")
     if not end_of_turn:
         raise ConfigError(f"{where}: tokens.end_of_turn is empty; name the token that ends a turn")
-    for key in ("think_start", "think_end"):
-        # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
-        if key in tokens and not (isinstance(tokens[key], str) and tokens[key]):
-            raise ConfigError(f"{where}: tokens.{key}: expected a token string, got {tokens[key]!r}")
+    # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
+    think, sequences = marker_table(tokens, [k for k in ("think_start", "think_end") if k in tokens], f"{where}: tokens")
     encoder = data.get("encoder")
     if encoder is not None and expect(encoder, str, f"{where}: encoder") not in RENDERERS:
         raise ConfigError(
@@ -347,19 +363,12 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         )
     eos = string_list(tokens.get("eos", []), f"{where}: tokens.eos")
     tool_calls = parse_tool_calls(data.get("tool_calls"), where)
-    if tool_calls is not None and tool_calls.end_of_turn:
-        stops = set(end_of_turn) | set(eos)
-        unknown = [t for t in tool_calls.end_of_turn if t not in stops]
-        if unknown:
-            raise ConfigError(
-                f"{where}: tool_calls.end_of_turn {unknown[0]!r} is not in tokens.end_of_turn "
-                "or tokens.eos"
-            )
-        if stops <= set(tool_calls.end_of_turn):
-            raise ConfigError(
-                f"{where}: tool_calls.end_of_turn names every stop token: an answer could end "
-                "with none"
-            )
+    if tool_calls is not None:
+        check_call_stops(tool_calls, end_of_turn, eos, where)
+    xtml = parse_xtml(data.get("xtml"), where)
+    for spec in (tool_calls, xtml):
+        if spec is not None:
+            sequences.update(spec.sequences)
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -367,8 +376,8 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         name=expect(data.get("name", source.stem), str, f"{where}: name"),
         description=expect(data.get("description", ""), str, f"{where}: description"),
         source=source,
-        think_start=tokens.get("think_start"),
-        think_end=tokens.get("think_end"),
+        think_start=think.get("think_start"),
+        think_end=think.get("think_end"),
         end_of_turn=end_of_turn,
         eos=eos,
         tool_result=string_list(tokens.get("tool_result", []), f"{where}: tokens.tool_result"),
@@ -384,4 +393,6 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         thinking_switch=parse_template(data.get("template"), prompt, where),
         continuations=continuations,
         vision=parse_vision(data.get("vision"), where),
+        sequences=sequences,
+        xtml=xtml,
     )

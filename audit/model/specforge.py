@@ -31,8 +31,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from audit.model.chat_rendering import chat_renderer
 from audit.model.flat_ids import FlatIds
-from audit.model.templating import failure_reason, utf8_text
+from audit.model.templating import CHAT_TEMPLATE, failure_reason, utf8_text
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import PatternRules, TemplateRules, Trainer
 
@@ -208,13 +209,18 @@ def template_kwargs(trainer: Trainer) -> dict[str, Any]:
     return kwargs
 
 
-def render_plans(tokenizer: Tokenizer, plans: list[SpecForgePlan], trainer: Trainer) -> list[str | Refusal]:
-    """Each plan's text, as `GeneralParser.apply_chat_template` (and its fallback) renders it."""
+def render_plans(
+    tokenizer: Tokenizer, plans: list[SpecForgePlan], trainer: Trainer, renderer: str = CHAT_TEMPLATE
+) -> list[str | Refusal]:
+    """Each plan's text, as `GeneralParser.apply_chat_template` (and its fallback) renders it;
+    `renderer` is the profile's (Kimi-K3's tokenizer renders with its Python encoder:
+    `audit.model.chat_rendering`)."""
     kwargs = template_kwargs(trainer)
+    render_chat = chat_renderer(tokenizer, renderer)
     texts: list[str | Refusal] = []
     for plan in plans:
         try:
-            text = tokenizer.render_chat(plan.messages, plan.tools, add_generation_prompt=False, **kwargs)
+            text = render_chat(plan.messages, plan.tools, add_generation_prompt=False, **kwargs)
         except (ValueError, TypeError):
             texts.append(_encodable(_fallback_text(tokenizer, plan, trainer)))
         except Exception as exc:  # jinja's TemplateError and the like: SpecForge does not catch them
@@ -337,14 +343,14 @@ def masked_sequences(
 
 
 def specforge_samples(
-    tokenizer: Tokenizer, conversations: list[Any], tools: list[Any], trainer: Trainer
+    tokenizer: Tokenizer, conversations: list[Any], tools: list[Any], trainer: Trainer, renderer: str = CHAT_TEMPLATE
 ) -> list[tuple[SpecForgePlan | None, TrainedSequence | Refusal]]:
     """What SpecForge trains for each conversation: its plan and sequence, or why nothing."""
     template, pattern = trainer.template, trainer.pattern
     assert template is not None and pattern is not None
     plans = [plan_conversation(c, t, trainer) for c, t in zip(conversations, tools, strict=True)]
     ready = [plan for plan in plans if isinstance(plan, SpecForgePlan)]
-    texts = iter(render_plans(tokenizer, ready, trainer))
+    texts = iter(render_plans(tokenizer, ready, trainer, renderer))
     rendered = [next(texts) if isinstance(plan, SpecForgePlan) else plan for plan in plans]
     good = [text for text in rendered if isinstance(text, str)]
     sequences = iter(masked_sequences(tokenizer, good, template, pattern, trainer.max_length))

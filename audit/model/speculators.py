@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from audit.model.chat_rendering import ChatRender, chat_renderer
 from audit.model.specforge import Refusal
-from audit.model.templating import failure_reason, utf8_text
+from audit.model.templating import CHAT_TEMPLATE, encode_prompts_flat, failure_reason, utf8_text
 from audit.model.tokenizer import Tokenizer
 from audit.model.trainer_rules import Trainer
 
@@ -158,11 +159,11 @@ def _tools(tools: Any) -> list[Any] | None:
     return None
 
 
-def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[Any] | None, gen: bool) -> str:
+def _render(render_chat: ChatRender, messages: list[dict[str, Any]], tools: list[Any] | None, gen: bool) -> str:
     try:
         # A text its tokenizer cannot encode (a lone surrogate, from arguments json.loads decoded)
         # raises ValueError: refused as the template's error.
-        return utf8_text(tokenizer.render_chat(vllm_messages(messages), tools, add_generation_prompt=gen))
+        return utf8_text(render_chat(vllm_messages(messages), tools, add_generation_prompt=gen))
     except RenderRefused:
         raise
     except Exception as exc:  # the template raises: vLLM answers 400
@@ -170,11 +171,20 @@ def _render(tokenizer: Tokenizer, messages: list[dict[str, Any]], tools: list[An
 
 
 def speculators_rows(
-    tokenizer: Tokenizer, conversations: list[Any], tools: list[Any], trainer: Trainer, *, last_only: bool = False
+    tokenizer: Tokenizer,
+    conversations: list[Any],
+    tools: list[Any],
+    trainer: Trainer,
+    *,
+    last_only: bool = False,
+    renderer: str = CHAT_TEMPLATE,
 ) -> list[SpeculatorsResult | Refusal]:
     """The rows speculators builds from each conversation (`last_only`: the last assistant turn's
-    only, the one a record's output is), or why it drops the conversation."""
+    only, the one a record's output is), or why it drops the conversation. `renderer` is the
+    profile's: the server renders Kimi-K3 with its Python renderer and encodes it segment by
+    segment (`audit.model.chat_rendering`)."""
     max_length = trainer.max_length
+    render_chat = chat_renderer(tokenizer, renderer)
     results: list[SpeculatorsResult | Refusal] = []
     # (result index, turn, prompt text, whole text) of every render; encoded in one batch.
     pending: list[tuple[int, int, str, str]] = []
@@ -193,14 +203,14 @@ def speculators_rows(
         parsed_tools = _tools(conv_tools)
         try:
             for j in turns:
-                pending.append((index, j, _render(tokenizer, normalized[:j], parsed_tools, True),
-                                _render(tokenizer, normalized[: j + 1], parsed_tools, False)))
+                pending.append((index, j, _render(render_chat, normalized[:j], parsed_tools, True),
+                                _render(render_chat, normalized[: j + 1], parsed_tools, False)))
         except RenderRefused as exc:
             pending = [item for item in pending if item[0] != index]
             results.append(Refusal(f"the render endpoint refuses it ({exc}): speculators drops the conversation"))
             continue
         results.append(SpeculatorsResult(normalized))
-    flat = tokenizer.encode_flat([text for item in pending for text in item[2:]]) if pending else None
+    flat = encode_prompts_flat(tokenizer, [text for item in pending for text in item[2:]]) if pending else None
     for k, (index, j, _prompt, whole) in enumerate(pending):
         result = results[index]
         if not isinstance(result, SpeculatorsResult):
@@ -216,11 +226,11 @@ def speculators_rows(
         if not np.array_equal(ids[:boundary], prompt_ids):
             boundary = _common_prefix(prompt_ids, ids)
             try:
-                history_text = _render(tokenizer, result.normalized[:j], _tools(tools[index]), False)
+                history_text = _render(render_chat, result.normalized[:j], _tools(tools[index]), False)
             except RenderRefused as exc:
                 results[index] = Refusal(f"the render endpoint refuses it ({exc}): speculators drops the conversation")
                 continue
-            history = tokenizer.encode_flat([history_text])
+            history = encode_prompts_flat(tokenizer, [history_text])
             history_ids = history.values[: history.offsets[1]][:max_length]
             if not np.array_equal(ids[: len(history_ids)], history_ids) or boundary < len(history_ids):
                 results[index] = Refusal(

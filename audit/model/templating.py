@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit.base.errors import ConfigError
-from audit.model.encoders import ENCODERS, deepseek_v32
+from audit.model.encoders import ENCODERS, SegmentedPrompt, deepseek_v32, kimi_k3
 from audit.model.flat_ids import FlatIds
+from audit.model.segment_encoding import encoded_by_segments
 from audit.model.tokenizer import Tokenizer
 
 CHAT_TEMPLATE = "chat_template"
@@ -196,7 +197,9 @@ def _with_arguments(message: Any, turned: dict[int, Any]) -> Any:
 def _encoder_options(name: str, thinking: bool, extra: dict[str, Any]) -> dict[str, Any]:
     """The encoder's keyword arguments: the run's thinking mode, unless the record's
     `chat_template_kwargs` say otherwise (`thinking` or `enable_thinking` as SGLang reads it,
-    `thinking_mode` "thinking"/"chat" as the release encoders do); V4's `reasoning_effort`."""
+    `thinking_mode` "thinking"/"chat" as the release encoders do); V4's `reasoning_effort`;
+    Kimi-K3's `thinking_effort`, `tool_choice` and `response_format` (keywords its
+    `apply_chat_template` takes)."""
     for key in ("thinking", "enable_thinking"):
         if isinstance(extra.get(key), bool):
             thinking = extra[key]
@@ -207,6 +210,10 @@ def _encoder_options(name: str, thinking: bool, extra: dict[str, Any]) -> dict[s
     options: dict[str, Any] = {"thinking": thinking}
     if name == "deepseek-v4" and extra.get("reasoning_effort") is not None:
         options["reasoning_effort"] = extra["reasoning_effort"]
+    if name == "kimi-k3":
+        for key in ("thinking_effort", "tool_choice", "response_format"):
+            if key in extra:
+                options[key] = extra[key]
     return options
 
 
@@ -255,6 +262,21 @@ RENDERERS: dict[str, PromptRenderer] = {
         available=lambda tokenizer: True,
         requirement="nothing (the encoder is built in)",
         variants=(_encoder_render("deepseek-v4", reasoning_effort="max"),),
+    ),
+    # Kimi-K3 as its `apply_chat_template` renders it (`encoding_k3.py` at a590ce09): with
+    # thinking on, the thinking-effort note at its default "max". A request may name another
+    # effort ("low", "high") or none (`build_chat_segments` called directly), and the file's
+    # earlier revision writes string arguments otherwise: accepted too (an effort unless the
+    # record's chat_template_kwargs name it). The text is a `SegmentedPrompt`.
+    "kimi-k3": PromptRenderer(
+        name="kimi-k3",
+        render=_encoder_render("kimi-k3"),
+        available=lambda tokenizer: True,
+        requirement="nothing (the encoder is built in)",
+        variants=(
+            *(_encoder_render("kimi-k3", thinking_effort=effort) for effort in ("high", "low", None)),
+            _encoder_render("kimi-k3", revision=kimi_k3.EARLIER),
+        ),
     ),
 }
 
@@ -332,9 +354,16 @@ def encode_prompts(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]
 
 
 def encode_prompts_flat(tokenizer: Tokenizer, texts: Sequence[str]) -> FlatIds:
-    """`encode_prompts` as one flat array (no Python list per prompt)."""
-    # The round trip's flat encoder: the same ids, from fastokens once a run has built it.
-    return tokenizer.encode_flat(list(texts))
+    """`encode_prompts` as one flat array (no Python list per prompt).
+
+    A `SegmentedPrompt` (Kimi-K3's encoder) is encoded segment by segment, as its model's
+    tokenizer encodes it: markers with special-token strings recognised, the rest with them not
+    recognised, each segment on its own; the ids of its segments, joined.
+    """
+    if not any(isinstance(text, SegmentedPrompt) for text in texts):
+        # The round trip's flat encoder: the same ids, from fastokens once a run has built it.
+        return tokenizer.encode_flat(list(texts))
+    return FlatIds.from_sequences(encoded_by_segments(tokenizer, texts))
 
 
 def prompt_ids(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from audit.base.errors import ConfigError
+from audit.model.flat_ids import view_of
 from audit.model.profile_tables import Continuation, check_continuation
 from audit.model.prompt_endings import Reasoning, reasoning_left, suffix_ids
 from audit.model.tokenizer import Tokenizer
@@ -70,6 +71,7 @@ def resolve_endings(
     think_start: int | None,
     think_end: int | None,
     where: str,
+    sequences: dict[int, tuple[int, ...]] | None = None,
 ) -> Endings:
     """The endings of each mode of the run, resolved to ids; ConfigError on a mode the family
     lacks, an empty suffix, or one ending two modes would judge in different states."""
@@ -78,13 +80,13 @@ def resolve_endings(
     states: list[Reasoning] = []
     modes: list[bool] = []
     for mode in modes_of(thinking):
-        for text, ending, state in _mode_endings(
-            suffixes, continuations, tokenizer, mode, think_start, think_end, where
+        for text, ending, state, rendered in _mode_endings(
+            suffixes, continuations, tokenizer, mode, think_start, think_end, where, sequences or {}
         ):
             texts.append(text)
             ids.append(ending)
             states.append(state)
-            modes.append(mode)
+            modes.append(rendered)
     for index, ending in enumerate(ids):
         other = next((i for i in range(index) if ids[i] == ending and states[i] != states[index]), None)
         if other is not None:
@@ -104,8 +106,10 @@ def _mode_endings(
     think_start: int | None,
     think_end: int | None,
     where: str,
-) -> list[tuple[str, tuple[int, ...], Reasoning]]:
-    """One mode's endings: its generation prompts (all in one state), then its continuations."""
+    sequences: dict[int, tuple[int, ...]],
+) -> list[tuple[str, tuple[int, ...], Reasoning, bool]]:
+    """One mode's endings: its generation prompts (all in one state), then its continuations;
+    each with the mode it was rendered in (the mode's, or the continuation's `rendered`)."""
     mode = mode_key(thinking)
     suffix_texts = suffixes.get(mode)
     if not suffix_texts:
@@ -130,20 +134,22 @@ def _mode_endings(
         return ids
 
     found = [(text, ids_of(text, f"generation_prompt.{mode}")) for text in suffix_texts]
-    reasoning = reasoning_left(found[0][1], think_start, think_end, thinking)
+    # The think markers are looked for in the endings' marker views (a marker may be a sequence).
+    reasoning = reasoning_left(view_of(found[0][1], sequences), think_start, think_end, thinking)
     for text, ids in found[1:]:
-        if reasoning_left(ids, think_start, think_end, thinking) != reasoning:
+        if reasoning_left(view_of(ids, sequences), think_start, think_end, thinking) != reasoning:
             raise ConfigError(
                 f"{where}: generation_prompt.{mode} suffix {text!r} leaves reasoning in a "
                 "different state than the first one; list such variants in separate "
                 "profiles, or as a [[generation_prompt.continuation]] that says its state"
             )
-    endings = [(text, ids, reasoning) for text, ids in found]
+    endings = [(text, ids, reasoning, thinking) for text, ids in found]
     for continuation in continuations:
         if mode not in continuation.modes:
             continue
         key = "generation_prompt.continuation.suffix"
         ids = ids_of(continuation.suffix, key)
-        check_continuation(continuation, ids, think_start, think_end, thinking, f"{where}: {key}")
-        endings.append((continuation.suffix, ids, continuation.reasoning))
+        check_continuation(continuation, view_of(ids, sequences), think_start, think_end, thinking, f"{where}: {key}")
+        rendered = thinking if continuation.rendered is None else continuation.rendered == "thinking"
+        endings.append((continuation.suffix, ids, continuation.reasoning, rendered))
     return endings

@@ -134,6 +134,16 @@ class Tokenizer(FastPaths):
         assert self._backend_json is not None  # a tokenizer without its state built `_fast` itself
         return encode_special_tokens(tokenizers.Tokenizer.from_str(self._backend_json))
 
+    @cached_property
+    def _fast_as_text(self) -> Any:
+        """A copy of the backend that encodes special-token strings as text (`encode_batch_as_text`),
+        kept apart so that no other caller ever sees the switch turned."""
+        import tokenizers
+
+        backend = tokenizers.Tokenizer.from_str(self._backend_json or self._fast.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
     @property
     def _stored(self) -> StoredVocabulary | None:
         """The stored backend's look-ups, once fastokens encodes (a large audit) and the backend
@@ -363,3 +373,16 @@ class Tokenizer(FastPaths):
         if self._tiktoken is not None:
             return self._tiktoken.encode_batch(list(texts), allowed_special="all")
         return [self.hf.encode(t, add_special_tokens=False) for t in texts]
+
+    def encode_batch_as_text(self, texts: Sequence[str]) -> list[list[int]]:
+        """Encode many texts with special-token strings NOT recognised (each is its characters'
+        tokens), no BOS/EOS added: how Kimi-K3's encoder encodes content (`allow_special_tokens=False`),
+        so a message that spells a marker never yields the marker's id. An added token that is
+        not special (`"special": false`) is still matched by a `tokenizers` backend."""
+        if not texts:
+            return []
+        if self._has_backend:
+            return [e.ids for e in self._fast_as_text.encode_batch(list(texts), add_special_tokens=False)]
+        if self._tiktoken is not None:
+            return self._tiktoken.encode_batch(list(texts), allowed_special=set(), disallowed_special=())
+        return [self.hf.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts]

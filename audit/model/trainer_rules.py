@@ -26,7 +26,7 @@ from audit.model.trainer_load import TokenizerLoading, parse_loading
 TRAINERS_DIR = BUILTIN_RULES_DIR / "trainers"
 
 _TOP_KEYS = {"name", "version", "display", "source", "preprocessing", "parsers", "patterns", "profiles",
-             "templates", "roles", "messages", "transformers"}
+             "no_template", "templates", "roles", "messages", "transformers"}
 _TEMPLATE_TEXTS = ("assistant_header", "user_header", "system_prompt", "end_of_turn_token")
 _TEMPLATE_KEYS = {*_TEMPLATE_TEXTS, "parser_type", "assistant_pattern_type", "enable_thinking", "ignore_token"}
 _PARSER_KEYS = {"keys", "pass_enable_thinking", "enable_thinking_default", "unsupported"}
@@ -86,6 +86,8 @@ class TrainerRules:
     patterns: dict[str, PatternRules] = field(default_factory=dict)
     # profile -> {"thinking" / "no_thinking" -> template}: the template a profile's data is for
     profiles: dict[str, dict[str, str]] = field(default_factory=dict)
+    # profile -> why the trainer has no template for that family (`[no_template]`)
+    no_template: dict[str, str] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)  # speculators: role name -> role
     messages: dict[str, tuple[str, ...]] = field(default_factory=dict)  # speculators: kept keys
     # The transformers it pins and the folders that release loads otherwise (`[transformers]`).
@@ -198,6 +200,8 @@ def resolve_trainer(
         picked: dict[str, str] = {}
         for mode in (mode_key(m) for m in modes_of(thinking)):
             picked[mode] = rules.profiles.get(profile or "", {}).get(mode, "")
+            if not picked[mode] and profile in rules.no_template:
+                raise ConfigError(f"{where}: {rules.display} has no template for {profile}: {rules.no_template[profile]}")
             if not picked[mode]:
                 raise ConfigError(
                     f"{where}: {rules.display} has no template audit picks for profile {profile!r} "
@@ -268,6 +272,9 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
             if expect(template, str, f"{at}.{mode}") not in templates:
                 raise ConfigError(f"{at}.{mode}: no template {template!r} (known: {', '.join(templates)})")
         profiles[profile] = dict(table)
+    no_template = expect(data.get("no_template", {}), dict, f"{where}: [no_template]")
+    for profile, why in no_template.items():
+        expect(why, str, f"{where}: no_template.{profile}")
     roles = _roles(data.get("roles"), f"{where}: [roles]")
     messages_table = expect(data.get("messages", {}), dict, f"{where}: [messages]")
     reject_unknown(messages_table, _MESSAGE_KEYS, f"{where}: [messages]")
@@ -279,7 +286,7 @@ def parse_trainer_rules(data: dict[str, Any], source: Path) -> TrainerRules:
     return TrainerRules(
         name=data["name"], version=data["version"], display=data["display"], source=source,
         cited=data["source"], max_length=max_length, max_length_setting=setting, templates=templates, parsers=parsers,
-        patterns=patterns, profiles=profiles, roles=roles, messages=messages,
+        patterns=patterns, profiles=profiles, no_template=no_template, roles=roles, messages=messages,
         loading=parse_loading(data.get("transformers"), where),
     )
 

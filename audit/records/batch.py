@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.model.flat_ids import FlatIds, MarkerIndex
+from audit.model.flat_ids import FlatIds, MarkerIndex, marker_view
 from audit.model.profiles import ResolvedProfile
 from audit.model.tokenizer import DecodedBytes, Tokenizer
 from audit.model.trainer_rules import Trainer
@@ -23,6 +23,9 @@ from audit.records.contract import (
     record_contract,
 )
 from audit.records.images import ImageSource
+
+# The column of output ids as the markers see them (`Batch.with_marker_ids`).
+MARKER_IDS = "marker_ids"
 
 # What a record's own line contributes to its source prompt.
 _PROMPT_FIELDS = ("messages", "tools", "chat_template_kwargs")
@@ -141,10 +144,38 @@ class Batch:
         return self.records["output_ids"].is_not_null().to_numpy()
 
     @cached_property
+    def marker_flat(self) -> FlatIds:
+        """The output ids as the markers see them: each marker the profile writes as a sequence
+        of ids (Kimi-K3's `<|open|>think<|sep|>`) is its virtual id at its first position and a
+        filler at the others (`audit.model.flat_ids.marker_view`), at the same positions. For a
+        family whose markers are all single ids, `output_flat` itself. Compare marker ids with
+        this, decode `output_flat`."""
+        return marker_view(self.output_flat, self.profile.sequences)
+
+    @property
+    def marker_column(self) -> str:
+        """The column a rule's list expressions compare marker ids with: `output_ids` itself,
+        or for a family with sequence markers `marker_ids` (`marker_flat` as a list column,
+        which `with_marker_ids` adds to a frame of this batch's records)."""
+        return MARKER_IDS if self.profile.sequences else "output_ids"
+
+    def with_marker_ids(self, frame: pl.DataFrame) -> pl.DataFrame:
+        """`frame` (one row per record, in order) with the `marker_ids` column when the family
+        has sequence markers; unchanged otherwise."""
+        if not self.profile.sequences:
+            return frame
+        flat, present = self.marker_flat, self.output_present
+        lists = [
+            flat.values[flat.offsets[i] : flat.offsets[i + 1]].tolist() if present[i] else None
+            for i in range(len(flat))
+        ]
+        return frame.with_columns(pl.Series(MARKER_IDS, lists, dtype=pl.List(pl.Int64)))
+
+    @cached_property
     def markers(self) -> MarkerIndex:
-        """Where the profile's marker ids (think, stop, tool-call, tool-result and channel
-        tokens) occur in each output: found once per batch, asked by many rules."""
-        return MarkerIndex(self.output_flat, self.profile.marker_ids)
+        """Where the profile's markers (think, stop, tool-call, tool-result and channel tokens)
+        occur in each output, in the marker view: found once per batch, asked by many rules."""
+        return MarkerIndex(self.marker_flat, self.profile.marker_ids)
 
     @cached_property
     def decodable(self) -> pl.Series:

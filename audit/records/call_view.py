@@ -134,7 +134,9 @@ def _view(batch: Batch) -> ToolCallView:
     # write the name there).
     empty_head = np.zeros(height, dtype=bool)
     if fmt.name_after_begin and "call_begin" in markers and len(found.row) > 1:
-        next_marker = (found.row[1:] == found.row[:-1]) & (found.position[1:] == found.position[:-1] + 1)
+        next_marker = (found.row[1:] == found.row[:-1]) & (
+            found.position[1:] == found.position[:-1] + profile.widths(found.id[:-1])
+        )
         empty_head[found.row[:-1][next_marker & (found.id[:-1] == markers["call_begin"])]] = True
     first_marker = np.full(height, ABSENT, dtype=np.int64)
     first_marker[found.row[starts]] = found.position[starts]
@@ -175,7 +177,9 @@ def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
     )
     if not gap.any():
         return pl.DataFrame(schema=STRAY_SCHEMA)
-    rows, after, before = found.row[:-1][gap], found.position[:-1][gap] + 1, found.position[1:][gap]
+    ends = found.position[:-1] + batch.profile.widths(found.id[:-1])  # after each marker, sequences whole
+    gap &= found.position[1:] > ends
+    rows, after, before = found.row[:-1][gap], ends[gap], found.position[1:][gap]
     base = batch.output_flat.offsets[rows]
     texts = batch.tokenizer.decode_flat(FlatIds.slices(batch.output_flat.values, base + after, base + before))
     gaps = pl.DataFrame(
@@ -218,23 +222,34 @@ def _read_calls(batch: Batch, found: _AnswerMarkers) -> list[ReadCall]:
         raise ValueError("a grammar-valid answer with unequal numbers of call begin, argument and call end markers")
     values = batch.output_flat.values
     base = batch.output_flat.offsets[rows]
+    # How many ids each marker takes (more than one where the profile writes it as a sequence).
+    width = batch.profile.width
+    begin_width = width(markers["call_begin"])
+    head_width = width(markers["argument_begin"]) if has_arguments else 1
+    end_width = width(markers["call_end"])
     # Heads and bodies are slices of the flat output ids: nothing copied per record.
-    heads = batch.tokenizer.decode_flat(FlatIds.slices(values, base + call_begin + 1, base + head_end))
+    heads = batch.tokenizer.decode_flat(FlatIds.slices(values, base + call_begin + begin_width, base + head_end))
     bodies = (
-        batch.tokenizer.decode_flat(FlatIds.slices(values, base + head_end + 1, base + call_end))
+        batch.tokenizer.decode_flat(FlatIds.slices(values, base + head_end + head_width, base + call_end))
         if has_arguments
         else [""] * len(rows)
     )
     read: list[ReadCall] = []
+    numbers: dict[int, int] = {}  # per record, the calls read so far (formats that number them)
     for i, (head, body) in enumerate(zip(heads, bodies, strict=True)):
         start = int(call_begin[i])
-        spans = (int(rows[i]), start, int(call_end[i]) + 1, start + 1, int(head_end[i]) + 1)
+        spans = (int(rows[i]), start, int(call_end[i]) + end_width, start + begin_width, int(head_end[i]) + head_width)
         for call in fmt.read(head, body):
+            if fmt.numbered_calls:
+                numbers[spans[0]] = number = numbers.get(spans[0], 0) + 1
+                if call.malformed is None and call.index is not None and call.index != str(number):
+                    why = f"call index {call.index} where {number} belongs: the template numbers calls from 1 in order"
+                    call = replace(call, malformed=why, problem_at=0)
             problem_token = None
             if call.problem_at is not None:
-                pieces = [(head, values[base[i] + start + 1 : base[i] + head_end[i]], start + 1)]
+                pieces = [(head, values[base[i] + start + begin_width : base[i] + head_end[i]], spans[3])]
                 if has_arguments:
-                    pieces.append((body, values[base[i] + head_end[i] + 1 : base[i] + call_end[i]], spans[4]))
+                    pieces.append((body, values[base[i] + head_end[i] + head_width : base[i] + call_end[i]], spans[4]))
                 problem_token = _problem_token(batch, call, pieces)
             read.append(ReadCall(*spans, call, problem_token))
     return read

@@ -130,14 +130,14 @@ def _bounds(batch: Batch) -> pl.DataFrame:
         # A `<think>` lost but its `</think>` kept: the reasoning still ran from the start.
         opened = _first(markers, [profile.think_start])
         model_opens = state == REASONING_STATES.index("model_opens")
-        start = np.where(model_opens & (opened != ABSENT), opened + 1, start)
+        start = np.where(model_opens & (opened != ABSENT), opened + profile.width(profile.think_start), start)
         has_start |= model_opens & ((opened != ABSENT) | has_close)
         may_open = state == REASONING_STATES.index("may_open")
-        flat = batch.output_flat
+        flat = batch.marker_flat
         own_think = np.zeros(batch.height, dtype=bool)
         nonempty = flat.lengths > 0
         own_think[nonempty] = flat.values[flat.offsets[:-1][nonempty]] == profile.think_start
-        start = np.where(may_open, own_think.astype(np.int64), start)
+        start = np.where(may_open, own_think.astype(np.int64) * profile.width(profile.think_start), start)
         has_start |= may_open
 
     spec = profile.tool_calls
@@ -146,7 +146,9 @@ def _bounds(batch: Batch) -> pl.DataFrame:
     by_end = has_start & ~has_close & ~closed_by_call
     reasoning_end = np.select([by_close, by_call], [close, entry], end)
     has_reasoning_end = by_close | by_call | (by_end & present)
-    answer_start = np.select([~has_start, by_close, by_call], [0, close + 1, entry], 0)
+    # The answer starts after the whole response marker (one id, or a sequence's).
+    close_width = profile.width(profile.think_end) if profile.think_end is not None else 1
+    answer_start = np.select([~has_start, by_close, by_call], [0, close + close_width, entry], 0)
     has_answer_start = ~has_start | by_close | by_call
     # The greater of the two that are known (polars' max_horizontal).
     answer_end = np.where(present & has_answer_start, np.maximum(end, answer_start), np.where(present, end, answer_start))
@@ -200,10 +202,11 @@ def _prompt_endings(batch: Batch) -> np.ndarray:
 
 def record_modes(batch: Batch) -> np.ndarray:
     """Per record, the thinking mode it is judged in (True: thinking): the run's, or in a mixed
-    run that of its prompt's ending; a prompt with no accepted ending is judged in the first."""
+    run (or where an ending says it was rendered in the other mode) that of its prompt's ending;
+    a prompt with no accepted ending is judged in the first."""
     profile = batch.profile
     modes = np.full(batch.height, profile.modes[0], dtype=bool)
-    if len(profile.modes) > 1:
+    if len(set(profile.suffix_modes)) > 1:
         ending = prompt_endings(batch)
         matched = ending >= 0
         modes[matched] = np.asarray(profile.suffix_modes, dtype=bool)[ending[matched]]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
+from audit.model.flat_ids import FlatIds, marker_view
 from audit.model.profiles import ResolvedProfile
 from audit.model.token_text import token_strings
 from audit.model.tokenizer import Tokenizer
@@ -65,6 +66,20 @@ def token_roles(profile: ResolvedProfile, tokenizer: Tokenizer) -> dict[int, str
     if profile.think_end is not None:
         roles[profile.think_end] = ROLE_RESPONSE
     return roles
+
+
+def sequence_roles(profile: ResolvedProfile, roles: dict[int, str], ids: np.ndarray) -> np.ndarray | None:
+    """Per position of `ids`, the role of the marker written as a sequence that covers it (every
+    id of `<|open|>think<|sep|>` is the think marker's), None elsewhere; None for a family whose
+    markers are all single ids (`roles` by id say it all)."""
+    if not profile.sequences:
+        return None
+    view = marker_view(FlatIds.from_sequences([ids.tolist()]), profile.sequences).values
+    found = np.full(len(ids), None, dtype=object)
+    for at in np.flatnonzero(np.isin(view, list(profile.sequences))).tolist():
+        if int(view[at]) in roles:
+            found[at : at + profile.width(int(view[at]))] = roles[int(view[at])]
+    return found
 
 
 def segment_spans(batch: Batch) -> pl.DataFrame:
@@ -129,13 +144,9 @@ def record_summary(batch: Batch) -> pl.DataFrame:
     elif spec is None or not (markers or batch.profile.tool_text_markers):
         calls = pl.repeat(0, batch.height, dtype=pl.UInt32, eager=True)
     elif spec.format.unit == "call" and "call_begin" in markers:
-        length = pl.col("output_ids").list.len().cast(pl.Int64)
-        start = pl.col("answer_start").fill_null(length)
-        calls = (
-            pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal")
-            .select(pl.col("output_ids").list.slice(start, length - start).list.count_matches(markers["call_begin"]))
-            .to_series()
-        )
+        # The call begins in the answer, from the batch's marker index (a begin may be a sequence).
+        start = bounds["answer_start"].fill_null(pl.Series(batch.output_flat.lengths)).to_numpy()
+        calls = pl.Series("tool_calls", batch.markers.count([markers["call_begin"]], since=start))
     else:
         calls = tool_call_view(batch).per_record
     return pl.DataFrame(
@@ -195,10 +206,13 @@ def _reasoning_spans(batch: Batch) -> pl.DataFrame:
     # `<think>` written by the model belongs to its reasoning; so does the closing `</think>`.
     # The reasoning starts after the model's own `<think>` (the id before it), else at 0.
     length = batch.records["output_ids"].list.len().cast(pl.Int64).alias("length")
-    start = (pl.col("reasoning_start") - 1).clip(lower_bound=0)
+    profile = batch.profile
+    opener = profile.width(profile.think_start) if profile.think_start is not None else 1
+    closer = profile.width(profile.think_end) if profile.think_end is not None else 1
+    start = (pl.col("reasoning_start") - opener).clip(lower_bound=0)
     end = (
         pl.when(pl.col("response_at").is_not_null())
-        .then(pl.col("response_at") + 1)
+        .then(pl.col("response_at") + closer)
         .when(pl.col("answer_start").is_not_null())
         .then(pl.col("answer_start"))
         .otherwise(pl.col("length"))
@@ -223,15 +237,12 @@ def _tool_spans(batch: Batch) -> pl.DataFrame:
     opening = markers.get("section_begin", markers.get("call_begin"))
     closing = markers.get("section_end", markers.get("call_end"))
     bounds = response_bounds(batch)
-    frame = pl.concat([batch.records.select("output_ids"), bounds.select("answer_start")], how="horizontal")
-    flat_ids = frame["output_ids"]
-    lengths = flat_ids.list.len().fill_null(0).to_numpy().astype(np.int64)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    values = flat_ids.explode(empty_as_null=False, keep_nulls=False).to_numpy().astype(np.int64)
+    # The marker view: an opening or closing marker written as a sequence is one id there.
+    flat = batch.marker_flat
+    lengths, offsets, values = flat.lengths, flat.offsets, flat.values
     owner = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(len(values), dtype=np.int64) - offsets[owner]
-    answer_from = frame["answer_start"].fill_null(pl.Series(lengths)).to_numpy().astype(np.int64)
+    answer_from = bounds["answer_start"].fill_null(pl.Series(lengths)).to_numpy().astype(np.int64)
     in_answer = position >= answer_from[owner]
     opens = ((values == opening) & in_answer).astype(np.int64)
     closes = ((values == closing) & in_answer).astype(np.int64)
@@ -239,6 +250,9 @@ def _tool_spans(batch: Batch) -> pl.DataFrame:
     running = np.concatenate([[0], np.cumsum(opens - closes)])
     depth = running[1:] - running[offsets[owner]]
     inside = (depth > 0) | (closes > 0)
+    closed_at = np.flatnonzero(closes)
+    for k in range(1, batch.profile.width(closing) if closing is not None else 1):
+        inside[closed_at + k] = True  # the rest of a closing sequence
     if not inside.any():
         return pl.DataFrame(schema=SPANS_SCHEMA)
     # Runs of covered positions become spans.

@@ -9,7 +9,8 @@ runs the family's reasoning and tool-call parsers (as SGLang's do):
 * `content`: the answer without the stop token, leading whitespace removed (the space between
   `</think>` and the answer: servers and templates both drop it); before tool calls, the text
   before the first call, stripped as the tool parsers strip it, without the calls' markup;
-  "" when the reasoning never ended;
+  "" when the reasoning never ended; in XTML (Kimi-K3), what the response channel holds, as
+  SGLang's detector takes it out (`strip_response_wrappers`, nothing stripped);
 * `tool_calls`: `[{id, type: "function", function: {name, arguments: JSON string}}]` from the
   tool-call view (`audit.records.call_view`), the call's own id where the format writes one
   (Kimi), else `call_N`; arguments as written for JSON formats, parameters and elements
@@ -107,6 +108,7 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
         calls = _readable_calls(view.calls, view.grammar_ok, whole_json, drop_unparsed)
     else:
         frame = frame.with_columns(first_marker=pl.lit(None, dtype=pl.Int64))
+    xtml = batch.profile.profile.xtml
     spans = _spans(frame[rows])
     output = batch.records["output_ids"].gather(rows)
     flat = FlatIds.from_series(output)
@@ -127,6 +129,8 @@ def _inputs(batch: Batch) -> list[TrainerInput | NotViewed]:
                 reply["tool_calls"] = [_call_message(call, i) for i, call in enumerate(row_calls)]
         else:
             reply["content"] = raw_text.lstrip() if span["closed"] or not span["has_reasoning"] else ""
+        if xtml is not None and (span["closed"] or not span["has_reasoning"]):
+            reply["content"] = _xtml_reply_text(answer_text if row_calls is not None else raw_text, xtml.markers)
         prompt = prompts[row]
         found[row] = TrainerInput(
             messages=prompt["messages"],
@@ -191,6 +195,21 @@ def _spans(frame: pl.DataFrame) -> list[dict[str, Any]]:
             "raw": (int(a_start), int(max(end, a_start))),
         })
     return spans
+
+
+def _xtml_reply_text(text: str, markers: dict[str, str]) -> str:
+    """An XTML answer's text as SGLang's Kimi-K3 detector returns it (`kimik3_format.py`
+    `strip_response_wrappers`): what the response channel holds (to the text's end when it is
+    not closed), else the text without the channel's close; the message's close taken out;
+    nothing stripped."""
+    opened, closed = markers["answer_open"], markers["answer_close"]
+    at = text.find(opened)
+    if at != -1:
+        end = text.find(closed, at + len(opened))
+        text = text[at + len(opened) :] if end == -1 else text[at + len(opened) : end]
+    else:
+        text = text.replace(closed, "")
+    return text.replace(markers["message_close"], "")
 
 
 def _call_message(call: dict[str, Any], index: int) -> dict[str, Any]:

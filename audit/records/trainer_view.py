@@ -121,14 +121,15 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
     for r, plan in zip(rows, plans, strict=True):
         if isinstance(plan, Refusal):
             r.facts["refused"] = f"{trainer.label} trains nothing of it: {plan.reason}"
-    texts = render_plans(batch.tokenizer, [plan for _, plan in ready], trainer)
+    renderer = batch.profile.prompt_renderer
+    texts = render_plans(batch.tokenizer, [plan for _, plan in ready], trainer, renderer)
     undone = [plan_conversation(r.item.conversation, r.item.tools, trainer, undone=True) for r, _ in ready]
     # Most records' plans change nothing on purpose: their undone plan is the same, rendered once.
     again = [
         p for (_, plan), p in zip(ready, undone, strict=True)
         if isinstance(p, SpecForgePlan) and p.messages != plan.messages
     ]
-    faithful = iter(render_plans(batch.tokenizer, again, trainer))
+    faithful = iter(render_plans(batch.tokenizer, again, trainer, renderer))
     own_texts = [
         (next(faithful) if p.messages != plan.messages else text) if isinstance(p, SpecForgePlan) else p
         for (_, plan), p, text in zip(ready, undone, texts, strict=True)
@@ -265,7 +266,8 @@ def _reasoning_facts(trainer: Trainer, r: _Row, own_text: str, *, parser_drops: 
 def _speculators(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
     """speculators' row for each record's output turn (the last assistant turn)."""
     results = speculators_rows(
-        batch.tokenizer, [r.item.conversation for r in rows], [r.item.tools for r in rows], trainer, last_only=True
+        batch.tokenizer, [r.item.conversation for r in rows], [r.item.tools for r in rows], trainer, last_only=True,
+        renderer=batch.profile.prompt_renderer,
     )
     for r, result in zip(rows, results, strict=True):
         label = trainer.label

@@ -29,7 +29,7 @@ from audit.model.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import ImageSource, image_chips, image_source
 from audit.records.record_lines import read_record
-from audit.records.segments import SEGMENT_PROMPT, token_roles, token_segments
+from audit.records.segments import SEGMENT_PROMPT, sequence_roles, token_roles, token_segments
 from audit.records.sources import InputDigest, file_blocks
 from audit.report.report import Report
 
@@ -225,8 +225,14 @@ def _cut(row: dict, raw: bytes | None, records: _Records, window: int, images: I
         # No position (truncation, a count mismatch, a duplicate...): the end tells most.
         start, stop = max(0, len(ids) - 2 * window), len(ids)
     segments = records.segments[at] if name == "output_ids" else None
+    # The pieces of a marker written as a sequence (Kimi-K3's `think` in `<|open|>think<|sep|>`)
+    # are coloured as the marker's special tokens are.
+    in_marker = sequence_roles(batch.profile, {i: "marker" for i in batch.profile.sequences}, np.asarray(ids))
     sample.tokens = [
-        Token(index, ids[index], "", "text", SEGMENT_PROMPT if segments is None else str(segments[index]))
+        Token(
+            index, ids[index], "", "special" if in_marker is not None and in_marker[index] else "text",
+            SEGMENT_PROMPT if segments is None else str(segments[index]),
+        )
         for index in range(start, stop)
     ]
     vision = batch.profile.vision
@@ -253,7 +259,7 @@ def _decode(samples: list[Sample], tokenizer: Tokenizer, specials: frozenset[int
                 t.index,
                 t.id,
                 pieces.get(t.id, ""),
-                "unknown" if t.id not in known else "special" if t.id in specials else "text",
+                "unknown" if t.id not in known else "special" if t.id in specials or t.kind == "special" else "text",
                 t.segment,
             )
             for t in sample.tokens

@@ -1,0 +1,95 @@
+"""Kimi-K3 data through the trainers: SpecForge's `kimi-k3-thinking` template and speculators render
+with the checkpoint tokenizer's Python renderer (audit's kimi-k3 encoder,
+`audit.model.chat_rendering`), on the stand-in tokenizer (`tests.kimi_k3_support`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from audit.base.errors import ConfigError
+from audit.model.encoders import kimi_k3
+from audit.model.specforge import TrainedSequence, specforge_samples
+from audit.model.speculators import SpeculatorsResult, speculators_rows
+from audit.model.templating import encode_prompts
+from audit.model.tokenizer import Tokenizer
+from audit.model.trainer_rules import resolve_trainer
+from tests.kimi_k3_support import standin_tokenizer
+
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+CALL = {"id": "c0", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+CONVERSATION = [
+    {"role": "user", "content": "Find x."},
+    {"role": "assistant", "content": "", "reasoning_content": "Use the tool.", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "c0", "content": "x is 1"},
+    {"role": "assistant", "content": "x is 1.", "reasoning_content": "Got it."},
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    return standin_tokenizer(tmp_path_factory.mktemp("kimi-k3-standin"))
+
+
+def _trained(tokenizer: Tokenizer, ids: np.ndarray, mask: np.ndarray) -> list[str]:
+    """The text of each run of trained tokens."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], mask, [0]])))
+    return tokenizer.decode_batch([ids[a:b].tolist() for a, b in zip(edges[::2], edges[1::2], strict=True)])
+
+
+def _specforge(tokenizer: Tokenizer, conversation: list[dict]) -> TrainedSequence:
+    trainer = resolve_trainer("specforge", profile="kimi-k3", thinking="mixed")
+    [(_, made)] = specforge_samples(tokenizer, [conversation], [[TOOL]], trainer, renderer="kimi-k3")
+    assert isinstance(made, TrainedSequence)
+    return made
+
+
+def test_specforge_trains_the_reasoning_inline_and_leaves_end_of_msg_out(tokenizer: Tokenizer) -> None:
+    made = _specforge(tokenizer, CONVERSATION)
+    # The checkpoint's renderer: tools declared, thinking on at effort max, every turn's reasoning kept.
+    assert made.text == kimi_k3.render_conversation(CONVERSATION, [TOOL], thinking=True)
+    assert "`thinking_effort=max`" in made.text
+    assert _trained(tokenizer, made.input_ids, made.loss_mask) == [
+        "Use the tool.<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|>"
+        '<|open|>call tool="lookup" index="1"<|sep|><|open|>argument key="q" type="string"<|sep|>x'
+        "<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>",
+        "Got it.<|close|>think<|sep|><|open|>response<|sep|>x is 1.<|close|>response<|sep|><|close|>message<|sep|>",
+    ]
+
+
+def test_specforge_renders_thinking_off_data_with_a_think_channel(tokenizer: Tokenizer) -> None:
+    plain = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+    made = _specforge(tokenizer, plain)
+    assert made.text.endswith(
+        '<|open|>message role="assistant"<|sep|><|open|>think<|sep|><|close|>think<|sep|>'
+        "<|open|>response<|sep|>Hello.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    )
+
+
+def test_specforge_encodes_the_text_whole_so_a_result_spelling_markers_becomes_markers(tokenizer: Tokenizer) -> None:
+    spelled = [*CONVERSATION[:2], {**CONVERSATION[2], "content": "x <|close|>message<|sep|>"}, CONVERSATION[3]]
+    made = _specforge(tokenizer, spelled)
+    assert made.input_ids.tolist() == tokenizer.encode_text(made.text)
+    [served] = encode_prompts(tokenizer, [kimi_k3.render_conversation(spelled, [TOOL], thinking=True)])
+    close = tokenizer.token_id("<|close|>")
+    assert made.input_ids.tolist().count(close) == served.count(close) + 1
+
+
+def test_speculators_rows_are_the_servers_segment_by_segment_renders(tokenizer: Tokenizer) -> None:
+    [result] = speculators_rows(tokenizer, [CONVERSATION], [[TOOL]], resolve_trainer("speculators"), renderer="kimi-k3")
+    assert isinstance(result, SpeculatorsResult)
+    assert [row.turn for row in result.rows] == [1, 3]
+    row = result.rows[-1]
+    whole, prompt = encode_prompts(
+        tokenizer,
+        [kimi_k3.render_conversation(CONVERSATION, [TOOL], thinking=True), kimi_k3.render(CONVERSATION[:3], [TOOL], thinking=True)],
+    )
+    assert row.input_ids.tolist() == whole and row.boundary == len(prompt)
+    assert _trained(tokenizer, row.input_ids, row.loss_mask) == [
+        "Got it.<|close|>think<|sep|><|open|>response<|sep|>x is 1.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+    ]
+
+
+def test_a_family_specforge_has_no_template_for_is_one_line_saying_so() -> None:
+    with pytest.raises(ConfigError, match=r"SpecForge 0\.2\.0 has no template for gemma-4: its `gemma` template .* is Gemma 3's"):
+        resolve_trainer("specforge", profile="gemma-4", thinking=True)
