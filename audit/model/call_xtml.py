@@ -77,6 +77,7 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
         broken(f'call index {index!r} is not index="N" (N from 1)', call.start("attrs"))
     strings: list[tuple[str, str]] = []
     json_values: dict[str, str] = {}
+    order: list[str] = []
     at = call.end()
     while at < len(head):
         argument = _K3_ARGUMENT.match(head, at)
@@ -93,6 +94,7 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
             broken(problem, argument.start("attrs"))
         if not key:
             broken('argument has no key="K" attribute', argument.start("attrs"))
+        order.append(key or "")
         if kind not in _K3_TYPES:
             broken(f"argument {key!r} has type {kind!r}, not one of {', '.join(_K3_TYPES)}", argument.start("attrs"))
         elif kind == "string":
@@ -110,4 +112,5 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
         at = argument.end()
     # The JSON-typed values as one object, which the arguments' JSON check judges.
     arguments = "{" + ", ".join(f"{orjson.dumps(k).decode()}: {v}" for k, v in json_values.items()) + "}"
-    return [ToolCall(name=name, arguments=arguments, malformed=malformed, problem_at=problem_at, strings=tuple(strings))]
+    return [ToolCall(name=name, arguments=arguments, malformed=malformed, problem_at=problem_at, strings=tuple(strings),
+                     order=tuple(order))]
