@@ -375,3 +375,37 @@ def test_string_arguments_are_read_one_level_deep_to_the_same_values(arguments: 
 def test_any_argument_text_is_read_or_written_raw_never_an_error(text: str) -> None:
     read = xtml.text_arguments(text)
     assert read is None or all(isinstance(part, str) for argument in read for part in argument)
+
+
+def test_generate_with_the_kimi_k3_profile_sends_what_tpl001_expects(tmp_path: Path) -> None:
+    """`audit generate --profile kimi-k3`: the prompts are the encoder's, and the audit of what
+    it wrote finds no prompt unlike its messages (TPL001) and no prompt ending out of place."""
+    from fixtures.kimi_k3 import TOKENIZER_DIR
+    from tests.generate_support import generate_args, read_samples, run_cli
+    from tests.sglang_standin import SGLangStandin
+
+    tokenizer = load_tokenizer(TOKENIZER_DIR)
+    call = {"id": "c0", "type": "function", "function": {"name": "search", "arguments": '{"q": "a & b"}'}}
+    agentic = [
+        {"role": "user", "content": "Search it."},
+        {"role": "assistant", "content": "", "reasoning_content": "Search.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "<|open|>tools<|sep|> quoted"},
+    ]
+    lines = [{"id": "agentic", "messages": agentic, "tools": [TOOL]}, {"id": "chat", "messages": agentic[:1]}]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "P1" / "raw_responses.jsonl"
+    with SGLangStandin(TOKENIZER_DIR, think_end="<|sep|>", end_of_turn="<|end_of_msg|>") as server:
+        args = generate_args(prompts, out, server.url, extra=("--canary", "0"))
+        args[args.index("--tokenizer") + 1] = str(TOKENIZER_DIR)
+        args[args.index("--profile") + 1] = "kimi-k3"
+        result = run_cli(args)
+
+    assert result.exit_code == 0, result.output
+    sent = {sample["id"]: sample["input_ids"] for sample in read_samples(out)}
+    rendered = [kimi_k3.render(line["messages"], line.get("tools"), thinking=True) for line in lines]
+    assert [sent["agentic"], sent["chat"]] == encode_prompts(tokenizer, rendered)
+    from audit.api import check_target
+
+    rules = set(check_target(out.parent, cache=False).findings["rule"].to_list())
+    assert not rules & {"TPL001", "PRM001", "PRM002", "ERR001"}

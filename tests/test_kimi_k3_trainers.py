@@ -4,6 +4,9 @@ with the checkpoint tokenizer's Python renderer (audit's kimi-k3 encoder,
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +16,7 @@ from audit.model.specforge import TrainedSequence, specforge_samples
 from audit.model.speculators import SpeculatorsResult, speculators_rows
 from audit.model.templating import encode_prompts
 from audit.model.tokenizer import Tokenizer
+from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import resolve_trainer
 from tests.kimi_k3_support import standin_tokenizer
 
@@ -93,3 +97,62 @@ def test_speculators_rows_are_the_servers_segment_by_segment_renders(tokenizer: 
 def test_a_family_specforge_has_no_template_for_is_one_line_saying_so() -> None:
     with pytest.raises(ConfigError, match=r"SpecForge 0\.2\.0 has no template for gemma-4: its `gemma` template .* is Gemma 3's"):
         resolve_trainer("specforge", profile="gemma-4", thinking=True)
+
+
+def _partition(tmp_path: Path) -> Path:
+    """Kimi-K3 records as `audit generate` writes them (prompts from the encoder, outputs as
+    the model writes XTML, each encoded segment by segment): a plain answer, a call, a call
+    after a tool result that spells markers, and a call entered straight from the reasoning."""
+    from audit.model.encoders.base import Segment, SegmentedPrompt
+    from fixtures.kimi_k3 import TOKENIZER_DIR
+
+    tokenizer = load_tokenizer(TOKENIZER_DIR)
+
+    def ids(*parts: str) -> list[int]:  # "!" marks a marker
+        segments = [Segment(p[1:], True) if p.startswith("!") else Segment(p) for p in parts]
+        return encode_prompts(tokenizer, [SegmentedPrompt(segments)])[0]
+
+    c, o, s, end = "!<|close|>", "!<|open|>", "!<|sep|>", "!<|end_of_msg|>"
+    call = [o, "tools", s, o, "call", " tool", '="', "lookup", '"', " index", '="', "1", '"', s,
+            o, "argument", " key", '="', "q", '"', " type", '="', "string", '"', s, "x", c, "argument", s,
+            c, "call", s, c, "tools", s, c, "message", s, end]
+    spelled = [*CONVERSATION[:3], {"role": "user", "content": "again <|close|>message<|sep|>"}]
+    rows = [
+        ([CONVERSATION[0]], None, ["Add them.", c, "think", s, o, "response", s, "It is 4.", c, "response", s, c, "message", s, end]),
+        ([CONVERSATION[0]], [TOOL], ["Use the tool.", c, "think", s, o, "response", s, c, "response", s, *call]),
+        (spelled, [TOOL], ["Again.", c, "think", s, o, "response", s, c, "response", s, *call]),
+        ([CONVERSATION[0]], [TOOL], ["Use the tool.", *call]),
+    ]
+    records = [
+        {"id": f"r{k}", "messages": messages, **({"tools": tools} if tools else {}),
+         "input_ids": encode_prompts(tokenizer, [kimi_k3.render(messages, tools, thinking=True)])[0],
+         "output_ids": ids(*output), "meta_info": {"finish_reason": {"type": "stop", "matched": 163586}}}
+        for k, (messages, tools, output) in enumerate(rows)
+    ]
+    data = tmp_path / "raw_responses.jsonl"
+    data.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return data
+
+
+@pytest.mark.parametrize(
+    ("trainer", "expected"),
+    [
+        # SpecForge: <|end_of_msg|> out of the loss (ignore_token); the text tokenized whole (the
+        # spelled markers become markers); a call straight from the reasoning re-rendered with a
+        # response channel; the earlier turn of a multi-turn record trained too (TRN009).
+        ("specforge", [(1, "TRN003"), (2, "TRN003"), (3, "TRN002"), (3, "TRN003"), (3, "TRN009"), (4, "TRN002"), (4, "TRN003")]),
+        # speculators: the server's segment-by-segment ids, trained through <|end_of_msg|>.
+        ("speculators", [(3, "TRN009"), (4, "TRN002")]),
+    ],
+)
+def test_the_trainer_view_of_kimi_k3_records(tmp_path: Path, trainer: str, expected: list) -> None:
+    from audit.api import check_target
+    from fixtures.kimi_k3 import TOKENIZER_DIR
+
+    data = _partition(tmp_path)
+    plain = check_target(data, profile="kimi-k3", tokenizer=TOKENIZER_DIR, thinking=True, cache=False)
+    # clean records, prompts as the encoder renders them (a call straight from the reasoning is counted)
+    assert plain.findings.select("line", "rule").rows() == [(4, "SEG004")]
+    report = check_target(data, profile="kimi-k3", tokenizer=TOKENIZER_DIR, thinking=True, trainer=trainer, cache=False)
+    found = report.findings.filter(report.findings["rule"].str.starts_with("TRN"))
+    assert sorted(found.select("line", "rule").rows()) == expected

@@ -47,6 +47,9 @@ class ToolCall:
     strings: tuple[tuple[str, str], ...] = ()
     # The call's number as it writes it (Kimi-K3's index="N"), for formats that number calls.
     index: str | None = None
+    # With `strings`: every argument's key in the order the model wrote them (the strings and the
+    # JSON values of `arguments` are read apart), so the call can be rebuilt as a server returns it.
+    order: tuple[str, ...] = ()
 
 
 # (head, body) -> the calls in that text. For units "call" and "text", head is the text between
@@ -267,8 +270,10 @@ def dsml_reader(block: str) -> Reader:
             text, text_start = call.group(2) or "", inner_start + (call.start(2) if call.group(2) else call.end())
             pairs: list[tuple[str, str]] = []
             json_values: dict[str, str] = {}
+            order: list[str] = []
             inner_at = 0
             while item := parameter.match(text, inner_at):
+                order.append(item.group(1))
                 if item.group(2) == "true":
                     pairs.append((item.group(1), item.group(3)))
                 else:
@@ -285,7 +290,7 @@ def dsml_reader(block: str) -> Reader:
             # string="false" values are JSON: joined into one object the JSON check judges.
             arguments = "{" + ", ".join(f"{orjson.dumps(k).decode()}: {v}" for k, v in json_values.items()) + "}"
             calls.append(ToolCall(name=call.group(1).strip() or None, arguments=arguments, malformed=malformed,
-                                  problem_at=malformed_at, strings=tuple(pairs)))
+                                  problem_at=malformed_at, strings=tuple(pairs), order=tuple(order)))
             at = call.end()
         if inner[at:].strip():
             offset = _first_text(inner, at)

@@ -78,6 +78,7 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
     strings: list[tuple[str, str]] = []
     json_values: dict[str, str] = {}
     seen: set[str] = set()
+    order: list[str] = []
     at = call.end()
     while at < len(head):
         argument = _K3_ARGUMENT.match(head, at)
@@ -97,6 +98,7 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
         elif key in seen:  # SGLang keeps the last value: the first is lost
             broken(f"argument {key!r} written twice", argument.start("attrs"))
         seen.add(key or "")
+        order.append(key or "")
         if kind not in _K3_TYPES:
             broken(f"argument {key!r} has type {kind!r}, not one of {', '.join(_K3_TYPES)}", argument.start("attrs"))
         elif kind == "string":
@@ -115,4 +117,4 @@ def kimi_k3_call(head: str, body: str) -> list[ToolCall]:
     # The JSON-typed values as one object, which the arguments' JSON check judges.
     arguments = "{" + ", ".join(f"{orjson.dumps(k).decode()}: {v}" for k, v in json_values.items()) + "}"
     return [ToolCall(name=name, arguments=arguments, malformed=malformed, problem_at=problem_at, strings=tuple(strings),
-                     index=index)]
+                     index=index, order=tuple(order))]

@@ -85,6 +85,8 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
                 error, literal = None, f"are written as {kind}, not JSON: {call.arguments.strip()[:80]!r}"
             if error is None and call.strings:
                 error = _strings_error(call, parameter_types(declared.get(row), call.name))
+            if error is None and call.strings:
+                values = _written_object(call)
         else:
             types = parameter_types(declared.get(row), call.name)
             error = _parameters_error(call, types)
@@ -98,6 +100,23 @@ def judge_calls(batch: Batch, read: list[ReadCall]) -> pl.DataFrame:
         ):
             columns[name].append(value)
     return pl.DataFrame(columns, schema=CALLS_SCHEMA)
+
+
+def _written_object(call: ToolCall) -> str | None:
+    """The arguments of a call whose strings were read apart from its JSON values (DSML, XTML) as
+    one JSON object in the order the model wrote them, as the server's parser returns it (a
+    later duplicate key wins, as in its dict); None when the JSON values do not read."""
+    try:
+        parsed = orjson.loads(call.arguments)
+    except orjson.JSONDecodeError:
+        return None
+    strings = dict(call.strings)
+    if not isinstance(parsed, dict) or not call.order:
+        return None
+    merged: dict[str, Any] = {}
+    for key in call.order:
+        merged[key] = strings[key] if key in strings else parsed.get(key)
+    return _json_text(merged)
 
 
 def _json_text(value: Any) -> str | None:
