@@ -42,6 +42,7 @@ from audit.model.call_readers import (
     R1_STRIPPED_CALL,
     Reader,
     dsml_reader,
+    gemma4_call,
     glm_call,
     kimi_call,
     minimax_call,
@@ -244,6 +245,18 @@ FORMATS: dict[str, ToolCallFormat] = {
         description=f'( {MINIMAX_NAMESPACE}<tool_call> ( {MINIMAX_NAMESPACE}<invoke name="NAME"> '
         f"( {MINIMAX_NAMESPACE}<K>V{MINIMAX_NAMESPACE}</K> )* {MINIMAX_NAMESPACE}</invoke> )+ "
         f"{MINIMAX_NAMESPACE}</tool_call> )*",
+    ),
+    # Gemma-4 (its chat template; SGLang's gemma4_detector): `<|tool_call>` and `<tool_call|>`
+    # are single ids around `call:NAME{key:value,...}`, the calls written back to back.
+    "gemma4": ToolCallFormat(
+        name="gemma4",
+        blank_between=("EC",),
+        roles=("call_begin", "call_end"),
+        grammar=r"(?:CE)*",
+        read=gemma4_call,
+        # With its marker ids stripped a call reads `call:NAME{` with no `<|tool_call>` before it.
+        stripped_call=r"(?:^|[^>])call:[A-Za-z0-9_.\-]+\{",
+        description='( <|tool_call> call:NAME{key:<|"|>text<|"|>,n:1,o:{...},l:[...]} <tool_call|> )*',
     ),
     "dsml-v3.2": ToolCallFormat(
         name="dsml-v3.2",

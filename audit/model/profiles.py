@@ -36,7 +36,9 @@ _TOP_KEYS = {
     "name", "description", "encoder", "tokens", "pinned_ids",
     "generation_prompt", "tool_calls", "channels", "template", "vision",
 }
-_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
+_TOKEN_KEYS = {
+    "think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result", "thinking_token",
+}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
 
 
@@ -78,6 +80,10 @@ class Profile:
     # Prompt endings after a tool result (agentic continuations), each with its reasoning state.
     continuations: tuple[Continuation, ...] = ()
     vision: VisionSpec | None = None  # the image placeholder's tokens and the processor's defaults
+    # A token the template writes into the prompt when, and only when, thinking is on (Gemma-4's
+    # `<|think|>` in the system turn): where the endings of both modes look alike (after a tool
+    # result), its presence says the mode the prompt was rendered in (PRM001).
+    thinking_token: str | None = None
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement.
@@ -125,6 +131,7 @@ class Profile:
         return ResolvedProfile(
             profile=self,
             thinking=thinking,
+            thinking_token=token(self.thinking_token) if self.thinking_token else None,
             think_start=think_start,
             think_end=think_end,
             end_of_turn=tuple(token(t) for t in self.end_of_turn),
@@ -168,6 +175,7 @@ class ResolvedProfile:
     vision: ResolvedVision | None = None  # vision ids and processor settings; None: no images
     # The thinking mode each accepted ending belongs to (True: thinking); one value unless mixed.
     suffix_modes: tuple[bool, ...] = ()
+    thinking_token: int | None = None  # the id the prompt holds only with thinking on, if any
 
     @property
     def name(self) -> str:
@@ -360,6 +368,9 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
                 f"{where}: tool_calls.end_of_turn names every stop token: an answer could end "
                 "with none"
             )
+    thinking_token = tokens.get("thinking_token")
+    if thinking_token is not None and not (isinstance(thinking_token, str) and thinking_token):
+        raise ConfigError(f"{where}: tokens.thinking_token: expected a token string, got {thinking_token!r}")
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -379,6 +390,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         pinned_ids=dict(pinned),
         tool_calls=tool_calls,
         think_open_window=window,
+        thinking_token=thinking_token,
         channels=parse_channels(data.get("channels"), where),
         encoder=encoder,
         thinking_switch=parse_template(data.get("template"), prompt, where),
