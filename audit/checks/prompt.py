@@ -12,7 +12,7 @@ from audit.model.thinking_modes import mode_key
 from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with, first_index_of
-from audit.records.response import prompt_reasoning, record_modes
+from audit.records.response import prompt_endings, record_reasoning
 
 
 class PromptSuffix(RecordRule):
@@ -89,25 +89,26 @@ class PromptSuffix(RecordRule):
         return pl.concat([findings, self._mode_token(batch, other)]).sort("row")
 
     def _mode_token(self, batch: Batch, flagged: pl.DataFrame) -> pl.DataFrame:
-        """Prompts whose thinking token says the other mode than the record is judged in."""
+        """Prompts whose thinking token says the other mode than their ending (or the run)."""
         if flagged.is_empty():
             return empty_findings()
         token = batch.profile.thinking_token
         text = batch.profile.profile.thinking_token
         assert token is not None  # _other_mode flags nothing without one
-        modes = record_modes(batch)
+        against = "the run" if len(batch.profile.modes) == 1 else "its ending"
+        holds = _holds_token(batch)
         positions, messages = [], []
         for row, at, length in flagged.select(
             "row", first_index_of("input_ids", token), pl.col("input_ids").list.len()
         ).iter_rows():
-            if modes[row]:
-                positions.append(length - 1)
-                messages.append(f"prompt has no {text!r}, which the template writes when thinking is on: "
-                                "rendered with thinking off in a thinking run")
-            else:
+            if holds[row]:
                 positions.append(at)
-                messages.append(f"prompt holds {text!r}, which the template writes only when thinking is on: "
-                                "rendered with thinking on in a thinking-off run")
+                messages.append(f"prompt holds {text!r}, which the template writes only with thinking on, "
+                                f"but {against} is thinking off")
+            else:
+                positions.append(length - 1)
+                messages.append(f"prompt has no {text!r}, which the template writes with thinking on, "
+                                f"but {against} is thinking on")
         return findings_frame(flagged["row"].to_list(), positions, messages)
 
     def _endings(self, batch: Batch, flagged: pl.DataFrame) -> pl.DataFrame:
@@ -133,12 +134,22 @@ class PromptSuffix(RecordRule):
 
 def _other_mode(batch: Batch) -> np.ndarray | None:
     """Per record, does its prompt's thinking token (`tokens.thinking_token`) say the other mode
-    than the one it is judged in? None for families without one."""
-    token = batch.profile.thinking_token
-    if token is None:
+    than its ending (a single-mode run: than the run's)? None for families without one."""
+    profile = batch.profile
+    if profile.thinking_token is None:
         return None
-    holds = batch.records.select(pl.col("input_ids").list.contains(token).fill_null(False)).to_series().to_numpy()
-    return np.asarray(holds, dtype=bool) != record_modes(batch)
+    holds = _holds_token(batch)
+    if len(profile.modes) == 1:
+        return holds != profile.modes[0]
+    ending = prompt_endings(batch)
+    ending_modes = np.asarray(profile.suffix_modes, dtype=bool)[np.maximum(ending, 0)]
+    return (ending >= 0) & (ending_modes != holds)
+
+
+def _holds_token(batch: Batch) -> np.ndarray:
+    token = batch.profile.thinking_token
+    holds = batch.records.select(pl.col("input_ids").list.contains(token).fill_null(False)).to_series()
+    return np.asarray(holds.to_numpy(), dtype=bool)
 
 
 class ThinkNotOpened(RecordRule):
@@ -173,7 +184,7 @@ class ThinkNotOpened(RecordRule):
         window = batch.profile.profile.think_open_window
         # Only records whose prompt leaves the opening to the model (not an agentic
         # continuation with a reasoning state of its own).
-        model_opens = prompt_reasoning(batch.profile) == "model_opens"
+        model_opens = pl.lit(record_reasoning(batch)) == "model_opens"
         not_opened = opened_at.is_null() | (opened_at > window)
         return model_opens & (pl.col("output_ids").list.len() > 0) & not_opened
 

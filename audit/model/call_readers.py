@@ -422,11 +422,20 @@ def gemma4_call(head: str, body: str) -> list[ToolCall]:
     if name and not _GEMMA4_NAME.fullmatch(name):
         return [ToolCall(name=name.strip() or None, arguments=text[brace:],
                          malformed=f"the function name {name[:40]!r} is not one word", problem_at=5)]
+    # The call's frame is `call:NAME{...}` up to the brace that closes the first (SGLang's
+    # `_find_matching_brace`); what is inside is the arguments, which may not read (TCL002).
+    end = _gemma4_closing_brace(text, brace)
+    if end == -1:
+        return [ToolCall(name=name or None, arguments=text[brace:],
+                         arguments_error="are cut short: the '{' that opens them is never closed")]
     try:
-        pairs, end = _gemma4_object(text, brace)
+        pairs, read_to = _gemma4_object(text, brace)
     except _Malformed as broken:
-        problem, at = broken.args
-        return [ToolCall(name=name or None, arguments=text[brace:], malformed=problem, problem_at=at)]
+        problem, _ = broken.args
+        return [ToolCall(name=name or None, arguments=text[brace:end], arguments_error=f"do not read ({problem})")]
+    if read_to != end:  # the brace SGLang closes at is not the one the arguments close at
+        return [ToolCall(name=name or None, arguments=text[brace:end],
+                         arguments_error=f"do not read (the object closes at {text[read_to - 1:][:40]!r})")]
     if text[end:].strip():
         at = _first_text(text, end)
         return [ToolCall(name=name or None, arguments=text[brace:end],
@@ -438,6 +447,27 @@ def gemma4_call(head: str, body: str) -> list[ToolCall]:
     except (TypeError, orjson.JSONEncodeError):  # an integer past 64 bits: written as text
         arguments = text[brace:end]
     return [ToolCall(name=name or None, arguments=arguments, strings=strings)]
+
+
+def _gemma4_closing_brace(text: str, brace: int) -> int:
+    """The offset after the `}` that closes the `{` at `brace`, skipping `<|"|>` strings; -1 when
+    it is never closed."""
+    depth, at = 0, brace
+    while at < len(text):
+        if text.startswith(GEMMA4_QUOTE, at):
+            close = text.find(GEMMA4_QUOTE, at + len(GEMMA4_QUOTE))
+            if close == -1:
+                return -1
+            at = close + len(GEMMA4_QUOTE)
+            continue
+        if text[at] == "{":
+            depth += 1
+        elif text[at] == "}":
+            depth -= 1
+            if depth == 0:
+                return at + 1
+        at += 1
+    return -1
 
 
 class _Gemma4String(str):

@@ -110,7 +110,8 @@ class Profile:
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
         endings = resolve_endings(
-            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where
+            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
+            mode_by_token=self.thinking_token is not None,
         )
 
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)

@@ -24,6 +24,7 @@ by `Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,10 @@ def _render_chat_template(
     return _render_any_argument_form(tokenizer, messages, tools, extra, add_generation_prompt=True)
 
 
+# A chat template that tests a call's arguments for a mapping (`function['arguments'] is mapping`).
+_MAPPING_TEST = re.compile(r"arguments['\"\]]*\s+is\s+mapping")
+
+
 def _render_any_argument_form(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, extra: dict[str, Any], *, add_generation_prompt: bool
 ) -> str:
@@ -92,6 +97,14 @@ def _render_any_argument_form(
             conversation, tools or None, add_generation_prompt=add_generation_prompt, **extra
         )
 
+    if _MAPPING_TEST.search(tokenizer.chat_template_text) and (objects := other_argument_form(messages, True)):
+        # A template that tests for a mapping takes one as its own form and writes a string as
+        # it is (Gemma-4 pastes a JSON string between its braces); serving stacks give it the
+        # mapping (SGLang's normalize_assistant_tool_call_arguments parses string arguments).
+        try:
+            return render(objects)
+        except Exception:  # noqa: BLE001, S110 (the messages as given are tried next)
+            pass
     try:
         return render(messages)
     except Exception as refused:  # jinja raises many types; render_prompts reports the first
