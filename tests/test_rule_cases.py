@@ -107,6 +107,7 @@ TOKENIZERS = {
     "glm-5": "glm-5.2",
     "gpt-oss": "harmony",
     "minimax-m3": "minimax-m3",
+    "gemma-4": "gemma-4-mini",
 }
 MINI_TOKENIZERS = FIXTURES / "tokenizers"
 # Profiles whose tokenizer's template is a sibling model's: how that template ends a generation

@@ -99,7 +99,7 @@ class PromptSuffix(RecordRule):
         holds = _holds_token(batch)
         positions, messages = [], []
         for row, at, length in flagged.select(
-            "row", first_index_of("input_ids", token), pl.col("input_ids").list.len()
+            "row", first_index_of("input_ids", token).alias("at"), pl.col("input_ids").list.len().alias("length")
         ).iter_rows():
             if holds[row]:
                 positions.append(at)
