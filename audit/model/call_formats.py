@@ -37,12 +37,12 @@ from re import _constants as sre_constants  # type: ignore[attr-defined]  # the 
 from re import _parser as sre_parser  # type: ignore[attr-defined]
 from typing import Literal
 
+from audit.model.call_gemma import gemma4_call
 from audit.model.call_readers import (
     MINIMAX_NAMESPACE,
     R1_STRIPPED_CALL,
     Reader,
     dsml_reader,
-    gemma4_call,
     glm_call,
     kimi_call,
     minimax_call,
