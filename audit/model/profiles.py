@@ -25,7 +25,7 @@ from audit.model.profile_tables import (
     parse_tool_calls,
 )
 from audit.model.prompt_endings import THINKING_STATES, Reasoning
-from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
+from audit.model.templating import CHAT_TEMPLATE, RENDERERS, render_prompts, thinking_kwargs
 from audit.model.thinking_modes import MIXED, ThinkingMode, mode_key, modes_of, resolve_endings
 from audit.model.tokenizer import Tokenizer
 from audit.model.vision import ResolvedVision, VisionSpec, parse_vision
@@ -39,7 +39,7 @@ _TOP_KEYS = {
 _TOKEN_KEYS = {
     "think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result", "thinking_token",
 }
-_PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
+_PROMPT_KEYS = {"thinking", "no_thinking", "continuation", "as_template_renders"}
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,10 @@ class Profile:
     # `<|think|>` in the system turn): where the endings of both modes look alike (after a tool
     # result), its presence says the mode the prompt was rendered in (PRM001).
     thinking_token: str | None = None
+    # The generation prompts listed are those of several revisions of the template (Gemma-4's
+    # E2B/E4B end a thinking-off prompt otherwise than the larger checkpoints): a tokenizer
+    # folder with a chat template accepts the ones its own template renders.
+    as_template_renders: bool = False
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement.
@@ -109,8 +113,11 @@ class Profile:
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
+        suffixes = self.prompt_suffixes
+        if self.as_template_renders:
+            suffixes = {mode: self._rendered(tokenizer, mode, texts) for mode, texts in suffixes.items()}
         endings = resolve_endings(
-            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
+            suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
             mode_by_token=self.thinking_token is not None,
         )
 
@@ -150,6 +157,23 @@ class Profile:
             call_stops=call_stops,
             vision=self.vision.resolve(token, tokenizer.directory) if self.vision else None,
         )
+
+
+    def _rendered(self, tokenizer: Tokenizer, mode: str, texts: tuple[str, ...]) -> tuple[str, ...]:
+        """The suffixes of one mode that the tokenizer's own template ends a one-turn prompt
+        with; all of them when it has no template, renders none of them or cannot render."""
+        if not tokenizer.has_chat_template or len(texts) < 2:
+            return texts
+        thinking = mode == "thinking"
+        try:
+            [rendered] = render_prompts(tokenizer, [[{"role": "user", "content": "Hello"}]], [None],
+                                        thinking=thinking, template_kwargs=self.template_kwargs(thinking))
+        except Exception:  # noqa: BLE001 (a template that cannot render keeps every suffix)
+            return texts
+        if not isinstance(rendered, str):
+            return texts
+        kept = tuple(text for text in texts if rendered.endswith(text))
+        return kept or texts
 
 
 @dataclass(frozen=True)
@@ -335,6 +359,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     prompt = dict(expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]"))
     reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
     continuations = parse_continuations(prompt.pop("continuation", []), prompt, where)
+    as_rendered = expect(prompt.pop("as_template_renders", False), bool, f"{where}: generation_prompt.as_template_renders")
     if "thinking" not in prompt and "no_thinking" not in prompt:
         raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
     pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
@@ -392,6 +417,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         tool_calls=tool_calls,
         think_open_window=window,
         thinking_token=thinking_token,
+        as_template_renders=as_rendered,
         channels=parse_channels(data.get("channels"), where),
         encoder=encoder,
         thinking_switch=parse_template(data.get("template"), prompt, where),
