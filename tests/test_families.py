@@ -294,3 +294,46 @@ def test_a_gemma4_folder_accepts_the_thinking_off_ending_its_own_template_render
         flagged[folder.name] = set(findings.filter(findings["rule"] == "PRM001")["line"].to_list())
     # Each folder passes the prompt its own template renders and flags the other revision's.
     assert flagged == {"gemma-4-mini": {2}, "gemma-4-e-series": {2}}
+
+
+def test_a_gemma4_folder_accepts_the_ending_after_a_tool_result_its_own_template_renders(tmp_path: Path) -> None:
+    """Google's later Gemma-4 template opens the thought channel after a tool result with
+    thinking on (`<tool_response|><|channel>thought\\n`), the quoted one adds nothing: each
+    folder accepts its own ending there, and the other is flagged (PRM001), so an opener split
+    between prompt and output is caught wherever the template does not write it."""
+    stand_in = Path(__file__).resolve().parent.parent / "fixtures" / "tokenizers" / "gemma-4-mini"
+    later = tmp_path / "gemma-4-later"
+    later.mkdir()
+    for item in stand_in.iterdir():
+        (later / item.name).write_bytes(item.read_bytes())
+    config = json.loads((later / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tail = "        {%- endif -%}\n    {%- endif -%}\n{%- endif -%}"
+    assert config["chat_template"].endswith(tail)
+    config["chat_template"] = config["chat_template"][: -len(tail)] + (
+        "        {%- endif -%}\n    {%- elif ns.prev_message_type == 'tool_response' and enable_thinking -%}\n"
+        "        {{- '<|channel>thought\\n' -}}\n    {%- endif -%}\n{%- endif -%}"
+    )
+    (later / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    call = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c0", "content": "sunny"}]
+    prompts = {folder: prompt_ids(_tokenizer_cache(folder, False), [messages], [None], thinking=True)[0]
+               for folder in (stand_in, later)}
+    outputs = {stand_in: "<|channel>thought\nSunny.\n<channel|>It is sunny.<turn|>", later: "Sunny.\n<channel|>It is sunny.<turn|>"}
+    flagged = {}
+    for folder, other in ((stand_in, later), (later, stand_in)):
+        tokenizer = _tokenizer_cache(folder, False)
+        lines = []
+        for name, source in (("own", folder), ("other", other)):
+            output = tokenizer.encode_text(outputs[source])
+            lines.append(json.dumps({"id": name, "input_ids": prompts[source], "output_ids": output,
+                                     "meta_info": {"finish_reason": {"type": "stop", "matched": output[-1]}}}))
+        data = tmp_path / f"{folder.name}.jsonl"
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        options = CheckOptions(profile="gemma-4", tokenizer=folder, thinking=True)
+        findings = check_session(prepare(resolve_target(str(data), tmp_path), options)).findings
+        errors = findings.filter(findings["severity"] == "error")
+        flagged[folder.name] = (set(errors["line"].to_list()), set(errors.filter(errors["line"] == 2)["rule"].to_list()))
+    assert flagged["gemma-4-mini"][0] == {2} and "PRM001" in flagged["gemma-4-mini"][1]
+    assert flagged["gemma-4-later"][0] == {2} and "PRM001" in flagged["gemma-4-later"][1]

@@ -113,11 +113,12 @@ class Profile:
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
-        suffixes = self.prompt_suffixes
+        suffixes, continuations = self.prompt_suffixes, self.continuations
         if self.as_template_renders:
             suffixes = {mode: self._rendered(tokenizer, mode, texts) for mode, texts in suffixes.items()}
+            continuations = self._rendered_continuations(tokenizer)
         endings = resolve_endings(
-            suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
+            suffixes, continuations, tokenizer, thinking, think_start, think_end, where,
             mode_by_token=self.thinking_token is not None,
         )
 
@@ -162,18 +163,38 @@ class Profile:
     def _rendered(self, tokenizer: Tokenizer, mode: str, texts: tuple[str, ...]) -> tuple[str, ...]:
         """The suffixes of one mode that the tokenizer's own template ends a one-turn prompt
         with; all of them when it has no template, renders none of them or cannot render."""
-        if not tokenizer.has_chat_template or len(texts) < 2:
+        if len(texts) < 2:
             return texts
-        thinking = mode == "thinking"
-        try:
-            [rendered] = render_prompts(tokenizer, [[{"role": "user", "content": "Hello"}]], [None],
-                                        thinking=thinking, template_kwargs=self.template_kwargs(thinking))
-        except Exception:  # noqa: BLE001 (a template that cannot render keeps every suffix)
-            return texts
-        if not isinstance(rendered, str):
-            return texts
-        kept = tuple(text for text in texts if rendered.endswith(text))
+        rendered = self._render(tokenizer, mode == "thinking", [{"role": "user", "content": "Hello"}])
+        kept = tuple(text for text in texts if rendered is not None and rendered.endswith(text))
         return kept or texts
+
+    def _rendered_continuations(self, tokenizer: Tokenizer) -> tuple[Continuation, ...]:
+        """The continuations the tokenizer's own template ends a prompt after a tool result with,
+        per mode (Gemma-4's later template opens the thought channel there, the earlier one
+        does not); a mode's all of them where the template renders none of them."""
+        call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
+        conversation: list[dict[str, Any]] = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": "call_0", "content": "ok"}]
+        kept: list[Continuation] = []
+        for mode in ("thinking", "no_thinking"):
+            mine = [c for c in self.continuations if mode in c.modes]
+            rendered = self._render(tokenizer, mode == "thinking", conversation)
+            fitting = [c for c in mine if rendered is not None and rendered.endswith(c.suffix)]
+            kept += [c for c in fitting or mine if c not in kept]
+        return tuple(c for c in self.continuations if c in kept)
+
+    def _render(self, tokenizer: Tokenizer, thinking: bool, messages: list[dict[str, Any]]) -> str | None:
+        """A prompt as the tokenizer's own template renders it in one mode; None when it has no
+        template or cannot render."""
+        if not tokenizer.has_chat_template:
+            return None
+        try:
+            [rendered] = render_prompts(tokenizer, [messages], [None], thinking=thinking,
+                                        template_kwargs=self.template_kwargs(thinking))
+        except Exception:  # noqa: BLE001 (a template that cannot render keeps every ending)
+            return None
+        return rendered if isinstance(rendered, str) else None
 
 
 @dataclass(frozen=True)
