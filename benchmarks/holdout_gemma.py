@@ -7,11 +7,12 @@ recall and clean-at-error rate on it.
 Prompts are rendered by the REAL chat template (the stand-in fixtures/tokenizers/gemma-4-mini
 carries it): single turns and multi-turn agentic histories (calls after reasoning, several
 results, tool results holding marker strings such as `<|tool_call>` and `<turn|>`), ending after
-a user turn or after tool results, where half the prompts take Google's later template's open
-`<|channel>thought\\n`. The output is the model's turn in Gemma's format: with thinking on its
-thought channel first (`<|channel>thought\\n...<channel|>`, or only its close where the prompt
-opened it), then an answer and `<turn|>`, or calls `<|tool_call>call:NAME{k:<|"|>v<|"|>,n:1}
-<tool_call|>` and `<|tool_response>`. About a quarter are corrupted, one kind each: a marker
+a user turn or after tool results (where this template adds nothing: Google's later template's
+open `<|channel>thought\\n` there is a think opener split for this folder). The output is the
+model's turn in Gemma's format: with thinking on its thought channel first
+(`<|channel>thought\\n...<channel|>`), then an answer and `<turn|>`, or calls
+`<|tool_call>call:NAME{k:<|"|>v<|"|>,n:1}<tool_call|>` and `<|tool_response>`.
+About a quarter are corrupted, one kind each: a marker
 spelled as plain text, the think opener split between prompt and output, a call opened and
 never closed, the stop trimmed, a channel reopened, bad call grammar or arguments, a cut at the
 token limit, another template revision (Gemma 3's turns, the E2B thinking-off ending), a joined
@@ -114,23 +115,15 @@ def build(rng: random.Random, tokenizer: Tokenizer, thinking: bool) -> dict:
     [prompt] = render_prompts(tokenizer, [messages], [tools], thinking=thinking,
                               template_kwargs={"enable_thinking": thinking})
     assert isinstance(prompt, str), prompt
-    opened = agentic and thinking and rng.random() < 0.5  # the later template's open channel
-    if opened:
-        prompt += "<|channel>thought\n"
     reasoning = "The user asks; " + rng.choice(["I will answer.", "a tool helps.", "let me think."])
-    if not thinking:
-        head = ""
-    elif opened:
-        head = f"{reasoning}\n<channel|>"
-    else:
-        head = f"<|channel>thought\n{reasoning}\n<channel|>"
+    head = f"<|channel>thought\n{reasoning}\n<channel|>" if thinking else ""
     if tools and rng.random() < 0.6:
         content = rng.choice(["", "Let me check. "])
         tail = content + call_text([random_call(rng) for _ in range(rng.randint(1, 2))]) + "<|tool_response>"
     else:
         tail = rng.choice(["It is sunny.", "Here is the plan: go.", "Done."]) + "<turn|>"
     stop = "<turn|>" if tail.endswith("<turn|>") else "<|tool_response>"
-    return {"messages": messages, "tools": tools, "prompt": prompt, "output": head + tail, "opened": opened, "stop": stop}
+    return {"messages": messages, "tools": tools, "prompt": prompt, "output": head + tail, "stop": stop}
 
 
 def _plain(text: str, marker: str) -> str | None:
@@ -271,8 +264,7 @@ def run(mode: bool | str, n: int, seed: int, workdir: Path) -> tuple[Counter, Co
     for number in range(1, n + 1):
         thinking = rng.random() < 0.5 if mode == "mixed" else bool(mode)
         record = build(rng, tokenizer, thinking)
-        # Messages kept on records whose prompt the template renders as it stands (TPL001 reads them).
-        record["keep_messages"] = not record["opened"] and rng.random() < 0.7
+        record["keep_messages"] = rng.random() < 0.7  # TPL001 renders them again
         if rng.random() < 0.25:
             for kind in rng.sample(list(CORRUPTIONS), len(CORRUPTIONS)):
                 broken = CORRUPTIONS[kind](record, rng)
