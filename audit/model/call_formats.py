@@ -31,13 +31,14 @@ declare (`audit.model.call_values`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from re import _constants as sre_constants  # type: ignore[attr-defined]  # the parsed form of a pattern (stable since 3.11)
 from re import _parser as sre_parser  # type: ignore[attr-defined]
 from typing import Literal
 
-from audit.model.call_gemma import gemma4_call
+from audit.model.call_gemma import gemma4_call, gemma4_tools_in_prompt
 from audit.model.call_readers import (
     MINIMAX_NAMESPACE,
     R1_STRIPPED_CALL,
@@ -51,6 +52,7 @@ from audit.model.call_readers import (
     qwen_xml_call,
     r1_call,
 )
+from audit.model.call_values import tools_in_prompt
 
 ROLE_LETTERS = {
     "section_begin": "S",
@@ -99,6 +101,9 @@ class ToolCallFormat:
     # in the `<invoke name=...>` element after the next namespace marker, so there the two
     # markers may touch: the whitespace between them is drift the serving parser ignores.
     name_after_begin: bool = True
+    # How the template's tool declarations in a prompt read (`[tool_calls] prompt_tools`): one
+    # JSON object a line by default (Qwen's and GLM's `<tools>`); Gemma-4 has its own notation.
+    read_tools: Callable[[str, str, str], list[dict] | None] = tools_in_prompt
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -254,6 +259,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         roles=("call_begin", "call_end"),
         grammar=r"(?:CE)*",
         read=gemma4_call,
+        read_tools=gemma4_tools_in_prompt,
         # With its marker ids stripped a call reads `call:NAME{` with no `<|tool_call>` before it.
         stripped_call=r"(?:^|[^>])call:[A-Za-z0-9_.\-]+\{",
         description='( <|tool_call> call:NAME{key:<|"|>text<|"|>,n:1,o:{...},l:[...]} <tool_call|> )*',

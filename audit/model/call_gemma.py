@@ -164,3 +164,50 @@ def _gemma4_value(text: str, at: int, depth: int) -> tuple[object, int]:
 
 def _gemma4_missing(wanted: str, text: str, at: int) -> str:
     return f"{wanted} expected, the arguments end" if at >= len(text) else f"{wanted} expected at {text[at:][:40]!r}"
+
+
+def gemma4_tools_in_prompt(prompt: str, begin: str, end: str) -> list[dict] | None:
+    """The tools the template declared in a prompt, each `<|tool>declaration:NAME{...}<tool|>`
+    in its own notation (`format_function_declaration`: types upper-case, strings between
+    `<|"|>`), as OpenAI-style tools with JSON Schema types; None when the prompt declares none.
+    A declaration that does not read is left out."""
+    tools: list[dict] = []
+    start = prompt.find(begin)
+    while start >= 0:
+        stop = prompt.find(end, start + len(begin))
+        if stop < 0:
+            break
+        text = prompt[start + len(begin) : stop].strip()
+        brace = text.find("{")
+        if text.startswith("declaration:") and brace > len("declaration:"):
+            try:
+                pairs, read_to = _gemma4_object(text, brace)
+            except _Malformed:
+                pairs, read_to = [], -1
+            if read_to == len(text):
+                declared = _schema(dict(pairs))
+                function: dict[str, object] = {"name": text[len("declaration:") : brace]}
+                if isinstance(declared, dict):
+                    function.update(declared)
+                tools.append({"type": "function", "function": function})
+        start = prompt.find(begin, stop + len(end))
+    return tools or None
+
+
+def _schema(value: object) -> object:
+    """A declaration's value with its `type`s in JSON Schema's lower case."""
+    if isinstance(value, dict):
+        return {
+            key: (_lower(item) if key == "type" else _schema(item)) for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [_schema(item) for item in value]
+    return str(value) if isinstance(value, str) else value
+
+
+def _lower(value: object) -> object:
+    if isinstance(value, str):
+        return value.lower()
+    if isinstance(value, list):
+        return [item.lower() if isinstance(item, str) else item for item in value]
+    return value
