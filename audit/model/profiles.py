@@ -25,7 +25,8 @@ from audit.model.profile_tables import (
     parse_tool_calls,
 )
 from audit.model.prompt_endings import THINKING_STATES, Reasoning
-from audit.model.templating import CHAT_TEMPLATE, RENDERERS, render_prompts, thinking_kwargs
+from audit.model.rendered_endings import as_rendered
+from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.model.thinking_modes import MIXED, ThinkingMode, mode_key, modes_of, resolve_endings
 from audit.model.tokenizer import Tokenizer
 from audit.model.vision import ResolvedVision, VisionSpec, parse_vision
@@ -36,9 +37,7 @@ _TOP_KEYS = {
     "name", "description", "encoder", "tokens", "pinned_ids",
     "generation_prompt", "tool_calls", "channels", "template", "vision",
 }
-_TOKEN_KEYS = {
-    "think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result", "thinking_token",
-}
+_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result", "thinking_token"}
 _PROMPT_KEYS = {"thinking", "no_thinking", "continuation", "as_template_renders"}
 
 
@@ -80,13 +79,9 @@ class Profile:
     # Prompt endings after a tool result (agentic continuations), each with its reasoning state.
     continuations: tuple[Continuation, ...] = ()
     vision: VisionSpec | None = None  # the image placeholder's tokens and the processor's defaults
-    # A token the template writes into the prompt when, and only when, thinking is on (Gemma-4's
-    # `<|think|>` in the system turn): where the endings of both modes look alike (after a tool
-    # result), its presence says the mode the prompt was rendered in (PRM001).
+    # A token the prompt holds only with thinking on (Gemma-4's `<|think|>`): its mode (PRM001).
     thinking_token: str | None = None
-    # The generation prompts listed are those of several revisions of the template (Gemma-4's
-    # E2B/E4B end a thinking-off prompt otherwise than the larger checkpoints): a tokenizer
-    # folder with a chat template accepts the ones its own template renders.
+    # The endings are several template revisions': a folder accepts those its template renders.
     as_template_renders: bool = False
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
@@ -113,10 +108,8 @@ class Profile:
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
-        suffixes, continuations = self.prompt_suffixes, self.continuations
-        if self.as_template_renders:
-            suffixes = {mode: self._rendered(tokenizer, mode, texts) for mode, texts in suffixes.items()}
-            continuations = self._rendered_continuations(tokenizer)
+        listed = (tokenizer, self.template_kwargs, self.prompt_suffixes, self.continuations)
+        suffixes, continuations = as_rendered(*listed) if self.as_template_renders else listed[2:]
         endings = resolve_endings(
             suffixes, continuations, tokenizer, thinking, think_start, think_end, where,
             mode_by_token=self.thinking_token is not None,
@@ -158,43 +151,6 @@ class Profile:
             call_stops=call_stops,
             vision=self.vision.resolve(token, tokenizer.directory) if self.vision else None,
         )
-
-
-    def _rendered(self, tokenizer: Tokenizer, mode: str, texts: tuple[str, ...]) -> tuple[str, ...]:
-        """The suffixes of one mode that the tokenizer's own template ends a one-turn prompt
-        with; all of them when it has no template, renders none of them or cannot render."""
-        if len(texts) < 2:
-            return texts
-        rendered = self._render(tokenizer, mode == "thinking", [{"role": "user", "content": "Hello"}])
-        kept = tuple(text for text in texts if rendered is not None and rendered.endswith(text))
-        return kept or texts
-
-    def _rendered_continuations(self, tokenizer: Tokenizer) -> tuple[Continuation, ...]:
-        """The continuations the tokenizer's own template ends a prompt after a tool result with,
-        per mode (Gemma-4's later template opens the thought channel there, the earlier one
-        does not); a mode's all of them where the template renders none of them."""
-        call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}
-        conversation: list[dict[str, Any]] = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": "call_0", "content": "ok"}]
-        kept: list[Continuation] = []
-        for mode in ("thinking", "no_thinking"):
-            mine = [c for c in self.continuations if mode in c.modes]
-            rendered = self._render(tokenizer, mode == "thinking", conversation)
-            fitting = [c for c in mine if rendered is not None and rendered.endswith(c.suffix)]
-            kept += [c for c in fitting or mine if c not in kept]
-        return tuple(c for c in self.continuations if c in kept)
-
-    def _render(self, tokenizer: Tokenizer, thinking: bool, messages: list[dict[str, Any]]) -> str | None:
-        """A prompt as the tokenizer's own template renders it in one mode; None when it has no
-        template or cannot render."""
-        if not tokenizer.has_chat_template:
-            return None
-        try:
-            [rendered] = render_prompts(tokenizer, [messages], [None], thinking=thinking,
-                                        template_kwargs=self.template_kwargs(thinking))
-        except Exception:  # noqa: BLE001 (a template that cannot render keeps every ending)
-            return None
-        return rendered if isinstance(rendered, str) else None
 
 
 @dataclass(frozen=True)
@@ -380,7 +336,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     prompt = dict(expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]"))
     reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
     continuations = parse_continuations(prompt.pop("continuation", []), prompt, where)
-    as_rendered = expect(prompt.pop("as_template_renders", False), bool, f"{where}: generation_prompt.as_template_renders")
+    renders = expect(prompt.pop("as_template_renders", False), bool, f"{where}: generation_prompt.as_template_renders")
     if "thinking" not in prompt and "no_thinking" not in prompt:
         raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
     pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
@@ -391,7 +347,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     end_of_turn = string_list(tokens["end_of_turn"], f"{where}: tokens.end_of_turn")
     if not end_of_turn:
         raise ConfigError(f"{where}: tokens.end_of_turn is empty; name the token that ends a turn")
-    for key in ("think_start", "think_end"):
+    for key in ("think_start", "think_end", "thinking_token"):
         # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
         if key in tokens and not (isinstance(tokens[key], str) and tokens[key]):
             raise ConfigError(f"{where}: tokens.{key}: expected a token string, got {tokens[key]!r}")
@@ -415,9 +371,6 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
                 f"{where}: tool_calls.end_of_turn names every stop token: an answer could end "
                 "with none"
             )
-    thinking_token = tokens.get("thinking_token")
-    if thinking_token is not None and not (isinstance(thinking_token, str) and thinking_token):
-        raise ConfigError(f"{where}: tokens.thinking_token: expected a token string, got {thinking_token!r}")
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -437,8 +390,8 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         pinned_ids=dict(pinned),
         tool_calls=tool_calls,
         think_open_window=window,
-        thinking_token=thinking_token,
-        as_template_renders=as_rendered,
+        thinking_token=tokens.get("thinking_token"),
+        as_template_renders=renders,
         channels=parse_channels(data.get("channels"), where),
         encoder=encoder,
         thinking_switch=parse_template(data.get("template"), prompt, where),
