@@ -87,6 +87,12 @@ def _render_chat_template(
 _MAPPING_TEST = re.compile(r"arguments['\"\]]*\s+is\s+mapping")
 
 
+def _render_as_given(
+    tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
+) -> str:
+    return tokenizer.render_chat(messages, tools or None, add_generation_prompt=True, **extra)
+
+
 def _render_any_argument_form(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, extra: dict[str, Any], *, add_generation_prompt: bool
 ) -> str:
@@ -241,11 +247,14 @@ def _encoder_render(name: str, **fixed: Any) -> RenderFunction:
 
 
 RENDERERS: dict[str, PromptRenderer] = {
+    # A template that takes history arguments in either form renders the form the messages give
+    # too (`apply_chat_template` as called on OpenAI-style messages, JSON strings as they are).
     CHAT_TEMPLATE: PromptRenderer(
         name=CHAT_TEMPLATE,
         render=_render_chat_template,
         available=lambda tokenizer: tokenizer.has_chat_template,
         requirement="a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+        variants=(_render_as_given,),
     ),
     # DeepSeek-V3.2 as SGLang serves it (`encoding_dsv32.py`); its tools preamble also exists
     # with blank lines between paragraphs, as DeepSeek's release file reads (deepseek_v32
