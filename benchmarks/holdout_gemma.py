@@ -5,7 +5,8 @@ recall and clean-at-error rate on it.
     python benchmarks/holdout_gemma.py --records 600 --seed 3
 
 Prompts are rendered by the REAL chat template (the stand-in fixtures/tokenizers/gemma-4-mini
-carries it): single turns and multi-turn agentic histories (calls after reasoning, several
+carries it), as SGLang renders them or as `apply_chat_template` does on the messages as they
+are (history arguments as objects or JSON strings): single turns and multi-turn agentic histories (calls after reasoning, several
 results, tool results holding marker strings such as `<|tool_call>` and `<turn|>`), ending after
 a user turn or after tool results (where this template adds nothing: Google's later template's
 open `<|channel>thought\\n` there is a think opener split for this folder). The output is the
@@ -100,7 +101,9 @@ def conversation(rng: random.Random, agentic: bool) -> tuple[list[dict], list[di
         return messages, (TOOLS if rng.random() < 0.6 else None)
     for step in range(rng.randint(1, 3)):
         calls = [random_call(rng) for _ in range(rng.randint(1, 2))]
-        tool_calls = [{"id": f"c{step}_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+        # Arguments as objects, or as the JSON strings OpenAI-style messages carry.
+        tool_calls = [{"id": f"c{step}_{i}", "type": "function",
+                       "function": {"name": n, "arguments": a if rng.random() < 0.5 else json.dumps(a)}}
                       for i, (n, a) in enumerate(calls)]
         messages.append({"role": "assistant", "content": "", "reasoning_content": f"Step {step}: call.",
                          "tool_calls": tool_calls})
@@ -112,8 +115,11 @@ def build(rng: random.Random, tokenizer: Tokenizer, thinking: bool) -> dict:
     """One clean record: prompt ids, output text, and how its prompt leaves the reasoning."""
     agentic = rng.random() < 0.5
     messages, tools = conversation(rng, agentic)
-    [prompt] = render_prompts(tokenizer, [messages], [tools], thinking=thinking,
-                              template_kwargs={"enable_thinking": thinking})
+    if rng.random() < 0.5:  # as SGLang renders it (string arguments parsed first)
+        [prompt] = render_prompts(tokenizer, [messages], [tools], thinking=thinking,
+                                  template_kwargs={"enable_thinking": thinking})
+    else:  # as apply_chat_template renders the messages as they are
+        prompt = tokenizer.render_chat(messages, tools, add_generation_prompt=True, enable_thinking=thinking)
     assert isinstance(prompt, str), prompt
     reasoning = "The user asks; " + rng.choice(["I will answer.", "a tool helps.", "let me think."])
     head = f"<|channel>thought\n{reasoning}\n<channel|>" if thinking else ""
