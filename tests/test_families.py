@@ -337,3 +337,16 @@ def test_a_gemma4_folder_accepts_the_ending_after_a_tool_result_its_own_template
         flagged[folder.name] = (set(errors["line"].to_list()), set(errors.filter(errors["line"] == 2)["rule"].to_list()))
     assert flagged["gemma-4-mini"][0] == {2} and "PRM001" in flagged["gemma-4-mini"][1]
     assert flagged["gemma-4-later"][0] == {2} and "PRM001" in flagged["gemma-4-later"][1]
+
+
+def test_a_gemma4_partition_of_both_modes_needs_no_thinking_flag(tmp_path: Path, workdir: Path) -> None:
+    """Gemma-4's prompt says its own mode (<|think|> in the system turn): with neither
+    `--thinking` nor a generation.json mode, the run judges each record in its own (mixed)."""
+    spec = SPECS["gemma-4"]
+    directory, tokenizer = spec_tokenizer(spec, workdir)
+    partition = make_mixed_partition(spec, tokenizer, corrupt=True, workdir=workdir)
+    data = tmp_path / "raw_responses.jsonl"
+    data.write_text("\n".join(partition.lines) + "\n", encoding="utf-8")
+    session = prepare(resolve_target(str(data), tmp_path), CheckOptions(profile="gemma-4", tokenizer=directory))
+    assert session.context.profile.thinking == "mixed"
+    assert_flagged_exactly(check_session(session), partition.labels)
