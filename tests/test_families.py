@@ -260,3 +260,95 @@ def test_a_prompt_rendered_without_the_profiles_thinking_switch_is_flagged_in_ev
         findings = check_session(prepare(resolve_target(str(data), tmp_path), options)).findings
         assert set(findings.filter(findings["line"] == 2)["rule"].to_list()) == {"PRM001", "TPL001"}, thinking
         assert findings.filter(findings["line"] == 1).is_empty(), findings.rows()
+
+
+def test_a_gemma4_folder_accepts_the_thinking_off_ending_its_own_template_renders(tmp_path: Path) -> None:
+    """Gemma-4's E2B/E4B template ends a thinking-off prompt `<|turn>model\\n`, the larger
+    checkpoints' `<|turn>model\\n<|channel>thought\\n<channel|>`: each folder accepts its own,
+    and a prompt of the other revision is flagged (PRM001)."""
+    stand_in = Path(__file__).resolve().parent.parent / "fixtures" / "tokenizers" / "gemma-4-mini"
+    e_series = tmp_path / "gemma-4-e-series"
+    e_series.mkdir()
+    for item in stand_in.iterdir():
+        (e_series / item.name).write_bytes(item.read_bytes())
+    config = json.loads((e_series / "tokenizer_config.json").read_text(encoding="utf-8"))
+    prefill = "        {%- if not enable_thinking | default(false) -%}\n            {{- '<|channel>thought\\n<channel|>' -}}\n        {%- endif -%}\n"
+    assert prefill in config["chat_template"]
+    config["chat_template"] = config["chat_template"].replace(prefill, "")
+    (e_series / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    tokenizers = {folder: _tokenizer_cache(folder, False) for folder in (stand_in, e_series)}
+    prompts = {folder: prompt_ids(tok, [messages], [None], thinking=False)[0] for folder, tok in tokenizers.items()}
+    assert prompts[stand_in][-4:] != prompts[e_series][-4:]  # the two revisions end otherwise
+    flagged = {}
+    for folder, other in ((stand_in, e_series), (e_series, stand_in)):
+        output = tokenizers[folder].encode_text("4.<turn|>")
+        lines = [
+            json.dumps({"id": name, "input_ids": prompts[source], "output_ids": output,
+                        "meta_info": {"finish_reason": {"type": "stop", "matched": output[-1]}}})
+            for name, source in (("own", folder), ("other", other))
+        ]
+        data = tmp_path / f"{folder.name}.jsonl"
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        options = CheckOptions(profile="gemma-4", tokenizer=folder, thinking=False)
+        findings = check_session(prepare(resolve_target(str(data), tmp_path), options)).findings
+        flagged[folder.name] = set(findings.filter(findings["rule"] == "PRM001")["line"].to_list())
+    # Each folder passes the prompt its own template renders and flags the other revision's.
+    assert flagged == {"gemma-4-mini": {2}, "gemma-4-e-series": {2}}
+
+
+def test_a_gemma4_folder_accepts_the_ending_after_a_tool_result_its_own_template_renders(tmp_path: Path) -> None:
+    """Google's later Gemma-4 template opens the thought channel after a tool result with
+    thinking on (`<tool_response|><|channel>thought\\n`), the quoted one adds nothing: each
+    folder accepts its own ending there, and the other is flagged (PRM001), so an opener split
+    between prompt and output is caught wherever the template does not write it."""
+    stand_in = Path(__file__).resolve().parent.parent / "fixtures" / "tokenizers" / "gemma-4-mini"
+    later = tmp_path / "gemma-4-later"
+    later.mkdir()
+    for item in stand_in.iterdir():
+        (later / item.name).write_bytes(item.read_bytes())
+    config = json.loads((later / "tokenizer_config.json").read_text(encoding="utf-8"))
+    tail = "        {%- endif -%}\n    {%- endif -%}\n{%- endif -%}"
+    assert config["chat_template"].endswith(tail)
+    config["chat_template"] = config["chat_template"][: -len(tail)] + (
+        "        {%- endif -%}\n    {%- elif ns.prev_message_type == 'tool_response' and enable_thinking -%}\n"
+        "        {{- '<|channel>thought\\n' -}}\n    {%- endif -%}\n{%- endif -%}"
+    )
+    (later / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+
+    call = {"id": "c0", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c0", "content": "sunny"}]
+    prompts = {folder: prompt_ids(_tokenizer_cache(folder, False), [messages], [None], thinking=True)[0]
+               for folder in (stand_in, later)}
+    outputs = {stand_in: "<|channel>thought\nSunny.\n<channel|>It is sunny.<turn|>", later: "Sunny.\n<channel|>It is sunny.<turn|>"}
+    flagged = {}
+    for folder, other in ((stand_in, later), (later, stand_in)):
+        tokenizer = _tokenizer_cache(folder, False)
+        lines = []
+        for name, source in (("own", folder), ("other", other)):
+            output = tokenizer.encode_text(outputs[source])
+            lines.append(json.dumps({"id": name, "input_ids": prompts[source], "output_ids": output,
+                                     "meta_info": {"finish_reason": {"type": "stop", "matched": output[-1]}}}))
+        data = tmp_path / f"{folder.name}.jsonl"
+        data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        options = CheckOptions(profile="gemma-4", tokenizer=folder, thinking=True)
+        findings = check_session(prepare(resolve_target(str(data), tmp_path), options)).findings
+        errors = findings.filter(findings["severity"] == "error")
+        flagged[folder.name] = (set(errors["line"].to_list()), set(errors.filter(errors["line"] == 2)["rule"].to_list()))
+    assert flagged["gemma-4-mini"][0] == {2} and "PRM001" in flagged["gemma-4-mini"][1]
+    assert flagged["gemma-4-later"][0] == {2} and "PRM001" in flagged["gemma-4-later"][1]
+
+
+def test_a_gemma4_partition_of_both_modes_needs_no_thinking_flag(tmp_path: Path, workdir: Path) -> None:
+    """Gemma-4's prompt says its own mode (<|think|> in the system turn): with neither
+    `--thinking` nor a generation.json mode, the run judges each record in its own (mixed)."""
+    spec = SPECS["gemma-4"]
+    directory, tokenizer = spec_tokenizer(spec, workdir)
+    partition = make_mixed_partition(spec, tokenizer, corrupt=True, workdir=workdir)
+    data = tmp_path / "raw_responses.jsonl"
+    data.write_text("\n".join(partition.lines) + "\n", encoding="utf-8")
+    session = prepare(resolve_target(str(data), tmp_path), CheckOptions(profile="gemma-4", tokenizer=directory))
+    assert session.context.profile.thinking == "mixed"
+    assert_flagged_exactly(check_session(session), partition.labels)

@@ -324,6 +324,40 @@ def test_thinking_off_renders_the_closed_think_prompt(servers, tmp_path, kimi_to
     assert json.loads((tmp_path / "generation.json").read_text())["thinking"] is False
 
 
+@pytest.mark.parametrize("thinking", [True, False])
+def test_gemma4_prompts_are_its_chat_templates_rendering_in_each_mode(tmp_path, thinking):
+    """`generate --profile gemma-4` renders with the folder's template: <|think|> in the system
+    turn with thinking on, the empty thought channel prefilled with it off."""
+    from audit.model.tokenizer_loading import load_tokenizer
+    from tests.sglang_standin import SGLangStandin
+
+    gemma = ROOT / "fixtures" / "tokenizers" / "gemma-4-mini"
+    server = SGLangStandin(gemma, think_end="<channel|>", end_of_turn="<turn|>").start()
+    try:
+        prompts = make_prompts(tmp_path / "prompts.jsonl", n=3)
+        out = tmp_path / "raw_responses.jsonl"
+        args = ["generate", str(prompts), "--tokenizer", str(gemma), "--profile", "gemma-4", "--out", str(out),
+                "--server", server.url, "--retry-backoff", "0.01", "--canary", "0",
+                "--thinking", "on" if thinking else "off"]
+        result = run_cli(args)
+        assert result.exit_code == 0, result.output
+    finally:
+        server.stop()
+    tokenizer = load_tokenizer(gemma)
+    samples = {s["id"]: s for s in read_samples(out)}
+    for line in prompts.read_text().splitlines():
+        source = json.loads(line)
+        rendered = tokenizer.hf.apply_chat_template(
+            source["messages"], tools=source.get("tools"), add_generation_prompt=True, tokenize=False,
+            enable_thinking=thinking,
+        )
+        ids = samples[source["id"]]["input_ids"]
+        assert ids == tokenizer.encode_text(rendered)
+        assert (98 in ids) is thinking  # <|think|>
+        ending = "<|turn>model\n" if thinking else "<|turn>model\n<|channel>thought\n<channel|>"
+        assert ids[-len(tokenizer.encode_text(ending)):] == tokenizer.encode_text(ending)
+
+
 def test_resuming_with_other_settings_is_refused(servers, tmp_path):
     server = servers()
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=4)

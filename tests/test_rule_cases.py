@@ -108,6 +108,7 @@ TOKENIZERS = {
     "gpt-oss": "harmony",
     "minimax-m3": "minimax-m3",
     "kimi-k3": "kimi-k3-mini",
+    "gemma-4": "gemma-4-mini",
 }
 MINI_TOKENIZERS = FIXTURES / "tokenizers"
 # Profiles whose tokenizer's template is a sibling model's: how that template ends a generation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
@@ -11,7 +12,7 @@ from audit.model.thinking_modes import mode_key
 from audit.model.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with, first_index_of
-from audit.records.response import prompt_reasoning
+from audit.records.response import prompt_endings, record_reasoning
 
 
 class PromptSuffix(RecordRule):
@@ -24,7 +25,10 @@ class PromptSuffix(RecordRule):
         `<｜Assistant｜><think>`. Or with one of the profile's agentic continuations, the
         endings its template gives a prompt that ends after a tool result (DeepSeek-V3.1:
         `<｜tool▁output▁end｜>`, no assistant prefix; V3.2:
-        `</function_results>\\n\\n<think>`).
+        `</function_results>\\n\\n<think>`). Where the family's template marks thinking in
+        the prompt itself (`tokens.thinking_token`, Gemma-4's `<|think|>` in the system turn),
+        the prompt holds that token when, and only when, the record's mode is thinking: after a
+        tool result Gemma-4's prompts of both modes end alike.
 
     Why it matters:
         The drafter learns from the target's hidden states at every prompt position. A prompt
@@ -48,7 +52,11 @@ class PromptSuffix(RecordRule):
 
     def violation(self, batch: Batch) -> pl.Expr:
         accepted = [ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
-        return ~pl.any_horizontal(accepted) & (pl.col("input_ids").list.len() > 0)
+        wrong_mode = _other_mode(batch)
+        wrong = ~pl.any_horizontal(accepted)
+        if wrong_mode is not None:
+            wrong = wrong | pl.lit(pl.Series(wrong_mode))
+        return wrong & (pl.col("input_ids").list.len() > 0)
 
     def explain(self, batch: Batch, row: int, position: int | None) -> Explanation | None:
         """The expected suffixes (text and ids) above the prompt's real ending."""
@@ -68,7 +76,43 @@ class PromptSuffix(RecordRule):
         return Explanation(self.code, f"generation suffix ({profile.name}, {mode})", tuple(rows))
 
     def find(self, batch: Batch) -> pl.DataFrame:
-        flagged = batch.records.with_row_index("row").filter(self.violation(batch).fill_null(False))
+        accepted = [ends_with("input_ids", suffix) for suffix in batch.profile.prompt_suffixes]
+        not_empty = pl.col("input_ids").list.len() > 0
+        flagged = batch.records.with_row_index("row").filter((~pl.any_horizontal(accepted) & not_empty).fill_null(False))
+        findings = self._endings(batch, flagged)
+        wrong_mode = _other_mode(batch)
+        if wrong_mode is None:
+            return findings
+        other = batch.records.with_row_index("row").filter(
+            pl.lit(pl.Series(wrong_mode)) & not_empty & pl.any_horizontal(accepted).fill_null(False)
+        )
+        return pl.concat([findings, self._mode_token(batch, other)]).sort("row")
+
+    def _mode_token(self, batch: Batch, flagged: pl.DataFrame) -> pl.DataFrame:
+        """Prompts whose thinking token says the other mode than their ending (or the run)."""
+        if flagged.is_empty():
+            return empty_findings()
+        token = batch.profile.thinking_token
+        text = batch.profile.profile.thinking_token
+        assert token is not None  # _other_mode flags nothing without one
+        against = "the run" if len(batch.profile.modes) == 1 else "its ending"
+        holds = _holds_token(batch)
+        positions, messages = [], []
+        for row, at, length in flagged.select(
+            "row", first_index_of("input_ids", token).alias("at"), pl.col("input_ids").list.len().alias("length")
+        ).iter_rows():
+            if holds[row]:
+                positions.append(at)
+                messages.append(f"prompt holds {text!r}, which the template writes only with thinking on, "
+                                f"but {against} is thinking off")
+            else:
+                positions.append(length - 1)
+                messages.append(f"prompt has no {text!r}, which the template writes with thinking on, "
+                                f"but {against} is thinking on")
+        return findings_frame(flagged["row"].to_list(), positions, messages)
+
+    def _endings(self, batch: Batch, flagged: pl.DataFrame) -> pl.DataFrame:
+        """Prompts that end with none of the accepted endings."""
         if flagged.is_empty():
             return empty_findings()
         profile = batch.profile
@@ -86,6 +130,26 @@ class PromptSuffix(RecordRule):
             positions.append(length - 1)
             messages.append(f"prompt ends with {shown!r}, expected it to end with {expected_text}")
         return findings_frame(flagged["row"].to_list(), positions, messages)
+
+
+def _other_mode(batch: Batch) -> np.ndarray | None:
+    """Per record, does its prompt's thinking token (`tokens.thinking_token`) say the other mode
+    than its ending (a single-mode run: than the run's)? None for families without one."""
+    profile = batch.profile
+    if profile.thinking_token is None:
+        return None
+    holds = _holds_token(batch)
+    if len(profile.modes) == 1:
+        return holds != profile.modes[0]
+    ending = prompt_endings(batch)
+    ending_modes = np.asarray(profile.suffix_modes, dtype=bool)[np.maximum(ending, 0)]
+    return (ending >= 0) & (ending_modes != holds)
+
+
+def _holds_token(batch: Batch) -> np.ndarray:
+    token = batch.profile.thinking_token
+    holds = batch.records.select(pl.col("input_ids").list.contains(token).fill_null(False)).to_series()
+    return np.asarray(holds.to_numpy(), dtype=bool)
 
 
 class ThinkNotOpened(RecordRule):
@@ -123,7 +187,7 @@ class ThinkNotOpened(RecordRule):
         window = batch.profile.profile.think_open_window
         # Only records whose prompt leaves the opening to the model (not an agentic
         # continuation with a reasoning state of its own).
-        model_opens = prompt_reasoning(batch.profile) == "model_opens"
+        model_opens = pl.lit(record_reasoning(batch)) == "model_opens"
         not_opened = opened_at.is_null() | (opened_at > window)
         return model_opens & (pl.col("output_ids").list.len() > 0) & not_opened
 

@@ -109,7 +109,7 @@ TrustOption = Annotated[
 ]
 ThinkingOption = Annotated[AuditedThinking | None, typer.Option("--thinking", help=(
     "Thinking mode the data was generated with; mixed: both, each record in the mode its prompt ending shows "
-    "(default: generation.json's, else on)."))]
+    "(default: generation.json's, else on; mixed for a family whose prompt marks its mode, gemma-4)."))]
 RulesOption = Annotated[
     Path | None, typer.Option("--rules", metavar="FILE", help="Rule set file (default rules/default.toml).")
 ]

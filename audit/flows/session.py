@@ -22,8 +22,8 @@ from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.flows.targets import Target
 from audit.generate.prompts import PromptSummary, load_prompts
 from audit.model.installed_trainer import TrainerJob, installed_trainer, trainer_job
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.thinking_modes import ThinkingMode, parse_thinking
+from audit.model.profiles import Profile, ResolvedProfile, load_profile
+from audit.model.thinking_modes import MIXED, ThinkingMode, parse_thinking
 from audit.model.tokenizer import Tokenizer
 from audit.model.tokenizer_loading import load_tokenizer
 from audit.model.trainer_rules import resolve_trainer
@@ -161,9 +161,10 @@ def prepare(target: Target, options: CheckOptions) -> Session:
             "or record it in the partition's generation.json"
         )
     thinking = parse_thinking(options.thinking, "the thinking option")
+    family = load_profile(str(profile_name))
     if thinking is None:
-        thinking = generation.thinking if generation.thinking is not None else True
-    profile = load_profile(str(profile_name)).resolve(tokenizer, thinking=thinking)
+        thinking = generation.thinking if generation.thinking is not None else default_thinking(family)
+    profile = family.resolve(tokenizer, thinking=thinking)
     prompts, prompt_summary = None, None
     if options.prompts is not None:
         prompt_summary = PromptSummary(options.prompts)
@@ -243,3 +244,11 @@ def _recorded_fingerprints(target: Target) -> list[tuple[str, dict]]:
     if isinstance(first, dict) and isinstance(first.get("tokenizer"), dict):
         found.append((f"line 1 of {target.data_file}", first["tokenizer"]))
     return found
+
+
+def default_thinking(profile: Profile) -> ThinkingMode:
+    """The mode a run audits when neither `--thinking` nor generation.json says: on, or both
+    at once for a family whose prompt itself says its mode (`tokens.thinking_token`, Gemma-4's
+    `<|think|>`): each record is then judged in the mode its own prompt was rendered in."""
+    both = {"thinking", "no_thinking"} <= set(profile.prompt_suffixes)
+    return MIXED if profile.thinking_token is not None and both else True

@@ -33,12 +33,14 @@ declare (`audit.model.call_values`).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from re import _constants as sre_constants  # type: ignore[attr-defined]  # the parsed form of a pattern (stable since 3.11)
 from re import _parser as sre_parser  # type: ignore[attr-defined]
 from typing import Literal
 
+from audit.model.call_gemma import gemma4_call, gemma4_tools_in_prompt
 from audit.model.call_readers import (
     MINIMAX_NAMESPACE,
     R1_STRIPPED_CALL,
@@ -52,6 +54,7 @@ from audit.model.call_readers import (
     qwen_xml_call,
     r1_call,
 )
+from audit.model.call_values import tools_in_prompt
 from audit.model.call_xtml import kimi_k3_call
 
 ROLE_LETTERS = {
@@ -106,6 +109,9 @@ class ToolCallFormat:
     # Does each call write its number (Kimi-K3's index="N")? Then the calls of an answer are
     # numbered 1, 2, ... in order, as the template numbers them.
     numbered_calls: bool = False
+    # How the template's tool declarations in a prompt read (`[tool_calls] prompt_tools`): one
+    # JSON object a line by default (Qwen's and GLM's `<tools>`); Gemma-4 has its own notation.
+    read_tools: Callable[[str, str, str], list[dict] | None] = tools_in_prompt
 
     @cached_property
     def cut_grammar(self) -> str:
@@ -267,6 +273,19 @@ FORMATS: dict[str, ToolCallFormat] = {
         description=f'( {MINIMAX_NAMESPACE}<tool_call> ( {MINIMAX_NAMESPACE}<invoke name="NAME"> '
         f"( {MINIMAX_NAMESPACE}<K>V{MINIMAX_NAMESPACE}</K> )* {MINIMAX_NAMESPACE}</invoke> )+ "
         f"{MINIMAX_NAMESPACE}</tool_call> )*",
+    ),
+    # Gemma-4 (its chat template; SGLang's gemma4_detector): `<|tool_call>` and `<tool_call|>`
+    # are single ids around `call:NAME{key:value,...}`, the calls written back to back.
+    "gemma4": ToolCallFormat(
+        name="gemma4",
+        blank_between=("EC",),
+        roles=("call_begin", "call_end"),
+        grammar=r"(?:CE)*",
+        read=gemma4_call,
+        read_tools=gemma4_tools_in_prompt,
+        # With its marker ids stripped a call reads `call:NAME{` with no `<|tool_call>` before it.
+        stripped_call=r"(?:^|[^>])call:[A-Za-z0-9_.\-]+\{",
+        description='( <|tool_call> call:NAME{key:<|"|>text<|"|>,n:1,o:{...},l:[...]} <tool_call|> )*',
     ),
     "dsml-v3.2": ToolCallFormat(
         name="dsml-v3.2",

@@ -396,3 +396,4 @@ def _minimax_elements(inner: str) -> tuple[Element, ...]:
     if len(stack) > 1:
         raise _Malformed(f"<{stack[-1][0]}> is never closed")
     return tuple(stack[0][2])
+

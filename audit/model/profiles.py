@@ -32,6 +32,7 @@ from audit.model.profile_tables import (
     parse_xtml,
 )
 from audit.model.prompt_endings import THINKING_STATES, Reasoning
+from audit.model.rendered_endings import as_rendered
 from audit.model.templating import CHAT_TEMPLATE, RENDERERS, thinking_kwargs
 from audit.model.thinking_modes import MIXED, ThinkingMode, mode_key, modes_of, resolve_endings
 from audit.model.tokenizer import Tokenizer
@@ -43,8 +44,8 @@ _TOP_KEYS = {
     "name", "description", "encoder", "tokens", "pinned_ids",
     "generation_prompt", "tool_calls", "channels", "template", "vision", "xtml",
 }
-_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result"}
-_PROMPT_KEYS = {"thinking", "no_thinking", "continuation"}
+_TOKEN_KEYS = {"think_start", "think_end", "end_of_turn", "eos", "think_open_window", "tool_result", "thinking_token"}
+_PROMPT_KEYS = {"thinking", "no_thinking", "continuation", "as_template_renders"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class Profile:
     # marker's text -> its pieces. Resolved, each gets a virtual id (`ResolvedProfile.sequences`).
     sequences: dict[str, tuple[str, ...]] = field(default_factory=dict)
     xtml: XtmlSpec | None = None  # the channels of an XTML turn beside think and tools (Kimi-K3)
+    # A token the prompt holds only with thinking on (Gemma-4's `<|think|>`): its mode (PRM001).
+    thinking_token: str | None = None
+    # The endings are several template revisions': a folder accepts those its template renders.
+    as_template_renders: bool = False
 
     def resolve(self, tokenizer: Tokenizer, *, thinking: ThinkingMode = True) -> ResolvedProfile:
         """Look every token string up in `tokenizer`; raise ConfigError on any disagreement.
@@ -100,9 +105,11 @@ class Profile:
 
         think_start = token(self.think_start) if self.think_start else None
         think_end = token(self.think_end) if self.think_end else None
+        listed = (tokenizer, self.template_kwargs, self.prompt_suffixes, self.continuations)
+        suffixes, continuations = as_rendered(*listed) if self.as_template_renders else listed[2:]
         endings = resolve_endings(
-            self.prompt_suffixes, self.continuations, tokenizer, thinking, think_start, think_end, where,
-            token.sequences,
+            suffixes, continuations, tokenizer, thinking, think_start, think_end, where,
+            token.sequences, mode_by_token=self.thinking_token is not None,
         )
 
         spelled = tuple(t for t in self.tool_result if tokenizer.token_id(t) is None)
@@ -116,16 +123,15 @@ class Profile:
             markers = {role: token(text) for role, text in self.tool_calls.markers.items()}
             call_stops = tuple(token(text) for text in self.tool_calls.end_of_turn)
 
-        channel_markers: dict[str, int] = {}
-        if self.channels is not None:
-            channel_markers = {role: token(text) for role, text in self.channels.markers.items()}
-        xtml_markers: dict[str, int] = {}
-        if self.xtml is not None:
-            xtml_markers = {role: token(text) for role, text in self.xtml.markers.items()}
+        def roles(spec: ChannelSpec | XtmlSpec | None) -> dict[str, int]:
+            return {role: token(text) for role, text in spec.markers.items()} if spec is not None else {}
+
+        channel_markers, xtml_markers = roles(self.channels), roles(self.xtml)
 
         return ResolvedProfile(
             profile=self,
             thinking=thinking,
+            thinking_token=token(self.thinking_token) if self.thinking_token else None,
             think_start=think_start,
             think_end=think_end,
             end_of_turn=tuple(token(t) for t in self.end_of_turn),
@@ -176,6 +182,7 @@ class ResolvedProfile:
     # batch's marker view (`audit.model.flat_ids.marker_view`) puts these ids in an output's
     # place; every comparison of output ids with marker ids reads that view.
     sequences: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    thinking_token: int | None = None  # the id the prompt holds only with thinking on, if any
 
     def width(self, marker: int) -> int:
         """How many ids the marker takes in an output: its sequence's length, else 1."""
@@ -289,7 +296,7 @@ class ResolvedProfile:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved tokens, for the report."""
-        return {
+        resolved = {
             "name": self.name,
             "source": str(self.profile.source),
             "thinking": self.thinking,
@@ -299,21 +306,17 @@ class ResolvedProfile:
             "end_of_turn": list(self.end_of_turn),
             "eos": list(self.eos),
             "prompt_suffixes": [list(s) for s in self.prompt_suffixes],
-            **(
-                {"suffix_reasoning": list(self.suffix_reasoning)}
-                if len(set(self.suffix_reasoning)) > 1
-                else {}
-            ),
-            **({"suffix_modes": list(self.suffix_modes)} if self.thinking == MIXED else {}),
             "tool_markers": self.tool_markers,
-            **({"tool_text_markers": self.tool_text_markers} if self.tool_text_markers else {}),
-            **({"tool_result": list(self.tool_result)} if self.tool_result else {}),
-            **({"tool_result_text": list(self.tool_result_text)} if self.tool_result_text else {}),
-            **({"call_stops": list(self.call_stops)} if self.call_stops else {}),
-            **({"channel_markers": self.channel_markers} if self.channel_markers else {}),
-            **({"xtml_markers": self.xtml_markers} if self.xtml_markers else {}),
-            **({"sequences": {str(k): list(v) for k, v in self.sequences.items()}} if self.sequences else {}),
         }
+        optional = {  # each only where it says something
+            "suffix_reasoning": list(self.suffix_reasoning) if len(set(self.suffix_reasoning)) > 1 else None,
+            "suffix_modes": list(self.suffix_modes) if self.thinking == MIXED else None,
+            "tool_text_markers": self.tool_text_markers, "tool_result": list(self.tool_result),
+            "tool_result_text": list(self.tool_result_text), "call_stops": list(self.call_stops),
+            "channel_markers": self.channel_markers, "xtml_markers": self.xtml_markers,
+            "sequences": {str(k): list(v) for k, v in self.sequences.items()},
+        }
+        return {**resolved, **{key: value for key, value in optional.items() if value}}
 
 
 def builtin_profiles() -> dict[str, Path]:
@@ -344,6 +347,7 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
     prompt = dict(expect(data.get("generation_prompt", {}), dict, f"{where}: [generation_prompt]"))
     reject_unknown(prompt, _PROMPT_KEYS, f"{where}: [generation_prompt]")
     continuations = parse_continuations(prompt.pop("continuation", []), prompt, where)
+    renders = expect(prompt.pop("as_template_renders", False), bool, f"{where}: generation_prompt.as_template_renders")
     if "thinking" not in prompt and "no_thinking" not in prompt:
         raise ConfigError(f"{where}: [generation_prompt] needs `thinking` or `no_thinking`")
     pinned = expect(data.get("pinned_ids", {}), dict, f"{where}: [pinned_ids]")
@@ -356,19 +360,17 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         raise ConfigError(f"{where}: tokens.end_of_turn is empty; name the token that ends a turn")
     # An empty think token would read as "no think tokens" and silently switch the reasoning checks off.
     think, sequences = marker_table(tokens, [k for k in ("think_start", "think_end") if k in tokens], f"{where}: tokens")
+    if "thinking_token" in tokens and not (isinstance(tokens["thinking_token"], str) and tokens["thinking_token"]):
+        raise ConfigError(f"{where}: tokens.thinking_token: expected a token string, got {tokens['thinking_token']!r}")
     encoder = data.get("encoder")
     if encoder is not None and expect(encoder, str, f"{where}: encoder") not in RENDERERS:
-        raise ConfigError(
-            f"{where}: encoder: no prompt encoder {encoder!r} (known: {', '.join(RENDERERS)})"
-        )
+        raise ConfigError(f"{where}: encoder: no prompt encoder {encoder!r} (known: {', '.join(RENDERERS)})")
     eos = string_list(tokens.get("eos", []), f"{where}: tokens.eos")
     tool_calls = parse_tool_calls(data.get("tool_calls"), where)
     if tool_calls is not None:
         check_call_stops(tool_calls, end_of_turn, eos, where)
     xtml = parse_xtml(data.get("xtml"), where)
-    for spec in (tool_calls, xtml):
-        if spec is not None:
-            sequences.update(spec.sequences)
+    sequences.update({**(tool_calls.sequences if tool_calls else {}), **(xtml.sequences if xtml else {})})
     window = expect(tokens.get("think_open_window", 0), int, f"{where}: tokens.think_open_window")
     if window < 0:
         raise ConfigError(f"{where}: tokens.think_open_window: expected 0 or more tokens, got {window}")
@@ -381,13 +383,12 @@ def parse_profile(data: dict[str, Any], source: Path) -> Profile:
         end_of_turn=end_of_turn,
         eos=eos,
         tool_result=string_list(tokens.get("tool_result", []), f"{where}: tokens.tool_result"),
-        prompt_suffixes={
-            mode: string_list(value, f"{where}: generation_prompt.{mode}")
-            for mode, value in prompt.items()
-        },
+        prompt_suffixes={mode: string_list(value, f"{where}: generation_prompt.{mode}") for mode, value in prompt.items()},
         pinned_ids=dict(pinned),
         tool_calls=tool_calls,
         think_open_window=window,
+        thinking_token=tokens.get("thinking_token"),
+        as_template_renders=renders,
         channels=parse_channels(data.get("channels"), where),
         encoder=encoder,
         thinking_switch=parse_template(data.get("template"), prompt, where),

@@ -24,6 +24,7 @@ by `Profile.template_kwargs`): MiniMax-M3 reads `thinking_mode`, others `enable_
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +84,16 @@ def _render_chat_template(
     return _render_any_argument_form(tokenizer, messages, tools, extra, add_generation_prompt=True)
 
 
+# A chat template that tests a call's arguments for a mapping (`function['arguments'] is mapping`).
+_MAPPING_TEST = re.compile(r"arguments['\"\]]*\s+is\s+mapping")
+
+
+def _render_as_given(
+    tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
+) -> str:
+    return tokenizer.render_chat(messages, tools or None, add_generation_prompt=True, **extra)
+
+
 def _render_any_argument_form(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, extra: dict[str, Any], *, add_generation_prompt: bool
 ) -> str:
@@ -93,6 +104,14 @@ def _render_any_argument_form(
             conversation, tools or None, add_generation_prompt=add_generation_prompt, **extra
         )
 
+    if _MAPPING_TEST.search(tokenizer.chat_template_text) and (objects := other_argument_form(messages, True)):
+        # A template that tests for a mapping takes one as its own form and writes a string as
+        # it is (Gemma-4 pastes a JSON string between its braces); serving stacks give it the
+        # mapping (SGLang's normalize_assistant_tool_call_arguments parses string arguments).
+        try:
+            return render(objects)
+        except Exception:  # noqa: BLE001, S110 (the messages as given are tried next)
+            pass
     try:
         return render(messages)
     except Exception as refused:  # jinja raises many types; render_prompts reports the first
@@ -235,11 +254,14 @@ def _encoder_render(name: str, **fixed: Any) -> RenderFunction:
 
 
 RENDERERS: dict[str, PromptRenderer] = {
+    # A template that takes history arguments in either form renders the form the messages give
+    # too (`apply_chat_template` as called on OpenAI-style messages, JSON strings as they are).
     CHAT_TEMPLATE: PromptRenderer(
         name=CHAT_TEMPLATE,
         render=_render_chat_template,
         available=lambda tokenizer: tokenizer.has_chat_template,
         requirement="a chat template (chat_template.jinja, or chat_template in tokenizer_config.json)",
+        variants=(_render_as_given,),
     ),
     # DeepSeek-V3.2 as SGLang serves it (`encoding_dsv32.py`); its tools preamble also exists
     # with blank lines between paragraphs, as DeepSeek's release file reads (deepseek_v32

@@ -72,9 +72,12 @@ def resolve_endings(
     think_end: int | None,
     where: str,
     sequences: dict[int, tuple[int, ...]] | None = None,
+    *,
+    mode_by_token: bool = False,
 ) -> Endings:
     """The endings of each mode of the run, resolved to ids; ConfigError on a mode the family
-    lacks, an empty suffix, or one ending two modes would judge in different states."""
+    lacks, an empty suffix, or one ending two modes would judge in different states (unless
+    `mode_by_token`: the prompt's thinking token says each record's mode, not its ending)."""
     texts: list[str] = []
     ids: list[tuple[int, ...]] = []
     states: list[Reasoning] = []
@@ -88,6 +91,8 @@ def resolve_endings(
             states.append(state)
             modes.append(rendered)
     for index, ending in enumerate(ids):
+        if mode_by_token:
+            break
         other = next((i for i in range(index) if ids[i] == ending and states[i] != states[index]), None)
         if other is not None:
             raise ConfigError(

@@ -241,6 +241,17 @@ class Tokenizer(FastPaths):
         )
 
     @cached_property
+    def chat_template_text(self) -> str:
+        """The source of the chat template(s), joined ("" when there is none)."""
+        if not self.has_chat_template:
+            return ""
+        template = self._chat_template
+        templates = template.templates if template is not None else getattr(self.hf, "chat_template", None)
+        if isinstance(templates, dict):
+            return "\n".join(str(text) for text in templates.values())
+        return str(templates or "")
+
+    @cached_property
     def has_chat_template(self) -> bool:
         """Whether the tokenizer ships a chat template (known without loading transformers)."""
         if self._state is not None:

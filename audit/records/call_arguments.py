@@ -18,7 +18,6 @@ from audit.model.call_values import (
     python_literal,
     string_error,
     tool_parameters,
-    tools_in_prompt,
     value_error,
 )
 from audit.records.batch import Batch
@@ -138,7 +137,7 @@ def _declared_tools(batch: Batch, rows: set[int]) -> dict[int, Any]:
     prompts = batch.records["input_ids"].gather(missing).to_list()
     texts = batch.tokenizer.decode_batch([ids or [] for ids in prompts])
     for row, text in zip(missing, texts, strict=True):
-        declared[row] = tools_in_prompt(text, *marks)
+        declared[row] = batch.profile.tool_call_spec.format.read_tools(text, *marks)
     return declared
 
 

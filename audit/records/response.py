@@ -171,6 +171,12 @@ def _known(name: str, values: np.ndarray, known: np.ndarray) -> pl.Series:
     return absent_as_null(np.where(known, values, ABSENT), name)
 
 
+def record_reasoning(batch: Batch) -> pl.Series:
+    """Per record, the reasoning state its prompt leaves the output in, by its ending (in a
+    mixed run with a thinking token, the ending of the mode the token says)."""
+    return pl.Series("reasoning", np.array(REASONING_STATES)[_reasoning_states(batch)], dtype=pl.String)
+
+
 def _reasoning_states(batch: Batch) -> np.ndarray:
     """Per record, the index in `REASONING_STATES` of the state its prompt leaves the output in
     (`prompt_reasoning`, from the flat prompt ids)."""
@@ -192,20 +198,41 @@ def prompt_endings(batch: Batch) -> np.ndarray:
 
 
 def _prompt_endings(batch: Batch) -> np.ndarray:
+    profile = batch.profile
     ending = np.full(batch.height, -1, dtype=np.int64)
-    by_length = sorted(range(len(batch.profile.prompt_suffixes)), key=lambda i: -len(batch.profile.prompt_suffixes[i]))
+    by_length = sorted(range(len(profile.prompt_suffixes)), key=lambda i: -len(profile.prompt_suffixes[i]))
+    token_modes = _token_modes(batch)
+    if token_modes is not None:  # first the endings of the mode the prompt's thinking token says
+        for index in by_length:
+            own = token_modes == profile.suffix_modes[index]
+            matched = _ends_with(batch.input_flat, profile.prompt_suffixes[index]) & (ending < 0) & own
+            ending[matched] = index
     for index in by_length:
-        matched = _ends_with(batch.input_flat, batch.profile.prompt_suffixes[index]) & (ending < 0)
+        matched = _ends_with(batch.input_flat, profile.prompt_suffixes[index]) & (ending < 0)
         ending[matched] = index
     return ending
 
 
+def _token_modes(batch: Batch) -> np.ndarray | None:
+    """Per record of a mixed run, the mode its prompt's thinking token says (True: the prompt
+    holds it); None where the profile has no such token or the run has one mode."""
+    profile = batch.profile
+    if profile.thinking_token is None or len(profile.modes) < 2:
+        return None
+    holds = batch.records.select(pl.col("input_ids").list.contains(profile.thinking_token).fill_null(False))
+    return np.asarray(holds.to_series().to_numpy(), dtype=bool)
+
+
 def record_modes(batch: Batch) -> np.ndarray:
     """Per record, the thinking mode it is judged in (True: thinking): the run's, or in a mixed
-    run (or where an ending says it was rendered in the other mode) that of its prompt's ending;
-    a prompt with no accepted ending is judged in the first."""
+    run (or where an ending says it was rendered in the other mode) that of its prompt's thinking
+    token where the family has one (`tokens.thinking_token`), else that of its prompt's ending; a
+    prompt with no accepted ending is judged in the first."""
     profile = batch.profile
     modes = np.full(batch.height, profile.modes[0], dtype=bool)
+    token_modes = _token_modes(batch)
+    if token_modes is not None:
+        return token_modes
     if len(set(profile.suffix_modes)) > 1:
         ending = prompt_endings(batch)
         matched = ending >= 0
