@@ -304,3 +304,47 @@ def test_cache_key_covers_the_image_processor_settings(tmp_path: Path) -> None:
     after = _describe_context(AuditContext(load_profile("qwen3.6").resolve(tokenizer), tokenizer))
     assert before["tokenizer"] == after["tokenizer"]
     assert before["profile"] != after["profile"]
+
+
+@pytest.mark.parametrize("partition", ["B1_glaive", "D1_deepseek"])
+def test_the_fused_query_of_the_expression_rules_finds_what_each_rule_finds_alone(
+    partition: str, tmp_path: Path, monkeypatch
+) -> None:
+    """The rules that are `violation` over the batch's columns are asked for their flags in one
+    query per block; the findings are each rule's own, and a rule whose expression raises
+    still costs only the records it raises on (the others' flags kept)."""
+    import audit.engine.runner as runner
+    from audit.checks.termination import Truncated
+
+    session = _session(partition, tmp_path, cache=False)
+    path = session.target.data_file
+    assert sum(c.rule.fusable for c in session.rule_set.rules if hasattr(c.rule, "fusable")) >= 2
+
+    def audit() -> tuple[pl.DataFrame, list]:
+        audited = audit_file(path, session.context, session.rule_set, block_bytes=4096)
+        return audited.findings, audited.internal_errors
+
+    fused, fused_errors = audit()
+    monkeypatch.setattr(runner, "_fused_checks", lambda batch, rules: {})
+    alone, alone_errors = audit()
+    assert_frame_equal(fused, alone)
+    assert fused.height and fused_errors == alone_errors == []
+
+    # One fusable rule raises on a record: the fused query raises, each rule asks on its own.
+    monkeypatch.undo()
+    first = int(fused["line"].min() if fused.height else 1)
+    assert Truncated().fusable
+    violation = Truncated.violation
+
+    def raising(self, batch):  # noqa: ANN001, ANN202
+        if first in batch.records["line"].to_list():
+            raise ValueError("boom")
+        return violation(self, batch)
+
+    monkeypatch.setattr(Truncated, "violation", raising)
+    fused, fused_errors = audit()
+    monkeypatch.setattr(runner, "_fused_checks", lambda batch, rules: {})
+    alone, alone_errors = audit()
+    assert_frame_equal(fused, alone)
+    assert [(e.line, e.rule) for e in fused_errors] == [(e.line, e.rule) for e in alone_errors]
+    assert [e.line for e in fused_errors] == [first]
