@@ -325,7 +325,7 @@ def test_the_fused_query_of_the_expression_rules_finds_what_each_rule_finds_alon
         return audited.findings, audited.internal_errors
 
     fused, fused_errors = audit()
-    monkeypatch.setattr(runner, "fused_checks", lambda batch, rules: {})
+    monkeypatch.setattr(runner, "_fused_checks", lambda batch, rules: {})
     alone, alone_errors = audit()
     assert_frame_equal(fused, alone)
     assert fused.height and fused_errors == alone_errors == []
@@ -343,7 +343,7 @@ def test_the_fused_query_of_the_expression_rules_finds_what_each_rule_finds_alon
 
     monkeypatch.setattr(Truncated, "violation", raising)
     fused, fused_errors = audit()
-    monkeypatch.setattr(runner, "fused_checks", lambda batch, rules: {})
+    monkeypatch.setattr(runner, "_fused_checks", lambda batch, rules: {})
     alone, alone_errors = audit()
     assert_frame_equal(fused, alone)
     assert [(e.line, e.rule) for e in fused_errors] == [(e.line, e.rule) for e in alone_errors]
