@@ -225,23 +225,12 @@ class RecordRule(Rule):
     def find(self, batch: Batch) -> pl.DataFrame:
         """The flagged rows of a non-empty batch the rule applies to. By default the expressions
         `violation`, `position` and `message`; override for a last step per flagged record."""
+        frame = self.frame(batch)
         # One query when nothing is flagged (nearly always); positions and messages are made
         # only for the flagged rows.
-        flags = self.frame(batch).select(self.violation(batch).fill_null(False)).to_series()
-        return self.flagged(batch, flags)
-
-    @property
-    def fusable(self) -> bool:
-        """Are this rule's findings `violation` over the batch's own columns (the default `find`
-        and `frame`)? The engine then asks for its flags in one query with the other such rules'."""
-        return type(self).find is RecordRule.find and type(self).frame is RecordRule.frame
-
-    def flagged(self, batch: Batch, flags: pl.Series) -> pl.DataFrame:
-        """The findings of the rows `flags` marks (`violation` with nulls as False, asked for by
-        `find` or, with other rules' in one query, by the engine)."""
+        flags = frame.select(self.violation(batch).fill_null(False)).to_series()
         if not flags.any():
             return empty_findings()
-        frame = self.frame(batch)
         rows = flags.arg_true()
         return frame[rows].select(
             pl.lit(rows).cast(pl.UInt32).alias("row"),

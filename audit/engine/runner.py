@@ -30,10 +30,9 @@ from pathlib import Path
 import polars as pl
 
 from audit.base.storage import AnyPath
-from audit.checks.base import RecordRule
 from audit.checks.ruleset import ConfiguredRule, RuleSet
 from audit.engine.findings import FINDINGS_SCHEMA, FindingsLog, FindingsPart, spill_part
-from audit.engine.isolation import INTERNAL_ERROR, InternalError, is_failure, isolated
+from audit.engine.isolation import INTERNAL_ERROR, InternalError, isolated
 from audit.records.batch import AuditContext, Batch
 from audit.records.line_reading import RejectedLine
 from audit.records.reader import parse_block
@@ -130,8 +129,6 @@ def audit_blocks(
     """
     record_rules = [c for c in rule_set.rules if not (c.rule.file_level or c.rule.partition_level)]
     keep_source = any(c.rule.reads_source for c in record_rules)
-    # The rules whose flags one query per block gives (by their place in `record_rules`).
-    fusable = [(index, c.rule) for index, c in enumerate(record_rules) if isinstance(c.rule, RecordRule) and c.rule.fusable]
     if expected_bytes is not None and any(c.rule.encodes_text for c in record_rules):
         context.tokenizer.expect_encoding(expected_bytes // ENCODED_BYTES_PER_CHARACTER)
     parts: list[FindingsPart] = []
@@ -149,10 +146,9 @@ def audit_blocks(
         batch = Batch(parsed.records, context, parsed.source_prompts)
         # Lines the reading raised on (a bug): internal errors of the reader's, as a rule's are.
         raised = [InternalError(line, None, "reader", error, trace) for line, error, trace in parsed.raised]
-        fused = _fused_checks(batch, fusable)
-        for index, configured in enumerate(record_rules):
+        for configured in record_rules:
             # A rule that raises costs the records it raises on, not the block (audit.engine.isolation).
-            done, failed = isolated(fused.get(index, configured.rule.check), batch)
+            done, failed = isolated(configured.rule.check, batch)
             for start, found in done:
                 if found.height:
                     found = found.with_columns(pl.col("row") + start) if start else found
@@ -321,36 +317,6 @@ def record_stats(batch: Batch) -> pl.DataFrame:
         summary["tool_calls"].cast(pl.UInt32).alias("tool_calls"),
         summary["thinking"].alias("thinking"),
     )
-
-
-def _fused_checks(batch: Batch, rules: list[tuple[int, RecordRule]]) -> dict[int, Callable[[Batch], pl.DataFrame]]:
-    """The check of every rule in `rules` that applies to the batch, by the rule's place, with
-    its flags (`violation`, nulls as False) from one query over the batch's columns for all of
-    them; none when fewer than two apply or the query raises (each rule then asks, and is
-    isolated, on its own)."""
-    if batch.height == 0 or len(rules) < 2:
-        return {}
-    try:
-        applying = [(index, rule) for index, rule in rules if rule.applies(batch)]
-        if len(applying) < 2:
-            return {}
-        flags = batch.records.select(
-            rule.violation(batch).fill_null(False).alias(str(n)) for n, (_, rule) in enumerate(applying)
-        )
-    except BaseException as exc:
-        if not is_failure(exc):
-            raise
-        return {}
-    return {index: _flagged_in(batch, rule, flags.to_series(n)) for n, (index, rule) in enumerate(applying)}
-
-
-def _flagged_in(batch: Batch, rule: RecordRule, flags: pl.Series) -> Callable[[Batch], pl.DataFrame]:
-    """`rule.check`, with the flags the fused query gave for `batch` (a part of it that
-    isolation audits again asks on its own)."""
-    def check(part: Batch) -> pl.DataFrame:
-        return rule.flagged(part, flags) if part is batch else rule.check(part)
-
-    return check
 
 
 def _locate(found: pl.DataFrame, batch: Batch, configured: ConfiguredRule) -> pl.DataFrame:
