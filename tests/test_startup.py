@@ -330,6 +330,22 @@ def test_the_sandbox_refuses_unsafe_attributes_every_time() -> None:
     assert messages == [{"role": "user", "content": "hi"}, {"role": "user", "content": "yo"}]
 
 
+def test_the_sandbox_wraps_str_format_however_a_template_reaches_it() -> None:
+    """The sandbox's quicker paths (known-safe attributes of JSON values and namespaces, their
+    methods called) leave `str.format` to the sandbox: reached on a string or kept in a
+    namespace, a format that reads an underscore attribute gets nothing, on every render
+    (unsandboxed, both would write "<class 'list'>")."""
+    direct = ChatTemplate("{{ '{0.__class__}'.format(messages) }}", {})
+    kept = ChatTemplate(
+        "{% set ns = namespace(f=messages[0]['content'].format) %}{{ ns.f(messages) }}", {}
+    )
+    plain = ChatTemplate("{{ '{0}-{1}'.format(messages[0]['role'], messages|length) }}{{ messages[0].items()|list|length }}", {})
+    for _ in range(3):
+        assert direct.render([{"role": "user", "content": "x"}]) == ""
+        assert kept.render([{"role": "user", "content": "{0.__class__}"}]) == ""
+        assert plain.render([{"role": "user", "content": "x"}]) == "user-12"
+
+
 def test_tpl001_findings_are_those_of_transformers(tmp_path: Path, monkeypatch) -> None:
     """Records whose messages are odd (None values, an unknown role, reasoning) give the same
     TPL001 findings whichever renderer ran."""

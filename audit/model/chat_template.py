@@ -22,7 +22,9 @@ transformers only.
 
 from __future__ import annotations
 
+import builtins
 import json
+import types
 from collections.abc import Mapping
 from datetime import datetime
 from functools import lru_cache
@@ -153,12 +155,9 @@ class ChatTemplate:
                 message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
             chat.append(message)
         variables = {**self.special_tokens, **kwargs}
-        return _compiled(template).render(
-            messages=chat,
-            tools=tools,
-            documents=None,
-            add_generation_prompt=add_generation_prompt,
-            **variables,
+        return _render(
+            _compiled(template),
+            dict(messages=chat, tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **variables),
         )
 
 
@@ -203,6 +202,33 @@ def _outcome(render: Any) -> tuple[str, str]:
 
 # The types a conversation's JSON values have inside a template.
 _JSON_TYPES = frozenset({dict, list, str, int, float, bool, type(None)})
+# What the sandbox wraps when a template reaches it (jinja2.sandbox `wrap_str_format`).
+_METHOD_TYPES = (types.MethodType, types.BuiltinMethodType)
+_FORMAT_METHODS = ("format", "format_map")
+
+
+def _render(compiled: Any, variables: dict[str, Any]) -> str:
+    """`compiled.render(**variables)`, without building the template's globals afresh each time.
+
+    jinja's `Template.render` copies the environment's globals (a ChainMap) into every
+    context: ~a quarter of a short render. Those globals never change once the template is
+    compiled (`_compiled`), so their dict and key set are made once; the context, the render
+    and the errors are jinja's own, as `render` makes them."""
+    environment = compiled.environment
+    context = environment.context_class(
+        environment, {**_globals_of(compiled), **variables}, compiled.name, compiled.blocks
+    )
+    context.globals_keys = set(_globals_of(compiled))
+    try:
+        return str(environment.concat(compiled.root_render_func(context)))
+    except Exception:
+        environment.handle_exception()
+        raise  # (handle_exception always raises)
+
+
+@lru_cache(maxsize=8)
+def _globals_of(compiled: Any) -> dict[str, Any]:
+    return dict(compiled.globals)
 
 
 @lru_cache(maxsize=8)
@@ -281,6 +307,27 @@ def _compiled(template: str) -> Any:
             if known is None:
                 known = self._known_safe[key] = super().is_safe_attribute(obj, attr, value)
             return known
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            # The sandbox's own answer, reached sooner for an attribute of a JSON value or a
+            # namespace already known safe: the value itself, unless it is a `str.format` the
+            # sandbox would wrap (then, and for anything else, the sandbox's own path).
+            kind = type(obj)
+            if (kind in _JSON_TYPES or kind is TemplateNamespace) and self._known_safe.get((kind, attribute)):
+                try:
+                    value = builtins.getattr(obj, attribute)
+                except AttributeError:
+                    return super().getattr(obj, attribute)
+                if not isinstance(value, _METHOD_TYPES) or value.__name__ not in _FORMAT_METHODS:
+                    return value
+            return super().getattr(obj, attribute)
+
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+            # A method of a JSON value (`.strip()`, `.items()`...) is always safely callable (no
+            # `unsafe_callable`, no `alters_data`: the sandbox's test, asked of a builtin method).
+            if type(__obj) is types.BuiltinMethodType and type(__obj.__self__) in _JSON_TYPES:
+                return __context.call(__obj, *args, **kwargs)
+            return super().call(__context, __obj, *args, **kwargs)
 
     environment = Environment(
         trim_blocks=True, lstrip_blocks=True, extensions=[GenerationBlock, jinja2.ext.loopcontrols]
