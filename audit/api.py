@@ -29,7 +29,7 @@ from audit.flows.gating import GateResult, gate_session
 from audit.flows.session import CheckOptions, Session, prepare
 from audit.flows.targets import data_root as resolve_data_root
 from audit.flows.targets import resolve_target
-from audit.model.thinking_modes import ThinkingMode
+from audit.model.families.thinking_modes import ThinkingMode
 from audit.report.report import Report
 
 PathLike = str | os.PathLike[str]

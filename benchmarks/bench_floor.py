@@ -7,7 +7,7 @@ Every audit must read every line, decode every output to bytes and encode it aga
 fastest exact encoder to know whether the ids are the ones the tokenizer would choose (the
 round trip), and compare. Here that is: orjson parses each line, a numpy gather over the
 tokenizer's id -> bytes table decodes a batch of outputs at once (the chunked gather of
-`audit.model.fastcodec.ByteDecoder`, the fastest decode there is), fastokens encodes the texts
+`audit.model.tokens.fastcodec.ByteDecoder`, the fastest decode there is), fastokens encodes the texts
 into one flat buffer, numpy compares. No rule, no report, no findings. It is judged as a whole
 process, as the tool is (interpreter start and imports in: `bench_check.py` times the process),
 less the byte table's build, which it reports as `table_seconds` (an audit keeps the table in
@@ -36,8 +36,8 @@ def floor(data: Path, tokenizer_dir: Path) -> dict:
     import tokenizers
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from audit.model.fastcodec import byte_decoder_for_backend
-    from audit.model.flat_ids import FlatIds
+    from audit.model.tokens.fastcodec import byte_decoder_for_backend
+    from audit.model.tokens.flat_ids import FlatIds
 
     table_started, table_cpu = time.perf_counter(), time.process_time()
     backend = tokenizers.Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))

@@ -31,7 +31,7 @@ PREPARED = ROOT / "fixtures" / "prepared"
 
 def write_partition(directory: Path, ids: int) -> Path:
     """A partition whose one record has an output of `ids` ids, a second </think> mid-way."""
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(TOKENIZER)
     clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])

@@ -89,7 +89,7 @@ def _canonical_outputs(partition_dir: Path, tok: Path) -> None:
     output nearly always is canonical, so the benchmark's clean records are too."""
     import orjson
 
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(tok)
     labels = json.loads((partition_dir / "labels.json").read_text())

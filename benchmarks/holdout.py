@@ -6,7 +6,7 @@ recall and false-positive rate on it.
 
 For each family test spec (`tests/families/NAME.toml`) and each thinking mode it tests, the
 script renders random conversations with the family's real tokenizer and template through
-`audit.model.templating` (with the profile's thinking switch): one or more user turns, system prompt
+`audit.model.rendering.templating` (with the profile's thinking switch): one or more user turns, system prompt
 or not, agentic histories (several tool calls per turn, their results, arguments as objects or
 as JSON strings), random tools whose parameters declare every JSON type, nested objects and
 arrays, nullable and untyped ones, with values that follow the declared types. The output is
@@ -50,10 +50,10 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.session import shared_tokenizer as load_cached_tokenizer
 from audit.flows.targets import resolve_target
-from audit.model.call_values import parameter_types
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.templating import CHAT_TEMPLATE, render_prompts
-from audit.model.tokenizer import Tokenizer
+from audit.model.calls.call_values import parameter_types
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.rendering.templating import CHAT_TEMPLATE, render_prompts
+from audit.model.tokens.tokenizer import Tokenizer
 from benchmarks import holdout_calls
 from fixtures.family_partitions import (
     CORRUPTIONS,

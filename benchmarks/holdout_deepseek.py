@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 import audit
 from audit.model.encoders import deepseek_v4, deepseek_v32, sglang_request_messages
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.prompt_endings import THINKING_STATES
-from audit.model.token_text import token_strings
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.families.prompt_endings import THINKING_STATES
+from audit.model.tokens.token_text import token_strings
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from fixtures.family_partitions import FamilySpec, load_spec, real_encoder, spec_tokenizer_dir
 
 # Another revision of each family's template or encoder, for that corruption.

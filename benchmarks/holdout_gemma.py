@@ -40,8 +40,8 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.session import shared_tokenizer as load_cached_tokenizer
 from audit.flows.targets import resolve_target
-from audit.model.templating import render_prompts
-from audit.model.tokenizer import Tokenizer
+from audit.model.rendering.templating import render_prompts
+from audit.model.tokens.tokenizer import Tokenizer
 
 GEMMA = Path(__file__).resolve().parent.parent / "fixtures" / "tokenizers" / "gemma-4-mini"
 Q = '<|"|>'

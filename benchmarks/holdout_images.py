@@ -50,8 +50,8 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.session import shared_tokenizer as load_cached_tokenizer
 from audit.flows.targets import resolve_target
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.vision import sglang_qwen_size
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.families.vision import sglang_qwen_size
 from benchmarks.holdout import corruption_kinds, paragraph, random_sample, random_tools
 from fixtures.family_partitions import (
     CORRUPTIONS,
@@ -371,7 +371,7 @@ class Generator:
     def render(self, messages: list[dict[str, Any]], thinking: bool, kwargs: dict[str, Any] | None) -> list[int]:
         """The real template's prompt, with the record's template variables (`add_vision_id`
         writes "Picture N: " before each image)."""
-        from audit.model.templating import render_prompts
+        from audit.model.rendering.templating import render_prompts
 
         b = self.b
         [text] = render_prompts(b.tokenizer, [messages], [self.tools], thinking=thinking, extra_kwargs=[kwargs],

@@ -10,9 +10,9 @@ import pytest
 
 from audit.checks.ruleset import load_rule_set
 from audit.flows.session import shared_tokenizer as loaded_tokenizer
-from audit.model.profiles import load_profile
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import load_profile
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 from fixtures.family_partitions import harmony_tokenizer_dir, real_tokenizer_dir
 

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from audit.model.encoders import xtml
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 
-from audit.model.call_formats import ROLE_LETTERS
-from audit.model.flat_ids import FlatIds
+from audit.model.calls.call_formats import ROLE_LETTERS
+from audit.model.tokens.flat_ids import FlatIds
 from audit.records.batch import Batch
 from audit.records.call_arguments import CALLS_SCHEMA, ReadCall, judge_calls
 from audit.records.call_view import STRAY_SCHEMA, ToolCallView, _problem_token

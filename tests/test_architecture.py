@@ -83,7 +83,7 @@ def _in(name: str, packages: tuple[str, ...]) -> bool:
 
 
 def part_of(name: str) -> str:
-    """The top-level part of the package a module belongs to: `audit.model.tokenizer` -> `model`."""
+    """The top-level part of the package a module belongs to: `audit.model.tokens.tokenizer` -> `model`."""
     return name.split(".")[1] if "." in name else ""
 
 
@@ -103,6 +103,18 @@ def test_the_package_root_holds_the_layers_folders_only() -> None:
     folders = {part for parts in LAYERS.values() for part in parts if part and part not in ("api", "__main__")}
     assert entries == folders | {"__init__.py", "__main__.py", "api.py"}
     assert all((PACKAGE / folder / "__init__.py").is_file() for folder in folders)
+
+
+# audit/model/'s concerns: `ls audit/model/` is its map (ARCHITECTURE.md's `model/` row).
+MODEL_CONCERNS = ("families", "calls", "rendering", "encoders", "tokens", "trainers")
+
+
+def test_the_model_layer_holds_its_concerns_folders_only() -> None:
+    """A model module goes into the folder of its concern, never beside them."""
+    model = PACKAGE / "model"
+    entries = {path.name for path in model.iterdir() if path.name != "__pycache__"}
+    assert entries == {"__init__.py", *MODEL_CONCERNS}
+    assert all((model / concern / "__init__.py").is_file() for concern in MODEL_CONCERNS)
 
 
 def test_every_module_says_what_it_owns_in_its_first_line() -> None:

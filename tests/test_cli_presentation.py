@@ -172,8 +172,8 @@ def test_profiles_keep_each_prompt_ending_on_one_line_from_100_columns(
     width: int, with_tokenizer: bool
 ) -> None:
     from audit.cli.tables import escaped, profiles_table
-    from audit.model.profiles import builtin_profiles, load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import builtin_profiles, load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     profiles = [load_profile(name) for name in builtin_profiles()]
     tokenizer = load_tokenizer(KIMI_TOKENIZER) if with_tokenizer else None

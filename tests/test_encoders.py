@@ -25,8 +25,8 @@ from audit.model.encoders import (
     encoder,
     sglang_request_messages,
 )
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from fixtures.conversations import TOOLS, conversation
 from fixtures.family_partitions import real_encoder, real_tokenizer_dir
 

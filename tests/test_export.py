@@ -17,7 +17,7 @@ import audit
 from audit.cli import app
 from audit.flows.export_writers import PARQUET_METADATA_KEY
 from audit.flows.session import shared_tokenizer
-from audit.model.profiles import load_profile
+from audit.model.families.profiles import load_profile
 from fixtures.family_partitions import load_spec, make_family_partition, spec_tokenizer_dir
 from tests.conftest import FIXTURES, PREPARED
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import audit
 from audit.cli import app
-from audit.model.trainer_rules import load_trainer_rules
+from audit.model.trainers.trainer_rules import load_trainer_rules
 from tests.conftest import FIXTURES, PREPARED
 from tests.test_export import (
     load_from_disk_as_torch,

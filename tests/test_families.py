@@ -20,9 +20,9 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.session import shared_tokenizer as _tokenizer_cache
 from audit.flows.targets import resolve_target
-from audit.model.profiles import load_profile
-from audit.model.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
-from audit.model.tokenizer import Tokenizer
+from audit.model.families.profiles import load_profile
+from audit.model.rendering.templating import CHAT_TEMPLATE, prompt_ids, render_prompts
+from audit.model.tokens.tokenizer import Tokenizer
 from fixtures.family_partitions import (
     CORRUPTIONS,
     FamilySpec,
@@ -60,7 +60,7 @@ def test_every_built_in_profile_with_real_files_has_a_spec() -> None:
     # and K2-Thinking's prompt ending is checked by the rule cases on it. Kimi-K3 has no chat
     # template at all (its prompts come from a Python renderer): its records are the rule cases
     # on its stand-in and benchmarks/kimi_k3_holdout.py's partition (tests/test_kimi_k3.py).
-    from audit.model.profiles import builtin_profiles
+    from audit.model.families.profiles import builtin_profiles
 
     covered = {spec.profile for spec in SPECS.values()}
     assert set(builtin_profiles()) - covered <= {"kimi-k2-thinking", "kimi-k3"}

@@ -16,7 +16,7 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.targets import resolve_target
 from audit.generate import scan_prompts
-from audit.model.templating import prompt_ids
+from audit.model.rendering.templating import prompt_ids
 from tests.conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, ROOT
 from tests.generate_support import (
     KIMI_END_OF_TURN,
@@ -328,7 +328,7 @@ def test_thinking_off_renders_the_closed_think_prompt(servers, tmp_path, kimi_to
 def test_gemma4_prompts_are_its_chat_templates_rendering_in_each_mode(tmp_path, thinking):
     """`generate --profile gemma-4` renders with the folder's template: <|think|> in the system
     turn with thinking on, the empty thought channel prefilled with it off."""
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from tests.sglang_standin import SGLangStandin
 
     gemma = ROOT / "fixtures" / "tokenizers" / "gemma-4-mini"
@@ -435,7 +435,7 @@ def test_bad_prompts_are_one_error_line_and_exit_2_before_any_request(
 )
 @pytest.mark.parametrize("thinking", [True, False])
 def test_rendering_is_the_chat_template(tokenizer_dir, profile_tokens, thinking):
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_dir)
     messages = [{"role": "user", "content": "Convert 12 USD to EUR."}]

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from audit.cli import app
 from audit.engine.runner import STATS_SCHEMA
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.report.distributions import SCATTER_POINTS, summarize
 from audit.report.html import FINDINGS_SHOWN, render_html
 from audit.report.html.samples import SAMPLES_PER_RULE, WINDOW

@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from audit.cli import app
-from audit.model.token_text import token_strings
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.tokens.token_text import token_strings
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.report.html import STYLE
 from tests.conftest import DEEPSEEK_TOKENIZER, PREPARED
 from tests.test_html import CHROMIUM, needs_chromium, open_in_chromium

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from audit.model.vision import ProcessorSettings, ResolvedVision, VisionSpec
+from audit.model.families.vision import ProcessorSettings, ResolvedVision, VisionSpec
 from audit.records.images import ImageSource, image_bytes, read_image, vision_layout
 
 
@@ -148,8 +148,8 @@ def test_no_rule_raises_on_any_images_or_vision_ids(data):
 
     from audit.checks.ruleset import load_rule_set
     from audit.engine.runner import audit_blocks
-    from audit.model.profiles import load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from audit.records.batch import AuditContext
     from audit.records.sources import memory_blocks
     from tests.conftest import PREPARED
@@ -184,7 +184,7 @@ def test_the_image_holdout_is_judged_exactly(tmp_path):
     import random
 
     from audit.flows.session import shared_tokenizer
-    from audit.model.profiles import load_profile
+    from audit.model.families.profiles import load_profile
     from benchmarks.holdout_images import build, judge, tokenizer_folder
     from fixtures.family_partitions import Builder, load_spec
 

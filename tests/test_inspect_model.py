@@ -14,7 +14,7 @@ from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.targets import resolve_target
 from audit.flows.token_view import Inspector, LineIndex
-from audit.model.templating import prompt_ids
+from audit.model.rendering.templating import prompt_ids
 from audit.tui.detail import DetailLines
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 
@@ -34,7 +34,7 @@ def glaive() -> Inspector:
 
 def write_long_partition(directory: Path) -> Path:
     """A partition of one clean record and one with a 30k-token reasoning and a second </think>."""
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(KIMI_TOKENIZER)
     clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
@@ -64,7 +64,7 @@ def write_long_record(directory: Path, length: int, think_ends: tuple[int, ...],
     ids, repeated reasoning words with `</think>` at each index of `think_ends` and `<|im_end|>`
     last (more than one `</think>` is a SEG002 finding at the second). `rules`: a rule set's
     TOML, written beside it as `rules.toml`."""
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     tokenizer = load_tokenizer(KIMI_TOKENIZER)
     clean = json.loads((PREPARED / "B0_clean" / "raw_responses.jsonl").read_text().splitlines()[0])
@@ -258,7 +258,7 @@ def test_the_windows_are_joined_clipped_and_a_long_prompt_keeps_its_tail() -> No
 
 
 def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers(tmp_path: Path) -> None:
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from tests import tiktoken_remote_code
 
     directory = tiktoken_remote_code.build(tmp_path / "kimi-tiktoken")
@@ -285,7 +285,7 @@ def test_a_tiktoken_tokenizer_behind_remote_code_gets_roles_for_its_chat_markers
 
 def _harmony_partition(directory: Path, harmony: Path, tokenizer) -> Path:
     """gpt-oss records: an answer after analysis, and a tool call (finish stop)."""
-    from audit.model.templating import prompt_ids as render
+    from audit.model.rendering.templating import prompt_ids as render
 
     [prompt] = render(tokenizer, [[{"role": "user", "content": "Weather in Paris?"}]], [None], thinking=True)
     outputs = [

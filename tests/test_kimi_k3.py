@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from audit.api import check_target
-from audit.model.flat_ids import FILLER, FlatIds, marker_view
-from audit.model.thinking_modes import ThinkingMode
+from audit.model.families.thinking_modes import ThinkingMode
+from audit.model.tokens.flat_ids import FILLER, FlatIds, marker_view
 from fixtures.kimi_k3 import TOKENIZER_DIR, build
 
 

@@ -15,15 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.model.encoders import ENCODERS, EncoderError, SegmentedPrompt, kimi_k3, xtml
-from audit.model.templating import (
+from audit.model.rendering.templating import (
     RENDERERS,
     encode_prompts,
     prompt_ids,
     render_prompts,
     render_variants,
 )
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from tests.kimi_k3_support import standin_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +305,7 @@ def _with_xtml_markers(folder: Path) -> Path:
 def test_generate_sends_the_encoders_prompt_segment_by_segment(servers, tmp_path: Path) -> None:
     """`audit generate` with a profile naming the kimi-k3 encoder sends its prompt: markers as
     their ids, content (a tool result spelling a marker) as text."""
-    from audit.model.profiles import PROFILES_DIR
+    from audit.model.families.profiles import PROFILES_DIR
     from tests.generate_support import generate_args, read_samples, run_cli
 
     directory = _with_xtml_markers(tmp_path / "tokenizer")

@@ -1,6 +1,6 @@
 """Kimi-K3 data through the trainers: SpecForge's `kimi-k3-thinking` template and speculators render
 with the checkpoint tokenizer's Python renderer (audit's kimi-k3 encoder,
-`audit.model.chat_rendering`), on the stand-in tokenizer (`tests.kimi_k3_support`)."""
+`audit.model.rendering.chat_rendering`), on the stand-in tokenizer (`tests.kimi_k3_support`)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import pytest
 
 from audit.base.errors import ConfigError
 from audit.model.encoders import kimi_k3
-from audit.model.specforge import TrainedSequence, specforge_samples
-from audit.model.speculators import SpeculatorsResult, speculators_rows
-from audit.model.templating import encode_prompts
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
-from audit.model.trainer_rules import resolve_trainer
+from audit.model.rendering.templating import encode_prompts
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
+from audit.model.trainers.specforge import TrainedSequence, specforge_samples
+from audit.model.trainers.speculators import SpeculatorsResult, speculators_rows
+from audit.model.trainers.trainer_rules import resolve_trainer
 from tests.kimi_k3_support import standin_tokenizer
 
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}

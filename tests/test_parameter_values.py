@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from audit.checks.ruleset import load_rule_set
 from audit.engine.runner import audit_file
 from audit.flows.session import shared_tokenizer
-from audit.model.call_values import allowed_types, value_error
-from audit.model.profiles import load_profile
+from audit.model.calls.call_values import allowed_types, value_error
+from audit.model.families.profiles import load_profile
 from audit.records.batch import AuditContext
 from fixtures.family_partitions import family_specs, history_turn, spec_tokenizer_dir
 

@@ -31,7 +31,7 @@ import pytest
 
 from audit.checks.ruleset import load_rule_set
 from audit.engine.runner import audit_file
-from audit.model.profiles import builtin_profiles, load_profile
+from audit.model.families.profiles import builtin_profiles, load_profile
 from audit.records.batch import AuditContext
 from tests.test_rule_cases import TOKENIZERS, Setup, _load
 

@@ -21,7 +21,7 @@ from audit.flows.cluster import audit_shard_task, shard_size
 from audit.flows.parallel import plan_shards
 from audit.flows.session import CheckOptions, prepare, shared_tokenizer
 from audit.flows.targets import resolve_target
-from audit.model.profiles import load_profile
+from audit.model.families.profiles import load_profile
 from tests.conftest import KIMI_TOKENIZER, PREPARED
 from tests.s3_server import upload_tree
 

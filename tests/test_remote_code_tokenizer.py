@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from audit.base.errors import ConfigError
 from audit.cli import app
-from audit.model.templating import prompt_ids
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.rendering.templating import prompt_ids
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from tests import tiktoken_remote_code
 
 

@@ -74,13 +74,13 @@ from audit.checks import RULES
 from audit.checks.base import RecordRule
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.engine.runner import audit_file
-from audit.model.fastcodec import BACKEND_ENV
-from audit.model.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
-from audit.model.templating import RenderFailure, encode_prompts, render_prompts
-from audit.model.thinking_modes import ThinkingMode
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
-from audit.model.trainer_rules import Trainer, resolve_trainer
+from audit.model.families.profiles import Profile, ResolvedProfile, builtin_profiles, load_profile
+from audit.model.families.thinking_modes import ThinkingMode
+from audit.model.rendering.templating import RenderFailure, encode_prompts, render_prompts
+from audit.model.tokens.fastcodec import BACKEND_ENV
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
+from audit.model.trainers.trainer_rules import Trainer, resolve_trainer
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import image_source
 from audit.records.reader import empty_records

@@ -26,10 +26,10 @@ from audit.flows.cache import AuditCache, _describe_context
 from audit.flows.checking import check_session
 from audit.flows.session import CheckOptions, prepare
 from audit.flows.targets import resolve_target
-from audit.model.fastcodec import BACKEND_ENV
-from audit.model.flat_ids import FlatIds
-from audit.model.profiles import load_profile
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import load_profile
+from audit.model.tokens.fastcodec import BACKEND_ENV
+from audit.model.tokens.flat_ids import FlatIds
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED
@@ -293,8 +293,8 @@ def test_images_beside_the_data_are_known_by_their_stat_not_read(tmp_path: Path,
     import time
 
     from audit.flows import cache
-    from audit.model.profiles import load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from audit.records.batch import AuditContext
     from audit.records.images import ImageSource
 
@@ -320,8 +320,8 @@ def test_images_beside_the_data_are_known_by_their_stat_not_read(tmp_path: Path,
 def test_a_recently_changed_image_is_hashed_whole(tmp_path: Path, monkeypatch) -> None:
     """Within the file clock's tick a rewrite may leave every time as it was: a file changed in
     the last two seconds is known by its content too."""
-    from audit.model.profiles import load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from audit.records.batch import AuditContext
     from audit.records.images import ImageSource
 
@@ -347,8 +347,8 @@ def test_a_recently_changed_image_is_hashed_whole(tmp_path: Path, monkeypatch) -
 def test_cache_key_covers_the_image_processor_settings(tmp_path: Path) -> None:
     """The processor's settings decide each image's token count (INT005): another
     preprocessor_config.json is another key, though the tokenizer's fingerprint is the same."""
-    from audit.model.profiles import load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from audit.records.batch import AuditContext
 
     folder = tmp_path / "qwen3.6-mini"

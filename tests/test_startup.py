@@ -17,12 +17,12 @@ from polars.testing import assert_frame_equal
 
 from audit.checks.ruleset import load_rule_set
 from audit.engine.runner import audit_file
-from audit.model import tokenizer_cache
-from audit.model.chat_template import ChatTemplate, UnsupportedInput
-from audit.model.fastcodec import BACKEND_ENV
-from audit.model.profiles import load_profile
-from audit.model.token_text import token_strings
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import load_profile
+from audit.model.rendering.chat_template import ChatTemplate, UnsupportedInput
+from audit.model.tokens import tokenizer_cache
+from audit.model.tokens.fastcodec import BACKEND_ENV
+from audit.model.tokens.token_text import token_strings
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext
 
 from .conftest import DEEPSEEK_TOKENIZER, KIMI_TOKENIZER, PREPARED, ROOT
@@ -145,7 +145,7 @@ def test_state_is_keyed_by_the_tokenizer_files(tmp_path: Path, monkeypatch) -> N
 
 def test_concurrent_first_loads_leave_one_whole_state(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
-    script = "from audit.model.tokenizer_loading import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
+    script = "from audit.model.tokens.tokenizer_loading import load_tokenizer; load_tokenizer(__import__('sys').argv[1])"
     env = {**os.environ, "AUDIT_CACHE_DIR": str(tmp_path)}
     processes = [
         subprocess.Popen([sys.executable, "-c", script, str(DEEPSEEK_TOKENIZER)], env=env, cwd=ROOT,
@@ -204,7 +204,7 @@ def test_fastokens_is_built_only_once_the_texts_pay_for_it(tmp_path: Path, monke
     rule_set = load_rule_set(rules)
 
     def run(threshold: int):
-        monkeypatch.setattr("audit.model.tokenizer_fast_paths.FAST_ENCODER_AFTER_CHARS", threshold)
+        monkeypatch.setattr("audit.model.tokens.tokenizer_fast_paths.FAST_ENCODER_AFTER_CHARS", threshold)
         fresh = load_tokenizer(directory)
         context = AuditContext(load_profile("deepseek-v3.1").resolve(fresh), fresh)
         plain_calls: list[int] = []  # batches the plain `tokenizers` encoder was given
@@ -548,7 +548,7 @@ def test_a_first_load_without_autotokenizer_loads_what_autotokenizer_loads(
     (class, backend, special tokens, template). (Where it does not: the test below.)"""
     from transformers import AutoTokenizer
 
-    from audit.model.tokenizer_files import _plain_backend_class
+    from audit.model.tokens.tokenizer_files import _plain_backend_class
 
     dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER, *(d for d in real_tokenizer_dirs.values() if d is not None)]
     shortcut = 0
@@ -564,7 +564,7 @@ def test_a_first_load_without_autotokenizer_loads_what_autotokenizer_loads(
 
 
 def test_the_shortcut_leaves_autotokenizer_every_choice_it_could_make(tmp_path: Path) -> None:
-    from audit.model.tokenizer_files import _plain_backend_class
+    from audit.model.tokens.tokenizer_files import _plain_backend_class
 
     def directory(name: str, config: dict, *, model_config: bool = False) -> Path:
         path = tmp_path / name
@@ -601,7 +601,7 @@ def test_the_first_load_stores_the_skipped_ids_the_backend_json_gives(
     import tokenizers
     from tokenizers.models import Unigram
 
-    from audit.model.tokenizer_cache import StoredVocabulary
+    from audit.model.tokens.tokenizer_cache import StoredVocabulary
 
     monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path / "cache"))
     dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER, *(d for d in real_tokenizer_dirs.values() if d is not None)]

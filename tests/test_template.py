@@ -12,7 +12,7 @@ import audit
 from audit.checks import RULES
 from audit.checks.base import DOC_SECTIONS
 from audit.cli import app
-from audit.model.templating import prompt_ids
+from audit.model.rendering.templating import prompt_ids
 from tests.conftest import KIMI_TOKENIZER, PREPARED, write_jsonl
 
 NEW_RULES = ["TPL001", "DEG001", "DEG002", "CHN001", "CHN002", "CHN003"]

@@ -1,4 +1,4 @@
-"""Prompt rendering (audit.model.templating): one path for the prompt a run sends and the one TPL001 expects."""
+"""Prompt rendering (audit.model.rendering.templating): one path for the prompt a run sends and the one TPL001 expects."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 import audit
-from audit.model.profiles import PROFILES_DIR
-from audit.model.templating import (
+from audit.model.families.profiles import PROFILES_DIR
+from audit.model.rendering.templating import (
     CHAT_TEMPLATE,
     RENDERERS,
     PromptRenderer,
@@ -227,8 +227,8 @@ AGENTIC = [
 
 def test_deepseek_prompts_are_rendered_by_the_built_in_encoders(real_tokenizer_dirs):
     from audit.model.encoders import encoder
-    from audit.model.profiles import load_profile
-    from audit.model.templating import get_renderer
+    from audit.model.families.profiles import load_profile
+    from audit.model.rendering.templating import get_renderer
     from tests.conftest import real_tokenizer
 
     for name in ("deepseek-v3.2", "deepseek-v4"):
@@ -275,7 +275,7 @@ def test_arguments_that_parse_to_a_lone_surrogate_are_a_refusal_to_render_never_
     # (ERR001 on the record, exit 2).
     from audit.checks.ruleset import load_rule_set
     from audit.engine.runner import audit_blocks
-    from audit.model.profiles import load_profile
+    from audit.model.families.profiles import load_profile
     from audit.records.batch import AuditContext
     from audit.records.sources import memory_blocks
     from tests.conftest import real_tokenizer

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 
 from audit.checks.ruleset import load_rule_set
 from audit.engine.runner import audit_file
-from audit.model.call_elements import Element, elements_error
-from audit.model.call_formats import FORMATS
-from audit.model.call_values import declared_type, parameter_types, value_error
-from audit.model.profiles import load_profile
-from audit.model.templating import prompt_ids as rendered_prompt_ids
+from audit.model.calls.call_elements import Element, elements_error
+from audit.model.calls.call_formats import FORMATS
+from audit.model.calls.call_values import declared_type, parameter_types, value_error
+from audit.model.families.profiles import load_profile
+from audit.model.rendering.templating import prompt_ids as rendered_prompt_ids
 from audit.records.batch import AuditContext
 from fixtures.family_partitions import load_spec, spec_tokenizer_dir
 
@@ -491,7 +491,7 @@ def test_kimi_call_ids_of_other_forms_are_a_warning_and_the_pattern_is_the_profi
 def test_without_tools_on_the_record_the_declared_types_come_from_the_prompt(glm47, tmp_path) -> None:
     # The template wrote the tool schemas into the prompt the model saw (`prompt_tools`): a
     # record saved without `tools` or `messages` is still judged by them.
-    from audit.model.templating import render_prompts
+    from audit.model.rendering.templating import render_prompts
 
     messages = [{"role": "user", "content": "Open an issue for the flaky test."}]
     [prompt] = render_prompts(glm47.tokenizer, [messages], [TOOLS], thinking=True)
@@ -503,7 +503,7 @@ def test_without_tools_on_the_record_the_declared_types_come_from_the_prompt(glm
 
 
 def test_tools_in_prompt_reads_the_schema_block_not_the_sentence_naming_the_tags() -> None:
-    from audit.model.call_values import tools_in_prompt
+    from audit.model.calls.call_values import tools_in_prompt
 
     prompt = ('signatures within <tools></tools> XML tags:\n<tools>\n{"name": "a"}\nnot json\n'
               '{"type": "function", "function": {"name": "b"}}\n</tools>\n\nQ')

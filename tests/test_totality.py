@@ -30,8 +30,8 @@ from audit.cli import app
 from audit.engine.isolation import INTERNAL_ERROR
 from audit.engine.runner import audit_blocks
 from audit.flows.session import shared_tokenizer
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.tokenizer import Tokenizer
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.batch import AuditContext
 from audit.records.sources import memory_blocks
 from fixtures.family_partitions import (

@@ -110,8 +110,8 @@ def test_the_trainers_tokenizer_load_is_modelled_and_named_with_its_fix(tmp_path
 
 
 def test_the_modelled_load_encodes_as_the_pinned_transformers_does(trainer_python, tmp_path):
-    from audit.model.trainer_load import trainer_encoder
-    from audit.model.trainer_rules import load_trainer_rules
+    from audit.model.trainers.trainer_load import trainer_encoder
+    from audit.model.trainers.trainer_rules import load_trainer_rules
 
     folder = llama_class_folder(tmp_path)
     texts = ["You are a helpful assistant.", "你好，世界！\n\tTabs  and  spaces ", "émigré 🙂 123 4567",
@@ -188,7 +188,7 @@ def test_a_trainer_process_that_hangs_is_stopped_and_said_in_one_line(tmp_path):
 
 
 def test_a_large_block_is_asked_a_bounded_part_at_a_time_in_order(tmp_path):
-    from audit.model.installed_trainer import ROWS_PER_ANSWER, InstalledTrainer, TrainerJob
+    from audit.model.trainers.installed_trainer import ROWS_PER_ANSWER, InstalledTrainer, TrainerJob
 
     echo = tmp_path / "echo"  # answers each conversation with its number and the size of its request
     echo.write_text(
@@ -239,7 +239,7 @@ def test_a_folder_autotokenizer_loads_otherwise_is_said_once_and_decided_once(tm
     assert output.count("warning: transformers") == 1 and "encodes otherwise than its tokenizer.json" in output
     assert sum("encodes otherwise" in f["message"] for f in report["findings"]) == 0  # no record carries it
     # Decided once per folder and transformers release: a later run reads it from the cached state.
-    import audit.model.trainer_load as trainer_load
+    import audit.model.trainers.trainer_load as trainer_load
 
     def never(*args, **kwargs):
         raise AssertionError("decided again")

@@ -23,10 +23,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from audit.cli import app
-from audit.model.specforge import Refusal, TrainedSequence, specforge_samples
-from audit.model.speculators import SpeculatorsResult, speculators_rows
-from audit.model.tokenizer import Tokenizer
-from audit.model.trainer_rules import TRAINERS_DIR, resolve_trainer
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.trainers.specforge import Refusal, TrainedSequence, specforge_samples
+from audit.model.trainers.speculators import SpeculatorsResult, speculators_rows
+from audit.model.trainers.trainer_rules import TRAINERS_DIR, resolve_trainer
 from tests.conftest import FIXTURES, KIMI_TOKENIZER, PREPARED, real_tokenizer, write_jsonl
 
 REFERENCES = FIXTURES / "trainer_references"
@@ -390,7 +390,7 @@ def test_a_rule_set_of_trainer_rules_alone_needs_a_trainer(tmp_path: Path) -> No
 )
 def test_a_trainer_rules_file_is_checked_like_a_profile(edit: Any, error: str) -> None:
     from audit.base.errors import ConfigError
-    from audit.model.trainer_rules import parse_trainer_rules
+    from audit.model.trainers.trainer_rules import parse_trainer_rules
 
     path = TRAINERS_DIR / "specforge-0.2.0.toml"
     data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -403,7 +403,7 @@ def test_a_trainer_rules_file_is_checked_like_a_profile(edit: Any, error: str) -
 
 
 def test_the_speculators_rules_map_every_other_role_to_the_assistant() -> None:
-    from audit.model.speculators import normalize_conversation
+    from audit.model.trainers.speculators import normalize_conversation
 
     trainer = resolve_trainer("speculators")
     turns = normalize_conversation(
@@ -510,7 +510,7 @@ def _qwen3_unparsed_calls(tmp_path: Path, tokenizer: Tokenizer) -> tuple[Path, d
 
 
 def _replies(path: Path, tokenizer: Tokenizer, reply_shape: str) -> dict[str, dict[str, Any]]:
-    from audit.model.profiles import load_profile
+    from audit.model.families.profiles import load_profile
     from audit.records.batch import AuditContext, Batch
     from audit.records.reader import parse_block
     from audit.records.sources import file_blocks

@@ -2,7 +2,7 @@
 
 Response bounds, the stop tokens that end an output, the stop or tool-result marker inside it
 (TRM005) and the tail loops (DEG001) are computed with numpy over one flat array of a batch's
-output ids (`audit.model.flat_ids`). Each is compared here, on random outputs drawn from the profile's
+output ids (`audit.model.tokens.flat_ids`). Each is compared here, on random outputs drawn from the profile's
 marker ids and a few ordinary ids (null and empty outputs included), with the polars list
 expressions they replace, written out below as the reference. The record contract's checks,
 evaluated in one query, are compared with pandera's own validation of the same schema.
@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
-from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
-from audit.model.profiles import load_profile
-from audit.model.token_text import _token_at, tokens_at
-from audit.model.tokenizer_cache import StoredVocabulary
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import load_profile
+from audit.model.tokens.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
+from audit.model.tokens.token_text import _token_at, tokens_at
+from audit.model.tokens.tokenizer_cache import StoredVocabulary
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.contract import contract_failures, record_contract, validated_by_pandera
 from audit.records.reader import RECORD_COLUMNS
@@ -348,7 +348,7 @@ def test_the_byte_table_decodes_every_id_as_the_backend_does(real_tokenizer_dirs
     (added tokens, characters outside the byte map): every other id must still agree."""
     import tokenizers
 
-    from audit.model.fastcodec import byte_decoder_for_backend
+    from audit.model.tokens.fastcodec import byte_decoder_for_backend
     from tests.conftest import real_tokenizer
 
     directory, _ = real_tokenizer(real_tokenizer_dirs, name)
@@ -368,7 +368,7 @@ def test_an_added_token_that_spells_byte_level_characters_decodes_as_the_backend
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers
 
-    from audit.model.fastcodec import _byte_level_chars, byte_decoder_for_backend
+    from audit.model.tokens.fastcodec import _byte_level_chars, byte_decoder_for_backend
 
     byte_chars = sorted(_byte_level_chars())
     backend = tokenizers.Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(byte_chars)}, merges=[]))

@@ -1,4 +1,4 @@
-"""An image's token count (audit.model.vision) against transformers' own Qwen-VL image processor
+"""An image's token count (audit.model.families.vision) against transformers' own Qwen-VL image processor
 (the one Qwen2-VL, Qwen3-VL and Qwen3.5/3.6 load), and the processor settings read from a
 tokenizer folder's preprocessor_config.json as transformers reads them."""
 
@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from audit.base.errors import ConfigError
-from audit.model.vision import (
+from audit.model.families.vision import (
     ProcessorSettings,
     image_tokens,
     processor_settings,
@@ -94,7 +94,7 @@ def test_a_prompt_is_counted_one_way_for_all_its_images():
     (an image whose count is higher one way beside one whose count is lower that way)."""
     import numpy as np
 
-    from audit.model.vision import ResolvedVision, VisionSpec
+    from audit.model.families.vision import ResolvedVision, VisionSpec
     from audit.records.images import ImageRead, expanded_counts, vision_layout
 
     vision = ResolvedVision(VisionSpec("<s>", "</s>", "<pad>", None, QWEN35), 1, 2, 3, None, QWEN35)
@@ -152,8 +152,8 @@ def test_qwen36_vision_table_is_what_its_template_and_tokenizer_say(tmp_path):
     content part, each a single special token of the real tokenizer."""
     import jinja2
 
-    from audit.model.profiles import load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
     from fixtures.family_partitions import real_tokenizer_dir
 
     directory = real_tokenizer_dir("qwen-3.6", tmp_path)

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
-from audit.model.thinking_modes import mode_key
-from audit.model.token_text import token_strings
+from audit.model.families.thinking_modes import mode_key
+from audit.model.tokens.token_text import token_strings
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with, first_index_of
 from audit.records.response import prompt_endings, record_reasoning

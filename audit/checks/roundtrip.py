@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import Explanation, RecordRule, empty_findings, findings_frame
-from audit.model.flat_ids import differing_sequences
-from audit.model.token_text import token_pieces
+from audit.model.tokens.flat_ids import differing_sequences
+from audit.model.tokens.token_text import token_pieces
 from audit.records.batch import Batch
 
 

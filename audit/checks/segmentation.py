@@ -5,8 +5,8 @@ from __future__ import annotations
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
-from audit.model.flat_ids import view_of
-from audit.model.prompt_endings import THINKING_STATES
+from audit.model.families.prompt_endings import THINKING_STATES
+from audit.model.tokens.flat_ids import view_of
 from audit.records.batch import Batch
 from audit.records.expressions import first_index_in, first_index_of, nth_index_of, truncated
 from audit.records.response import record_modes, response_bounds, tool_entry_ids

@@ -2,7 +2,7 @@
 
 Records that carry their source `messages` (and `tools`), or whose id a `--prompts FILE` maps
 to them, are rendered again with the profile's renderer (the tokenizer's own chat template,
-`add_generation_prompt`, the record's thinking mode) and encoded, through `audit.model.templating`, the
+`add_generation_prompt`, the record's thinking mode) and encoded, through `audit.model.rendering.templating`, the
 very functions the generator sends prompts with; the ids must equal `input_ids`. Rendering is
 Python (the template engine), so identical message lists are rendered once and the encoding
 is one batched call per block.
@@ -18,7 +18,7 @@ import orjson
 import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.model.templating import (
+from audit.model.rendering.templating import (
     CHAT_TEMPLATE,
     RenderFailure,
     encode_prompts,

@@ -6,8 +6,8 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import RecordRule, empty_findings, findings_frame
-from audit.model.flat_ids import ABSENT, absent_as_null
-from audit.model.token_text import tokens_at
+from audit.model.tokens.flat_ids import ABSENT, absent_as_null
+from audit.model.tokens.token_text import tokens_at
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.expressions import id_set

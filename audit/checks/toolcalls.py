@@ -11,14 +11,14 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, findings_frame
-from audit.model.call_formats import ROLE_LETTERS
+from audit.model.calls.call_formats import ROLE_LETTERS
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.expressions import truncated
 from audit.records.response import answer_text, response_bounds
 
 if TYPE_CHECKING:
-    from audit.model.tokenizer import Tokenizer
+    from audit.model.tokens.tokenizer import Tokenizer
 
 _ROLE_OF_LETTER = {letter: role for role, letter in ROLE_LETTERS.items()}
 

@@ -6,7 +6,7 @@ reasoning then `<|close|>think<|sep|>`, the response channel, the tools channel,
 `<|close|>message<|sep|>` and `<|end_of_msg|>`; the model may enter the tools channel straight
 from its reasoning. With thinking off the prompt opened the response channel: the output closes
 it. Every marker is a sequence of ids, found once per batch in the batch's marker view
-(`audit.model.flat_ids.marker_view`); each becomes a letter and the letters of an output are
+(`audit.model.tokens.flat_ids.marker_view`); each becomes a letter and the letters of an output are
 matched against the grammar of its reasoning state, as the tool-call and harmony grammars are.
 The calls inside the tools channel are the tool-call rules' (TCL001, `kimi-k3` format).
 """
@@ -19,7 +19,7 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
-from audit.model.call_formats import prefix_pattern
+from audit.model.calls.call_formats import prefix_pattern
 from audit.records.batch import Batch
 from audit.records.response import response_bounds
 

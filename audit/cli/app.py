@@ -183,7 +183,7 @@ def check_options(
 ):
     """The core's CheckOptions from the shared CLI options."""
     from audit.flows.session import CheckOptions
-    from audit.model.thinking_modes import flag_mode
+    from audit.model.families.thinking_modes import flag_mode
 
     if engine is Engine.ray and jobs > 1:
         raise fail("--jobs sets local worker processes; with --engine ray the cluster's CPUs run the shards")

@@ -159,8 +159,8 @@ def profiles(
 ) -> None:
     """List the built-in profiles; with --tokenizer, the ids each one resolves to."""
     from audit.cli.tables import profiles_table
-    from audit.model.profiles import builtin_profiles, load_profile
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.families.profiles import builtin_profiles, load_profile
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     try:
         loaded = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code) if tokenizer else None

@@ -12,7 +12,7 @@ from rich.text import Text
 from audit.base import inert
 from audit.checks import RULES, Rule
 from audit.checks.base import DOC_SECTIONS
-from audit.model.token_text import token_pieces
+from audit.model.tokens.token_text import token_pieces
 from audit.report.report import Report, RuleResult
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red"}

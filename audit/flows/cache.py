@@ -40,7 +40,7 @@ from audit.base.storage import AnyPath
 from audit.engine.findings import FindingsLog
 from audit.engine.runner import STATS_SCHEMA, FileAudit
 from audit.flows.targets import DATA_FILE
-from audit.model.fastcodec import fast_paths_enabled
+from audit.model.tokens.fastcodec import fast_paths_enabled
 
 if TYPE_CHECKING:
     from audit.checks.ruleset import RuleSet

@@ -18,7 +18,7 @@ from audit.engine.runner import FileAudit, ProgressCallback, audit_file
 from audit.flows.cache import AuditCache
 from audit.flows.parallel import audit_file_parallel
 from audit.flows.session import Session
-from audit.model.trainer_load import installed_load_warning, trainer_encoder
+from audit.model.trainers.trainer_load import installed_load_warning, trainer_encoder
 from audit.report.report import Report, build_report
 
 

@@ -57,7 +57,7 @@ from audit.flows.output_paths import (
     removed_if_left_empty,
     require_readable,
 )
-from audit.model.trainer_rules import all_trainer_rules
+from audit.model.trainers.trainer_rules import all_trainer_rules
 
 EXPORT_SCHEMA_VERSION = 1
 EXPORT_FILE = "export.json"

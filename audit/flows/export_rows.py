@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import FlatIds
-from audit.model.trainer_rules import TrainerRules
+from audit.model.tokens.flat_ids import FlatIds
+from audit.model.trainers.trainer_rules import TrainerRules
 from audit.records.batch import AuditContext, Batch
 from audit.records.channels import harmony_messages
 from audit.records.response import response_bounds, stop_run

@@ -35,7 +35,7 @@ from audit.flows.gating import read_manifest
 from audit.flows.session import CheckOptions, Session, prepare
 from audit.flows.targets import Target, resolve_target
 from audit.generate.manifest import GenerationManifest
-from audit.model.thinking_modes import MIXED
+from audit.model.families.thinking_modes import MIXED
 from audit.records.reader import parse_block
 from audit.records.sample_reading import STRICTLY_REFUSED, NotAccepted, read_sample_fields
 from audit.records.sources import InputDigest, file_blocks

@@ -21,12 +21,12 @@ from audit.base.errors import ConfigError
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.flows.targets import Target
 from audit.generate.prompts import PromptSummary, load_prompts
-from audit.model.installed_trainer import TrainerJob, installed_trainer, trainer_job
-from audit.model.profiles import Profile, ResolvedProfile, load_profile
-from audit.model.thinking_modes import MIXED, ThinkingMode, parse_thinking
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
-from audit.model.trainer_rules import resolve_trainer
+from audit.model.families.profiles import Profile, ResolvedProfile, load_profile
+from audit.model.families.thinking_modes import MIXED, ThinkingMode, parse_thinking
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
+from audit.model.trainers.installed_trainer import TrainerJob, installed_trainer, trainer_job
+from audit.model.trainers.trainer_rules import resolve_trainer
 from audit.records.batch import AuditContext
 from audit.records.images import image_source
 from audit.records.sources import DEFAULT_BLOCK_BYTES, first_line
@@ -57,7 +57,7 @@ class CheckOptions:
     trainer_python: Path | None = None
     trainer_timeout: float | None = None  # seconds over one answer of it (None: PYTHON_TIMEOUT)
     # The server whose reply shape the conversations follow where vLLM's and SGLang's differ
-    # (audit.model.trainer_rules.REPLY_SHAPES; None: vLLM's).
+    # (audit.model.trainers.trainer_rules.REPLY_SHAPES; None: vLLM's).
     trainer_reply_shape: str | None = None
     # Fetch the images records name by http(s) URL (`--fetch-images`); never otherwise.
     fetch_images: bool = False

@@ -34,8 +34,8 @@ from audit.checks import RULES
 from audit.checks.base import Explanation, Rule
 from audit.flows import token_window
 from audit.flows.token_window import TokenRun, special_tokens, token_run
-from audit.model.profiles import ResolvedProfile
-from audit.model.tokenizer import Tokenizer
+from audit.model.families.profiles import ResolvedProfile
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import image_chips, image_source
 from audit.records.record_lines import LineIndex, read_record

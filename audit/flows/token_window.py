@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.token_text import token_pieces
-from audit.model.tokenizer import Tokenizer
+from audit.model.tokens.token_text import token_pieces
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.segments import SEGMENT_PROMPT
 
 # An output this long or shorter is shown whole.

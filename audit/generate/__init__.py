@@ -1,7 +1,7 @@
 """The generator: prompts to SGLang's native `/generate` as raw ids, every prompt exactly once.
 
 Faithful by construction: each prompt is rendered into ids with the profile's renderer (the
-tokenizer's own chat template; `audit.model.templating`, the rendering TPL001 audits against), the
+tokenizer's own chat template; `audit.model.rendering.templating`, the rendering TPL001 audits against), the
 ids are sent verbatim as `input_ids` (never text, never the OpenAI chat endpoint, never a
 parser), and `input_ids`, `output_ids`, `text` and `meta_info` are saved exactly as the
 server returned them, one JSON object per line, beside the source `messages`/`tools`.

@@ -31,7 +31,7 @@ import orjson
 
 from audit.generate.probes import FIRST_PROBE_ATTEMPTS, ServerProbe, probe_server
 from audit.generate.server_errors import Rejected, ServerError, Transient, Unreachable, describe
-from audit.model.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
 
 # Status codes that say "try again later" although they are 4xx.
 _TRANSIENT_4XX = frozenset({408, 425, 429})

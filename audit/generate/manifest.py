@@ -34,7 +34,7 @@ from typing import Any
 from audit.base.errors import ConfigError, InputError
 from audit.base.files import write_file
 from audit.base.storage import AnyPath, ObjectPath
-from audit.model.thinking_modes import MIXED, ThinkingMode
+from audit.model.families.thinking_modes import MIXED, ThinkingMode
 
 GENERATION_FILE = "generation.json"
 # Settings that must match between a run and the run it resumes: mixing two configurations in

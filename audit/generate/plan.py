@@ -24,10 +24,10 @@ from audit.generate.datasets_in import BadLine
 from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
 from audit.generate.prompts import PromptSummary, summarise_prompts
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.templating import get_renderer
-from audit.model.tokenizer import Tokenizer
-from audit.model.tokenizer_loading import load_tokenizer
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.rendering.templating import get_renderer
+from audit.model.tokens.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer_loading import load_tokenizer
 
 
 @dataclass(frozen=True)

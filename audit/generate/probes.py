@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from audit.generate.server_errors import describe
-from audit.model.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
 
 # The first probe of a server gets a few quick tries: one under load (or still loading) may
 # answer 503 once; a refused connection is not tried again at once. Re-probes of a server out

@@ -1,6 +1,6 @@
 """The run: every pending prompt rendered, sent to a server, and its sample written once.
 
-Prompts are rendered in batches (`audit.model.templating`, the same rendering TPL001 audits
+Prompts are rendered in batches (`audit.model.rendering.templating`, the same rendering TPL001 audits
 against) and queued, short and long apart, to a fixed number of workers per queue; each
 worker sends one prompt at a time until it is answered, rejected or out of attempts. The
 canary's prompts go first and alone; the rest wait for its verdict. Stopping (Ctrl-C)
@@ -30,7 +30,7 @@ from audit.generate.plan import GenerationPlan
 from audit.generate.probes import ServerProbe
 from audit.generate.prompts import Prompt, iter_prompts
 from audit.generate.server_errors import Rejected, ServerError, Transient, Unreachable
-from audit.model.templating import RenderFailure, prompt_ids
+from audit.model.rendering.templating import RenderFailure, prompt_ids
 from audit.records.batch import AuditContext
 from audit.report.report import Report
 

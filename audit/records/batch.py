@@ -12,10 +12,10 @@ import numpy as np
 import orjson
 import polars as pl
 
-from audit.model.flat_ids import FlatIds, MarkerIndex, marker_view
-from audit.model.profiles import ResolvedProfile
-from audit.model.tokenizer import DecodedBytes, Tokenizer
-from audit.model.trainer_rules import Trainer
+from audit.model.families.profiles import ResolvedProfile
+from audit.model.tokens.flat_ids import FlatIds, MarkerIndex, marker_view
+from audit.model.tokens.tokenizer import DecodedBytes, Tokenizer
+from audit.model.trainers.trainer_rules import Trainer
 from audit.records.contract import (
     RecordContract,
     all_in_vocabulary,
@@ -147,7 +147,7 @@ class Batch:
     def marker_flat(self) -> FlatIds:
         """The output ids as the markers see them: each marker the profile writes as a sequence
         of ids (Kimi-K3's `<|open|>think<|sep|>`) is its virtual id at its first position and a
-        filler at the others (`audit.model.flat_ids.marker_view`), at the same positions. For a
+        filler at the others (`audit.model.tokens.flat_ids.marker_view`), at the same positions. For a
         family whose markers are all single ids, `output_flat` itself. Compare marker ids with
         this, decode `output_flat`."""
         return marker_view(self.output_flat, self.profile.sequences)

@@ -9,10 +9,10 @@ from typing import Any, NamedTuple
 import orjson
 import polars as pl
 
-from audit.model.call_elements import elements_error, elements_literal
-from audit.model.call_json import elements_object, parameters_object
-from audit.model.call_readers import ToolCall
-from audit.model.call_values import (
+from audit.model.calls.call_elements import elements_error, elements_literal
+from audit.model.calls.call_json import elements_object, parameters_object
+from audit.model.calls.call_readers import ToolCall
+from audit.model.calls.call_values import (
     parameter_literal,
     parameter_types,
     python_literal,
@@ -37,7 +37,7 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "arguments_error": pl.String(),  # why the arguments do not read, or null
     "literal": pl.String(),  # an argument written as a Python literal, not JSON (TCL005), or null
     # Parameters written as text or elements, as the JSON object a server's tool parser returns
-    # (audit.model.call_json); null for formats whose `arguments` are JSON already.
+    # (audit.model.calls.call_json); null for formats whose `arguments` are JSON already.
     "values": pl.String(),
 }
 

@@ -5,7 +5,7 @@ Tool-call markers the model writes inside its reasoning are text it thinks with,
 (`audit.records.response`): from the response token, or from the tool call that ended the reasoning in
 families whose profile allows it.
 
-Two levels, as the family's format (`audit.model.call_formats`) says:
+Two levels, as the family's format (`audit.model.calls.call_formats`) says:
 
 1. **Ids.** The single-id markers of every answer become role letters matched against the
    format's grammar: one vectorised regex over the batch, no decoding.
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import polars as pl
 
-from audit.model.call_formats import ROLE_LETTERS
-from audit.model.call_readers import ToolCall
-from audit.model.flat_ids import ABSENT, FlatIds, absent_as_null
-from audit.model.token_text import tokens_at
+from audit.model.calls.call_formats import ROLE_LETTERS
+from audit.model.calls.call_readers import ToolCall
+from audit.model.tokens.flat_ids import ABSENT, FlatIds, absent_as_null
+from audit.model.tokens.token_text import tokens_at
 from audit.records.batch import Batch
 from audit.records.call_arguments import CALLS_SCHEMA, ReadCall, judge_calls
 from audit.records.response import answer_text, response_bounds

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from audit.base.lean_imports import pandera_polars
-from audit.model.tokenizer import Tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.line_reading import CONTRACT
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
-from audit.model.vision import ResolvedVision, image_tokens, server_counts
+from audit.model.families.vision import ResolvedVision, image_tokens, server_counts
 
 # `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
 FETCH_TIMEOUT = 20

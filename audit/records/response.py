@@ -11,7 +11,7 @@ entered with no `</think>` before it, as SGLang's reasoning parsers split it. Ev
 is the answer, up to the trailing stop token(s).
 
 `response_bounds(batch)` computes these bounds once per batch from the batch's marker index
-(`audit.model.flat_ids`: one look-up over the flat output ids, no per-token Python); the tool-call
+(`audit.model.tokens.flat_ids`: one look-up over the flat output ids, no per-token Python); the tool-call
 grammar, the segmentation and degenerate-output rules, the record statistics, `audit inspect`
 and the HTML samples all read them.
 """
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import ABSENT, FlatIds, MarkerIndex, absent_as_null
-from audit.model.profiles import ResolvedProfile
-from audit.model.prompt_endings import REASONING_STATES
+from audit.model.families.profiles import ResolvedProfile
+from audit.model.families.prompt_endings import REASONING_STATES
+from audit.model.tokens.flat_ids import ABSENT, FlatIds, MarkerIndex, absent_as_null
 from audit.records.batch import Batch
 from audit.records.expressions import ends_with
 

@@ -22,10 +22,10 @@ from collections.abc import Sequence
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import FlatIds, marker_view
-from audit.model.profiles import ResolvedProfile
-from audit.model.token_text import token_strings
-from audit.model.tokenizer import Tokenizer
+from audit.model.families.profiles import ResolvedProfile
+from audit.model.tokens.flat_ids import FlatIds, marker_view
+from audit.model.tokens.token_text import token_strings
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.channels import harmony_messages

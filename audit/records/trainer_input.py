@@ -14,7 +14,7 @@ runs the family's reasoning and tool-call parsers (as SGLang's do):
 * `tool_calls`: `[{id, type: "function", function: {name, arguments: JSON string}}]` from the
   tool-call view (`audit.records.call_view`), the call's own id where the format writes one
   (Kimi), else `call_N`; arguments as written for JSON formats, parameters and elements
-  converted as the server's parser converts them (`audit.model.call_json`).
+  converted as the server's parser converts them (`audit.model.calls.call_json`).
 
 Otherwise the texts are kept as the model wrote them: SGLang's parsers also strip an answer's
 trailing whitespace, which the view keeps, so that a record is never blamed for what a server
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.flat_ids import FlatIds
+from audit.model.tokens.flat_ids import FlatIds
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.response import response_bounds

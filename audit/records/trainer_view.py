@@ -2,7 +2,7 @@
 
 When a run carries a trainer (`--trainer specforge[:TEMPLATE]` or `speculators`: the context's
 `trainer`), each record's conversation (`audit.records.trainer_input`) goes through that
-trainer's own preprocessing, reimplemented (`audit.model.specforge`, `audit.model.speculators`),
+trainer's own preprocessing, reimplemented (`audit.model.trainers.specforge`, `audit.model.trainers.speculators`),
 and what it would train is compared with the record's exact sample (`input_ids + output_ids`,
 the output trained): `trainer_view(batch)` is one row per record (`VIEW_SCHEMA`), a message per
 kind of difference, null where there is none, computed once per batch for the TRN rules.
@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from audit.model.installed_trainer import InstalledTrainer, installed_trainer, trainer_job
-from audit.model.specforge import (
+from audit.model.trainers.installed_trainer import InstalledTrainer, installed_trainer, trainer_job
+from audit.model.trainers.specforge import (
     Refusal,
     SpecForgePlan,
     TrainedSequence,
@@ -34,9 +34,9 @@ from audit.model.specforge import (
     plan_conversation,
     render_plans,
 )
-from audit.model.speculators import normalize_conversation, speculators_rows
-from audit.model.trainer_load import trainer_encoder
-from audit.model.trainer_rules import Trainer
+from audit.model.trainers.speculators import normalize_conversation, speculators_rows
+from audit.model.trainers.trainer_load import trainer_encoder
+from audit.model.trainers.trainer_rules import Trainer
 from audit.records.batch import Batch
 from audit.records.trainer_compare import (
     Comparison,
@@ -147,7 +147,7 @@ def _specforge(batch: Batch, trainer: Trainer, rows: list[_Row]) -> None:
         rendered.append((r, plan, own))
     distinct = list(dict.fromkeys(wanted))  # a text and its undone rendering are often one text
     # Encoded as the trainer encodes: through the tokenizer its own transformers builds from the
-    # folder, where that differs from the folder's tokenizer.json (`audit.model.trainer_load`).
+    # folder, where that differs from the folder's tokenizer.json (`audit.model.trainers.trainer_load`).
     loaded = trainer_encoder(trainer.rules.loading, batch.tokenizer.directory)
     encoder = loaded if loaded is not None else batch.tokenizer
     made = dict(zip(distinct, masked_sequences(encoder, distinct, template, pattern, None), strict=True))

@@ -52,7 +52,7 @@ class SegmentedPrompt(str):
     and a segment is never merged with its neighbours by the tokenizer.
 
     It is the joined text (so it prints, compares and is written as any prompt text);
-    `audit.model.templating.encode_prompts` encodes it segment by segment. Anything that builds
+    `audit.model.rendering.templating.encode_prompts` encodes it segment by segment. Anything that builds
     a new string from it (concatenation, slicing) gets plain text back, without the segments.
     """
 

@@ -5,7 +5,7 @@ renders in Python, with `encoding_k3.py`, in XTML (`audit.model.encoders.xtml`).
 a list of segments, each encoded on its own: markers with special-token strings recognised,
 everything else (content, reasoning, argument values, tag names, attribute fragments) with
 them not recognised, so content that spells `<|open|>` is text, never a marker. `render`
-returns the joined text as a `SegmentedPrompt`, which `audit.model.templating.encode_prompts`
+returns the joined text as a `SegmentedPrompt`, which `audit.model.rendering.templating.encode_prompts`
 encodes segment by segment. What it renders, in the reference's order:
 
 - the request's tools, as a `type="tool-declare"` system message (`# Tools`, the tools as

@@ -23,7 +23,7 @@ from audit.base.destinations import refuse_overlap
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, write_output
 from audit.checks.base import Explanation
-from audit.model.thinking_modes import mode_label
+from audit.model.families.thinking_modes import mode_label
 from audit.records.segments import (
     SEGMENT_ANSWER,
     SEGMENT_PROMPT,

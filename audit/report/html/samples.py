@@ -22,10 +22,10 @@ from audit.base.storage import AnyPath, ObjectPath, is_url
 from audit.checks import RULES
 from audit.checks.base import Explanation
 from audit.engine.findings import FindingsLog, empty_findings_frame
-from audit.model.profiles import ResolvedProfile, load_profile
-from audit.model.thinking_modes import MIXED
-from audit.model.token_text import token_strings
-from audit.model.tokenizer import Tokenizer
+from audit.model.families.profiles import ResolvedProfile, load_profile
+from audit.model.families.thinking_modes import MIXED
+from audit.model.tokens.token_text import token_strings
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import ImageSource, image_chips, image_source
 from audit.records.record_lines import read_record
@@ -274,7 +274,7 @@ def samples_for_saved_report(
     The tokenizer is `tokenizer` when given, else the directory the report records. A report is
     data: its recorded directory is never loaded with remote code, whatever `trust_remote_code`.
     """
-    from audit.model.tokenizer_loading import load_tokenizer
+    from audit.model.tokens.tokenizer_loading import load_tokenizer
 
     if _choose(report.log, 1).is_empty():
         return Samples()

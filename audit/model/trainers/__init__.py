@@ -1,0 +1,1 @@
+"""Drafter trainers: their rules (`rules/trainers/*.toml`), preprocessing reimplemented, own code run."""
