@@ -78,7 +78,8 @@ def test_rule_set_that_is_a_directory(tmp_path):
 @pytest.mark.parametrize(
     ("old", "new", "says"),
     [
-        ('think_start = "<think>"', 'think_start = ["<think>"]', "tokens.think_start: expected a token string"),
+        # A list is a marker written as a sequence of pieces; an empty piece is no marker.
+        ('think_start = "<think>"', 'think_start = ["<think>", ""]', "tokens.think_start: a marker sequence needs pieces"),
         ('think_start = "<think>"', 'think_start = ""', "tokens.think_start: expected a token string"),
         ('end_of_turn = ["<|im_end|>"]', "end_of_turn = []", "tokens.end_of_turn is empty"),
         ('eos = ["[EOS]"]', 'eos = ["[EOS]"]\nthink_open_window = -5', "think_open_window: expected 0 or more"),
@@ -133,7 +134,7 @@ def test_rule_set_that_is_a_directory(tmp_path):
         ),
     ],
     ids=[
-        "think-start-list",
+        "think-start-empty-piece",
         "think-start-empty",
         "no-end-of-turn",
         "negative-window",

@@ -312,10 +312,12 @@ def profiles_table(
     for profile in profiles:
         ends = _suffixes(profile.prompt_suffixes.get(mode, ()))
         for c in profile.continuations:
-            if mode in c.modes:
-                ends.append("\nafter a tool result: ")
+            if mode in c.modes:  # the label on a line of its own: the ending keeps one line whole
+                label = {None: "after a tool result", "no_thinking": "rendered with thinking off"}.get(
+                    c.rendered, "rendered with thinking on"
+                )
+                ends.append(f"\n{label} ({c.reasoning}):\n")
                 ends.append_text(escaped(c.suffix))
-                ends.append(f" ({c.reasoning})")
         row: list = [plain(profile.name), plain(profile.description, limit=None), ends]
         if tokenizer is not None:
             try:
