@@ -109,6 +109,7 @@ TOKENIZERS = {
     "minimax-m3": "minimax-m3",
     "kimi-k3": "kimi-k3-mini",
     "gemma-4": "gemma-4-mini",
+    "nemotron-3": "nemotron-3-mini",
 }
 MINI_TOKENIZERS = FIXTURES / "tokenizers"
 # Profiles whose tokenizer's template is a sibling model's: how that template ends a generation
