@@ -199,7 +199,7 @@ def test_data_root_that_is_a_file():
 def test_report_path_that_is_a_directory_leaves_no_temporary_file(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
-    assert_one_line_error(run(*check_args(tmp_path, "--report", str(out))), "is a directory")
+    assert_one_line_error(run(*check_args(tmp_path, "--report", str(out))), f"pass --reports-dir {out}")
     assert list(tmp_path.glob(".*.tmp")) == []
 
 

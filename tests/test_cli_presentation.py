@@ -322,6 +322,21 @@ def test_a_usage_error_is_one_line_saying_what_to_do(args: list[str], said: str)
     assert lines[0].endswith(" -h'")  # where the help is
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["check", "B0_clean", "--thinking"], "Option '--thinking' requires an argument; see 'audit check -h'"),
+        (["check", "B0_clean", "--thinking", "yes"],
+         "Invalid value for '--thinking': 'yes' is not one of 'on', 'off', 'mixed'; see 'audit check -h'"),
+        (["export", "B0_clean", "--format", "csv"], "Invalid value for '--format': 'csv' is not one of"),
+    ],
+)
+def test_a_usage_error_in_a_subcommand_points_to_its_help_in_plain_words(args: list[str], said: str) -> None:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert said in result.stderr and "Value error" not in result.stderr, result.stderr
+
+
 def test_an_output_sent_to_a_device_is_not_named_as_a_file_kept(tmp_path: Path) -> None:
     base = ["check", "B0_clean", "--data-root", str(PREPARED), "--no-cache"]
     into_device = runner.invoke(app, [*base, "--report", os.devnull, "--html", os.devnull])

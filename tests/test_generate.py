@@ -219,6 +219,19 @@ def test_canary_stops_a_run_whose_outputs_lack_the_response_token(servers, tmp_p
     assert server.generate_requests == 10
 
 
+def test_a_run_no_longer_than_its_canary_is_judged_and_its_summary_gives_the_verdict(servers, tmp_path):
+    prompts = make_prompts(tmp_path / "prompts.jsonl", n=4)
+    out = tmp_path / "raw_responses.jsonl"
+    passed = run_cli(generate_args(prompts, out, servers().url, extra=("--canary", "16")))
+    assert passed.exit_code == 0, passed.output
+    assert passed.output.strip().splitlines()[-1].endswith("· canary passed"), passed.output
+
+    broken = tmp_path / "broken" / "raw_responses.jsonl"
+    failed = run_cli(generate_args(prompts, broken, servers(strip_think=True).url, extra=("--canary", "16")))
+    assert failed.exit_code == 1, failed.output
+    assert "canary failed" in failed.output and "SEG001" in failed.output
+
+
 def test_canary_zero_sends_everything(servers, tmp_path):
     server = servers(strip_think=True)
     prompts = make_prompts(tmp_path / "prompts.jsonl", n=12)

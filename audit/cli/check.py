@@ -324,6 +324,11 @@ def check(
         no_report = report is not None and str(report) == "none"
         if report is not None and not no_report and len(targets) > 1:
             raise fail("--report names one file; with several targets use --reports-dir")
+        if report is not None and not no_report and Path(report).is_dir():
+            raise fail(
+                f"--report {report} is a directory; name a file, pass --reports-dir {report} "
+                "to keep the dated reports there, or --report none to write none"
+            )
         resolved = [resolve_target(spec, root) for spec in targets]
         for target in resolved:
             refuse_destructive_outputs(

@@ -51,11 +51,31 @@ def one_line_usage_errors(errors: Console) -> None:
     def show(self: Any, file: Any = None) -> None:
         command = self.ctx.command_path if self.ctx is not None else "audit"
         message = " ".join(self.format_message().split()).rstrip(".")
+        # typer checks a value with pydantic, whose message starts "Value error, ": not ours to show
+        message = message.replace(": Value error, ", ": ")
         errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
 
     # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
     # only then: it is no small part of a start-up).
-    for name in ("typer._click.exceptions", "click.exceptions"):
+    for name in ("typer._click", "click"):
         with contextlib.suppress(ImportError):
-            importlib.import_module(name).UsageError.show = show
+            exceptions = importlib.import_module(f"{name}.exceptions")
+            exceptions.UsageError.show = show
+            _name_the_command(importlib.import_module(f"{name}.core").Command, exceptions.UsageError)
             return
+
+
+def _name_the_command(command: Any, usage_error: Any) -> None:
+    """An error click's parser raises (an option missing its value) names no command; the command
+    whose line it was is the one whose help to point to (`audit check -h`, not `audit -h`)."""
+    parse_args = command.parse_args
+
+    def parse_naming_the_command(self: Any, ctx: Any, args: list[str]) -> list[str]:
+        try:
+            return parse_args(self, ctx, args)
+        except usage_error as error:
+            if error.ctx is None:
+                error.ctx, error.cmd = ctx, ctx.command
+            raise
+
+    command.parse_args = parse_naming_the_command

@@ -55,8 +55,10 @@ def _make_events(console: Console, live: bool):
             self.progress_bar: Progress | None = None
             self.task: TaskID | None = None
             self.last_plain = 0.0
+            self.stats: RunStats | None = None
 
         def start(self, stats: RunStats) -> None:
+            self.stats = stats
             if live:
                 self.progress_bar = Progress(
                     TextColumn("[bold]generate"),
@@ -100,11 +102,13 @@ def _make_events(console: Console, live: bool):
                 if (findings := first_findings(report)) is not None:
                     console.print(findings)
             else:
+                stats = self.stats
+                more = stats is None or stats.done + stats.errors < stats.total
                 console.print(
                     Text.assemble(
                         ("canary passed", "green"),
                         f": the first {report.records} samples pass the rule set "
-                        f"({report.verdict}); sending the rest",
+                        f"({report.verdict})" + ("; sending the rest" if more else ""),
                     ),
                     soft_wrap=True,
                 )
@@ -289,6 +293,7 @@ def generate(
             f"({stats.tokens_per_second:,.0f} tok/s) · {stats.retries} retries · "
             f"{stats.errors} errors"
             + (f" · {skipped:,} bad prompt lines skipped" if skipped else "")
+            + (f" · canary {stats.canary}" if stats.canary != "off" else "")
         ),
         soft_wrap=True,
     )

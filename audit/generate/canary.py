@@ -87,6 +87,11 @@ class Canary:
             self.gate.set()
         self._on_change(self)
 
+    async def verdict(self) -> None:
+        """Wait for the audit under way, if any, to give its verdict."""
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+
     async def cancel(self) -> None:
         """Stop an audit still running (the run ends before its verdict)."""
         if self._task is not None and not self._task.done():

@@ -155,6 +155,12 @@ class Generator:
         halted = asyncio.create_task(self._halt.wait())
         try:
             await asyncio.wait({everything, halted}, return_when=asyncio.FIRST_COMPLETED)
+            if everything.done() and not halted.done() and everything.exception() is None:
+                # A run no longer than its canary ends before the verdict: wait for it (a stop
+                # request still ends the wait), so the run is judged and its summary says so.
+                verdict = asyncio.create_task(self._canary.verdict())
+                tasks.append(verdict)
+                await asyncio.wait({verdict, halted}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             halted.cancel()
             for task in tasks:
