@@ -346,7 +346,10 @@ class ToolMarkerAsText(ToolCallRule):
                     calls, marker = answer.str.count_matches(tag + text, literal=True), tag
                 excess.append((f"{text} without {marker}", answer.str.count_matches(text, literal=True) > calls))
         if spec.format.stripped_call:
-            stripped = answer_text(batch.profile).str.contains(spec.format.stripped_call)
+            searched = answer_text(batch.profile)
+            if quote := spec.format.string_delimiter:  # the strings' own text left out
+                searched = searched.str.replace_all(f"(?s){re.escape(quote)}.*?{re.escape(quote)}", quote + quote)
+            stripped = searched.str.contains(spec.format.stripped_call)
             excess.append(("a call's text with its markers removed", stripped.fill_null(False)))
         return excess
 

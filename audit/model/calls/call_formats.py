@@ -101,6 +101,10 @@ class ToolCallFormat:
     # markers are text (nothing of a call's own text is left to count): found in an answer, a
     # call was stripped (TCL004).
     stripped_call: str | None = None
+    # The delimiter a call's strings sit between (Gemma-4's `<|"|>`): `stripped_call` is not
+    # looked for inside such a string, whose text is the argument's own (a file's content may
+    # well read `call:f{`).
+    string_delimiter: str | None = None
     # Does a call's name (or id) follow its call begin marker? Where it does, a call begin
     # followed at once by another marker is a call with no name. MiniMax-M3 names its function
     # in the `<invoke name=...>` element after the next namespace marker, so there the two
@@ -285,6 +289,7 @@ FORMATS: dict[str, ToolCallFormat] = {
         read_tools=gemma4_tools_in_prompt,
         # With its marker ids stripped a call reads `call:NAME{` with no `<|tool_call>` before it.
         stripped_call=r"(?:^|[^>])call:[A-Za-z0-9_.\-]+\{",
+        string_delimiter='<|"|>',
         description='( <|tool_call> call:NAME{key:<|"|>text<|"|>,n:1,o:{...},l:[...]} <tool_call|> )*',
     ),
     "dsml-v3.2": ToolCallFormat(
