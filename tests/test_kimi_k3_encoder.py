@@ -249,7 +249,15 @@ def test_the_renderer_takes_the_records_effort_and_accepts_other_efforts_as_vari
     named = render_variants(
         tokenizer, messages, None, thinking=True, renderer="kimi-k3", extra_kwargs={"thinking_effort": "low"}
     )
-    assert named == [low]
+    assert all("`thinking_effort=low`" in text for text in named) and low in named
+    # a request's tool_choice or response_format, which the messages do not carry: its note accepted
+    assert kimi_k3.render(messages, thinking=True, tool_choice="required") in variants
+    assert kimi_k3.render(messages, thinking=True, response_format={"type": "json_object"}) in variants
+    # unless the record names the option
+    chosen = render_variants(
+        tokenizer, messages, None, thinking=True, renderer="kimi-k3", extra_kwargs={"tool_choice": "none"}
+    )
+    assert kimi_k3.render(messages, thinking=True, tool_choice="required") not in chosen
     [off] = render_prompts(tokenizer, [messages], [None], thinking=True, renderer="kimi-k3", extra_kwargs=[{"thinking": False}])
     assert off.endswith(OPEN_RESPONSE)
     assert RENDERERS["kimi-k3"].available(tokenizer)

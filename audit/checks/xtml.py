@@ -37,10 +37,12 @@ LETTERS = {
     "end_of_turn": "$",
 }
 # Per reasoning state: the channels a finished output holds (thinking on: the reasoning may run
-# straight into the tools channel; off: the prompt opened the response channel).
+# straight into the tools channel; off: the prompt opened the response channel). The renderer
+# writes `<|end_of_msg|>` after every `<|close|>message<|sep|>` (encoding_k3.py): a finished
+# turn ends with it, whatever stop SGLang reports as matched.
 GRAMMARS = {
-    "prompt_opens": r"(?:T(?:Rr)?(?:Ss)?|Ss)M\$?",
-    "closed": r"r(?:Ss)?M\$?",
+    "prompt_opens": r"(?:T(?:Rr)?(?:Ss)?|Ss)M\$",
+    "closed": r"r(?:Ss)?M\$",
 }
 _NAMES = {
     "t": "think-open", "T": "think-close", "R": "response-open", "r": "response-close",
@@ -99,8 +101,10 @@ class XtmlChannelOrder(XtmlRule):
         `<|open|>` or `<|close|>` no marker accounts for) follow the turn the renderer
         writes: with thinking on, `<|close|>think<|sep|>`, then the response channel, then
         the tools channel, each at most once (the model may go from its reasoning straight
-        into the tools channel), then `<|close|>message<|sep|>` and `<|end_of_msg|>`; with
-        thinking off the prompt opened the response channel, so the output closes it first.
+        into the tools channel), then `<|close|>message<|sep|>` and `<|end_of_msg|>` (a finished
+        output ends with it even when SGLang reports another stop as matched: a stop string, an
+        id passed in `stop_token_ids`); with thinking off the prompt opened the response
+        channel, so the output closes it first.
         A cut output (finish `length` or `abort`) may stop anywhere, but what it has must be
         in order.
 

@@ -245,7 +245,9 @@ RENDERERS: dict[str, PromptRenderer] = {
     # thinking on, the thinking-effort note at its default "max". A request may name another
     # effort ("low", "high") or none (`build_chat_segments` called directly), and the file's
     # earlier revision writes string arguments otherwise: accepted too (an effort unless the
-    # record's chat_template_kwargs name it). The text is a `SegmentedPrompt`.
+    # record's chat_template_kwargs name it). So is a request's `tool_choice` ("required",
+    # "none") or `response_format` json_object, options the messages do not carry either: the
+    # renderer writes each as a system note after the messages. The text is a `SegmentedPrompt`.
     "kimi-k3": PromptRenderer(
         name="kimi-k3",
         render=_encoder_render("kimi-k3"),
@@ -254,6 +256,8 @@ RENDERERS: dict[str, PromptRenderer] = {
         variants=(
             *(_encoder_render("kimi-k3", thinking_effort=effort) for effort in ("high", "low", None)),
             _encoder_render("kimi-k3", revision=kimi_k3.EARLIER),
+            *(_encoder_render("kimi-k3", tool_choice=choice) for choice in ("required", "none")),
+            _encoder_render("kimi-k3", response_format={"type": "json_object"}),
         ),
     ),
 }
