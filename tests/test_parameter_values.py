@@ -20,7 +20,7 @@ import string
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from audit.checks.ruleset import load_rule_set
@@ -213,10 +213,18 @@ def _audit(
     )
 
 
+# Found by the campaign on Gemma-4's bare notation: an integer past 64 bits, an object key with a
+# space in it (the template writes keys bare: `{0 0:None}`).
+PAST_64_BITS = {"a": ({"type": ["integer", "string"]}, -(2**63) - 1), "b": ({"enum": [0]}, 0)}
+SPACED_KEY = {"a": ({"type": "object"}, {"0 0": None, "b-é x": [1]})}
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(drawn=arguments)
+@example(drawn=PAST_64_BITS)
+@example(drawn=SPACED_KEY)
 def test_every_value_the_template_renders_for_a_valid_argument_passes(
     family, tmp_path, drawn
 ) -> None:
@@ -232,6 +240,7 @@ def test_every_value_the_template_renders_for_a_valid_argument_passes(
     max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(drawn=arguments)
+@example(drawn=PAST_64_BITS)
 def test_a_value_of_no_declared_type_is_tcl002(family, tmp_path, drawn) -> None:
     name, context = family
     if name in SELF_TYPED:

@@ -522,7 +522,7 @@ def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_
     """TCL004 counts each marker's string only in outputs whose text holds the markers' common
     prefix more often than their marker ids: the findings are those of counting everywhere,
     on outputs where marker strings are spelled with plain pieces beside the real ids."""
-    import audit.checks.toolcalls as toolcalls
+    import audit.checks.marker_text as marker_text
     from tests.conftest import real_tokenizer
 
     if profile == "qwen3":
@@ -533,7 +533,7 @@ def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_
     assert context.tokenizer.byte_decoder is not None  # built: the screen applies
     batch_rule = RULES["TCL004"]()
     strings = list(context.profile.tool_call_spec.markers.values())
-    prefix = toolcalls._screening_prefix(batch_of(context, [[]], [None]))
+    prefix = marker_text._screening_prefix(batch_of(context, [[]], [None]))
     assert prefix, "these families' markers share a prefix"
     # Plain pieces that spell the prefix and the rest of each marker string, apart.
     pieces = [context.tokenizer.encode_text(prefix)] + [context.tokenizer.encode_text(s[len(prefix):]) for s in strings]
@@ -541,11 +541,11 @@ def test_tcl004_counts_marker_strings_only_where_the_prefix_is_unexplained(real_
     spelled = st.lists(st.one_of(st.sampled_from(alphabet).map(lambda i: [i]), st.sampled_from(pieces)), max_size=14)
     outputs = data.draw(st.lists(spelled.map(lambda chunks: [i for chunk in chunks for i in chunk]), min_size=1, max_size=8))
     screened = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
-    prefixes = toolcalls._PREFIXES.copy()
+    prefixes = marker_text._PREFIXES.copy()
     try:
-        toolcalls._PREFIXES.update((tokenizer, dict.fromkeys(found, None)) for tokenizer, found in prefixes.items())
+        marker_text._PREFIXES.update((tokenizer, dict.fromkeys(found, None)) for tokenizer, found in prefixes.items())
         counted = batch_rule.check(batch_of(context, outputs, ["stop"] * len(outputs)))
     finally:
-        toolcalls._PREFIXES.update(prefixes)
+        marker_text._PREFIXES.update(prefixes)
     assert screened.equals(counted)
     event(f"findings {min(counted.height, 2)}")

@@ -22,6 +22,7 @@ from audit.checks.integrity import (
     UnreadableLine,
 )
 from audit.checks.internal import InternalError
+from audit.checks.marker_text import ToolMarkerAsText
 from audit.checks.mix import ServingModeMissing
 from audit.checks.prompt import PromptSuffix, ThinkNotOpened
 from audit.checks.roundtrip import RoundTrip, TextMismatch
@@ -38,7 +39,6 @@ from audit.checks.toolcalls import (
     ToolArgumentPythonLiteral,
     ToolArgumentsInvalidJson,
     ToolCallIdMalformed,
-    ToolMarkerAsText,
     ToolMarkerGrammar,
 )
 from audit.checks.trainer import (

@@ -253,3 +253,15 @@ def findings_frame(
 ) -> pl.DataFrame:
     """Findings built from Python lists (for rules whose last step is per flagged record)."""
     return pl.DataFrame({"row": rows, "position": positions, "message": messages}, schema=FINDING_COLUMNS)
+
+
+class ToolCallRule(RecordRule):
+    """A rule over tool calls: it applies when the profile names tool-call markers."""
+
+    # Parameters written as text are judged by the types the record's `tools` declare.
+    reads_source = True
+
+    def applies(self, batch: Batch) -> bool:
+        profile = batch.profile
+        markers = profile.tool_markers or profile.tool_text_markers
+        return profile.tool_calls is not None and bool(markers)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import orjson
@@ -11,9 +12,10 @@ from audit.model.calls.call_readers import MAX_ELEMENT_DEPTH, ToolCall, _first_t
 
 # The string delimiter, one special id in Gemma-4's vocabulary: `<|"|>text<|"|>`.
 GEMMA4_QUOTE = '<|"|>'
-# A bare key as the template writes one (`{{- key -}}:`, escape_keys=False), and a bare value:
-# a number, a boolean, or null (`None`: Jinja's rendering of a null argument).
-_GEMMA4_KEY = re.compile(r"\s*([^\s:,{}\[\]\"'<>|]+)\s*:\s*")
+# A bare key as the template writes one (`{{- key -}}:`, escape_keys=False): any text up to the
+# `:` (SGLang's reader), spaces inside it kept, but none of the notation's own characters; and a
+# bare value: a number, a boolean, or null (`None`: Jinja's rendering of a null argument).
+_GEMMA4_KEY = re.compile(r"\s*([^\s:,{}\[\]\"<>|](?:[^:,{}\[\]\"<>|]*[^\s:,{}\[\]\"<>|])?)\s*:\s*")
 _GEMMA4_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _GEMMA4_WORDS = {"true": True, "false": False, "None": None, "null": None}
 _GEMMA4_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -60,8 +62,8 @@ def gemma4_call(head: str, body: str) -> list[ToolCall]:
     others = {key: value for key, value in pairs if not isinstance(value, _Gemma4String)}
     try:
         arguments = orjson.dumps(others).decode()
-    except (TypeError, orjson.JSONEncodeError):  # an integer past 64 bits: written as text
-        arguments = text[brace:end]
+    except (TypeError, orjson.JSONEncodeError):  # an integer past 64 bits: the standard library
+        arguments = json.dumps(others, ensure_ascii=False)
     return [ToolCall(name=name or None, arguments=arguments, strings=strings)]
 
 
