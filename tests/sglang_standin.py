@@ -69,6 +69,7 @@ REQUEST_KEYS = frozenset(
         "stream",
         "return_logprob",
         "return_prompt_token_ids",
+        "image_data",
     }
 )
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -106,6 +107,7 @@ class SGLangStandin:
         bad_body: str | None = None,
         bad_body_every: int = 1,
         port: int = 0,
+        vision: str | None = None,
     ):
         if bad_body is not None and bad_body not in BAD_BODIES:
             raise ValueError(f"bad_body must be one of {BAD_BODIES}")
@@ -126,6 +128,18 @@ class SGLangStandin:
         self.trickle = trickle  # seconds between the bytes of a /generate answer's body
         self.bad_body = bad_body
         self.bad_body_every = bad_body_every
+        # `vision` (a profile name): a multimodal model's server (Qwen-VL). Each image pad of a
+        # prompt is expanded to the image's N tokens, N counted as the project counts it
+        # (audit.model.families.vision) with the tokenizer folder's preprocessor_config.json;
+        # `image_data` must hold one image per pad; `prompt_tokens` counts the expanded prompt.
+        self.vision = None
+        if vision is not None:
+            from audit.model.families.profiles import load_profile
+
+            self.vision = load_profile(vision).vision
+            assert self.vision is not None, f"profile {vision} has no [vision] table"
+        self.image_pad = self.tokenizer.token_to_id(self.vision.image_pad) if self.vision else None
+        self.tokenizer_dir = Path(tokenizer_dir)
         self.lock = threading.Lock()
         self.connections: set[socket.socket] = set()  # open client connections
         self.generate_requests = 0  # every /generate request, answered or not
@@ -194,7 +208,39 @@ class SGLangStandin:
             + [self.end_of_turn]
         )
 
-    def answer(self, input_ids: list[int], params: dict[str, Any]) -> dict[str, Any]:
+    def expanded_length(self, input_ids: list[int], image_data: Any) -> int:
+        """The prompt's length once each image pad is expanded to its image's tokens."""
+        images = [image_data] if isinstance(image_data, str) else image_data or []
+        pads = input_ids.count(self.image_pad) if self.image_pad is not None else 0
+        if images and self.image_pad is None:
+            raise BadRequest("this model takes no images")
+        if len(images) != pads:
+            raise BadRequest(f"{pads} image tokens in the prompt but {len(images)} images in image_data")
+        return len(input_ids) - pads + sum(self._image_tokens(entry) for entry in images)
+
+    def _image_tokens(self, entry: Any) -> int:
+        import base64
+        import binascii
+
+        from audit.model.families.vision import image_tokens, processor_settings
+        from audit.records.images import image_bytes
+
+        if not isinstance(entry, str) or not entry.startswith("data:") or "," not in entry:
+            raise BadRequest(f"this stand-in reads images sent as data: URIs only, got {str(entry)[:40]!r}")
+        try:
+            data = base64.b64decode(entry.partition(",")[2], validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest("an image whose base64 does not decode") from None
+        size = image_bytes(data).size
+        if size is None:
+            raise BadRequest("an image the processor cannot read")
+        assert self.vision is not None
+        tokens = image_tokens(size[0], size[1], processor_settings(self.tokenizer_dir, self.vision.defaults))
+        if tokens is None:
+            raise BadRequest("an image the processor refuses")
+        return tokens
+
+    def answer(self, input_ids: list[int], params: dict[str, Any], image_data: Any = None) -> dict[str, Any]:
         """One item of a /generate answer, as SGLang shapes it."""
         if self.context_length is not None and len(input_ids) > self.context_length:
             raise BadRequest(
@@ -202,6 +248,7 @@ class SGLangStandin:
                 f"({self.context_length} tokens)."
             )
         started = time.perf_counter()
+        prompt_tokens = self.expanded_length(input_ids, image_data)
         output = self.model_output(input_ids)
         if self.strip_think:
             output = [i for i in output if i != self.think_end]
@@ -228,7 +275,7 @@ class SGLangStandin:
             "meta_info": {
                 "id": uuid.uuid4().hex,
                 "finish_reason": finish,
-                "prompt_tokens": len(input_ids),
+                "prompt_tokens": prompt_tokens,
                 "weight_version": "default",
                 "completion_tokens": len(output),
                 "cached_tokens": 0,
@@ -272,7 +319,8 @@ class SGLangStandin:
                 raise BadRequest(
                     f"SamplingParams got unexpected keyword argument(s): {sorted(unknown)}"
                 )
-        answers = [self.answer(p, s) for p, s in zip(prompts, per_item, strict=True)]
+        images = body.get("image_data") if not batch else None
+        answers = [self.answer(p, s, images) for p, s in zip(prompts, per_item, strict=True)]
         with self.lock:
             self.received.append(body)
         return answers if batch else answers[0]
@@ -405,6 +453,7 @@ def _serve_from_command_line() -> None:
     parser.add_argument("--pid-file", type=Path, help="write the serving process's id here")
     parser.add_argument("--exit-after", type=float, default=0.0, help="stop after this many seconds (0: never)")
     parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--vision", metavar="PROFILE", help="take images as this profile's model does (e.g. qwen3.6)")
     parser.add_argument("--strip-think", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--trickle", type=float, default=0.0, help="seconds per answer byte")
@@ -419,6 +468,7 @@ def _serve_from_command_line() -> None:
             trickle=arguments.trickle,
             bad_body=arguments.bad_body,
             port=arguments.port,
+            vision=arguments.vision,
         )
     except OSError as exc:
         sys.exit(f"sglang_standin: cannot listen on 127.0.0.1:{arguments.port}: {exc.strerror}")

@@ -181,6 +181,14 @@ def generate(
             "and counting them in generation.json, instead of stopping before the first request.",
         ),
     ] = False,
+    fetch_images: Annotated[
+        bool,
+        typer.Option(
+            "--fetch-images",
+            help="Fetch the images prompts name by http(s) URL, to check them and record their sha256 "
+            "(else they are sent as given, unread, with no hash).",
+        ),
+    ] = False,
     canary: Annotated[
         int,
         typer.Option(
@@ -236,6 +244,7 @@ def generate(
         limit=limit,
         split=split,
         skip_bad_lines=skip_bad_lines,
+        fetch_images=fetch_images,
         canary=canary,
         rules=rules,
         timeout=timeout,

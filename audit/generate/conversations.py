@@ -22,7 +22,9 @@ conversation, are dropped: they are what a run generates again. What remains mus
 turn, and the last one must have text. A row's `system` column becomes a first system turn;
 `tools` (a list, or that list as a JSON string, as tables often hold it) and
 `chat_template_kwargs` are taken as the prompts file has them. A table gives every row every
-field of a struct column, null where the row had none: those nulls are dropped.
+field of a struct column, null where the row had none: those nulls are dropped. Images (a
+LLaVA `image`/`images` column placed by `<image>` tags, OpenAI image parts) become
+`{"type": "image"}` parts, their references in `Normalised.images` (`audit.generate.image_parts`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+
+from audit.generate.image_parts import (
+    ImageColumn,
+    ImagePartError,
+    content_parts,
+    tagged_text,
+    take_images,
+)
 
 # Columns holding a row's id, in order of preference.
 ID_COLUMNS = ("id", "prompt_id", "conversation_id")
@@ -70,7 +80,11 @@ REFUSALS = {
     "no_conversation": "no conversation (`messages`, `conversations`, `conversation` or `prompt`)",
     "bad_turn": "a turn that is not a chat message",
     "unknown_role": "a role the format does not know",
-    "bad_content": "content that is not text",
+    "bad_content": "content that is not text or an image",
+    "bad_image": "an image that is not a path, an http(s) URL or a data: URI",
+    "image_mismatch": "images that do not match their places (`<image>` tags or image parts)",
+    "image_unreadable": "an image that cannot be read (missing, outside the dataset's folder, not an image)",
+    "images_without_vision": "images, for a profile without [vision]",
     "no_user_turn": "no user turn",
     "empty_last_user_turn": "the last user turn has no content",
     "bad_tools": "`tools` that are not a list of tool definitions",
@@ -89,6 +103,7 @@ class Normalised:
     chat_template_kwargs: dict[str, Any] | None
     id: str | int | None  # the row's own id, None when it has none
     notes: frozenset[str] = field(default_factory=frozenset)  # keys of NORMALISATIONS
+    images: tuple[str, ...] = ()  # the images the messages place, in order (path, URL, data: URI)
 
 
 @dataclass(frozen=True)
@@ -130,7 +145,7 @@ def normalise_row(row: Any, *, from_table: bool = False) -> Normalised | Refused
         return Refused("no_conversation", f"a row must be an object, got a {type(row).__name__}")
     try:
         return _normalise(row, from_table)
-    except _Refusal as refusal:
+    except (_Refusal, ImagePartError) as refusal:
         return Refused(refusal.kind, refusal.reason)
     except RecursionError:
         return Refused("too_large", f"nested more than {MAX_DEPTH} deep")
@@ -140,6 +155,7 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
     notes: set[str] = set()
     budget = _Budget()
     row_id = _row_id(row)
+    images = ImageColumn(row)
     column = next((c for c in TURN_COLUMNS if c in row and row[c] is not None), None)
     if column is None and isinstance(row.get("prompt"), str):
         turns: list[Any] = [{"role": "user", "content": row["prompt"]}]
@@ -163,7 +179,9 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
         if not turns:
             return Dropped(f"an empty `{column}`")
     budget.visit(turns, 1)
-    messages = [_turn(column, n, turn, notes, from_table) for n, turn in enumerate(turns)]
+    budget.visit(images.entries, 1)
+    messages = [_turn(column, n, turn, notes, from_table, images) for n, turn in enumerate(turns)]
+    images.finish()
     system = row.get("system")
     if system is not None:
         if not isinstance(system, str):
@@ -178,10 +196,11 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
     if kept < len(messages):
         notes.add("trailing_answers")
         messages = messages[:kept]
+    placed = take_images(messages)  # those of dropped answers go with them
     users = [n for n, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise _Refusal("no_user_turn", f"`{column}` has no user turn to answer")
-    if not _has_text(messages[users[-1]].get("content")):
+    if not _has_content(messages[users[-1]].get("content")):
         turn = users[-1] - ("system_column" in notes)  # its place among the row's own turns
         place = "the `prompt`" if column == "prompt" else f"{column}[{turn}], the last user turn,"
         raise _Refusal("empty_last_user_turn", f"{place} has no text")
@@ -199,7 +218,7 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
             kwargs = _without_nulls(kwargs, notes)
     if row_id is None:
         notes.add("row_ids")
-    return Normalised(messages, tools, kwargs, row_id, frozenset(notes))
+    return Normalised(messages, tools, kwargs, row_id, frozenset(notes), placed)
 
 
 def _row_id(row: dict[str, Any]) -> str | int | None:
@@ -224,9 +243,9 @@ def _row_id(row: dict[str, Any]) -> str | int | None:
 
 
 def _turn(
-    column: str, n: int, turn: Any, notes: set[str], from_table: bool
+    column: str, n: int, turn: Any, notes: set[str], from_table: bool, images: ImageColumn
 ) -> dict[str, Any]:
-    """One turn as a chat message with a known role and text content."""
+    """One turn as a chat message with a known role, and text (or text and image parts) content."""
     where = f"{column}[{n}]"
     if not isinstance(turn, dict):
         raise _Refusal(
@@ -262,8 +281,12 @@ def _turn(
     if mapped != role:
         notes.add("sharegpt_roles")
     content = message.get("content")
-    if content is not None and not isinstance(content, str):
-        _check_parts(where, content)
+    if isinstance(content, str):
+        message["content"] = tagged_text(where, content, images)
+    elif isinstance(content, list):
+        message["content"] = content_parts(where, content, images)
+    elif content is not None:
+        raise _Refusal("bad_content", f"{where}.content must be text, got {shown(content)}")
     if "tool_calls" in message and message["tool_calls"] is not None:
         calls = message["tool_calls"]
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
@@ -271,27 +294,12 @@ def _turn(
     return message
 
 
-def _check_parts(where: str, content: Any) -> None:
-    """Content that is not a string must be a list of text parts, as OpenAI's format allows."""
-    if not isinstance(content, list):
-        raise _Refusal(
-            "bad_content", f"{where}.content must be text, got {shown(content)}"
-        )
-    for part in content:
-        if not (
-            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-        ):
-            raise _Refusal(
-                "bad_content",
-                f"{where}.content has a part that is not text ({shown(part)}); only text is sent",
-            )
-
-
-def _has_text(content: Any) -> bool:
+def _has_content(content: Any) -> bool:
+    """Text that is not blank, or an image."""
     if isinstance(content, str):
         return bool(content.strip())
     if isinstance(content, list):
-        return any(part["text"].strip() for part in content)
+        return any(part["type"] == "image" or part["text"].strip() for part in content)
     return False
 
 

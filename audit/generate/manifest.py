@@ -13,6 +13,7 @@ Its fields (JSON object; a reader needs none of them):
 | `sampling_params` | object | exactly what was sent with every request |
 | `prompts` | string | the prompts file |
 | `servers` | list | per server: `url`, `model_path`, `tokenizer_path` as it reported them |
+| `image_processor` | object | when prompts send images: `patch_size`, `merge_size`, `min_pixels`, `max_pixels` the server's processor counts each image's tokens with, and `source` (the tokenizer folder's `preprocessor_config.json`, relative to the partition, or the profile's `[vision.processor]`) |
 | `skipped_prompt_lines` | object | with `--skip-bad-lines`: `count`, and `lines` (`line`, `reason`) of the first 100 |
 | `generator`, `tool` | | what wrote the file |
 | `started_at`, `updated_at` | string | UTC times of the first and the latest run into the partition |
@@ -35,11 +36,14 @@ from audit.base.errors import ConfigError, InputError
 from audit.base.files import write_file
 from audit.base.storage import AnyPath, ObjectPath
 from audit.model.families.thinking_modes import MIXED, ThinkingMode
+from audit.model.families.vision import ProcessorSettings
 
 GENERATION_FILE = "generation.json"
 # Settings that must match between a run and the run it resumes: mixing two configurations in
 # one partition is silent corruption.
 _RESUME_KEYS = ("profile", "thinking", "sampling_params")
+# The processor settings that decide an image's tokens: a resumed run must count the same.
+_PROCESSOR_KEYS = ("patch_size", "merge_size", "min_pixels", "max_pixels")
 # What the audit reads, by key: accepted types and how to say them in an error line.
 _READ_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "profile": ((str,), "a string"),
@@ -139,6 +143,16 @@ def build_manifest(
     }
 
 
+def processor_record(settings: ProcessorSettings, directory: Path) -> dict[str, Any]:
+    """The image processor's settings as generation.json records them (`source` a path relative
+    to the partition when they were read from a file)."""
+    source = settings.source
+    if Path(source).is_file():
+        with contextlib.suppress(ValueError):
+            source = os.path.relpath(Path(source).resolve(), directory.resolve())
+    return {**{key: getattr(settings, key) for key in _PROCESSOR_KEYS}, "source": source}
+
+
 def check_resumable(directory: Path, manifest: dict[str, Any]) -> None:
     """Refuse to append to data made with other settings (profile, thinking, sampling, tokenizer)."""
     previous = read_manifest(directory)
@@ -149,6 +163,9 @@ def check_resumable(directory: Path, manifest: dict[str, Any]) -> None:
         for key in _RESUME_KEYS
         if key in previous.data and previous.data[key] != manifest[key]
     ]
+    old, new = previous.data.get("image_processor"), manifest.get("image_processor")
+    if isinstance(old, dict) and isinstance(new, dict) and any(old.get(k) != new[k] for k in _PROCESSOR_KEYS):
+        differences.append("image_processor " + ", ".join(f"{k} {old.get(k)!r} -> {new[k]!r}" for k in _PROCESSOR_KEYS if old.get(k) != new[k]))
     old_hash = (previous.tokenizer_fingerprint or {}).get("sha256")
     if old_hash and old_hash != manifest["tokenizer"]["sha256"]:
         differences.append(

@@ -21,9 +21,15 @@ from audit.base.errors import ConfigError, InputError
 from audit.base.files import OutputLock, lock_output
 from audit.checks.ruleset import RuleSet, load_rule_set
 from audit.generate.datasets_in import BadLine
-from audit.generate.manifest import GENERATION_FILE, build_manifest, check_resumable
+from audit.generate.manifest import (
+    GENERATION_FILE,
+    build_manifest,
+    check_resumable,
+    processor_record,
+)
 from audit.generate.output import ERRORS_FILE, Resumed, recover_output
-from audit.generate.prompts import PromptSummary, summarise_prompts
+from audit.generate.prompt_images import ImageIntake
+from audit.generate.prompts import PromptSummary, image_intake, summarise_prompts
 from audit.model.families.profiles import ResolvedProfile, load_profile
 from audit.model.rendering.templating import get_renderer
 from audit.model.tokens.tokenizer import Tokenizer
@@ -57,6 +63,7 @@ class GenerateOptions:
     fsync_interval: float = 2.0
     split: str | None = None  # the split of a DatasetDict folder of prompts (default train)
     skip_bad_lines: bool = False  # skip (count, report) JSONL lines that are not JSON objects
+    fetch_images: bool = False  # fetch the images prompts name by URL, to check and hash them
 
 
 @dataclass
@@ -75,6 +82,8 @@ class GenerationPlan:
     lock: OutputLock | None = field(default=None, repr=False)
     # What reading the prompts found: rows, normalisations, refusals (printed before the run).
     prompt_summary: PromptSummary | None = None
+    # How the prompts' images are read (the run reads them again as it sends them).
+    images: ImageIntake | None = None
 
     @property
     def pending(self) -> int:
@@ -151,8 +160,12 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         raise ConfigError(
             f"--out {options.out} is the prompts file itself; name another output file"
         )
+    # Image rows are refused for a profile without [vision]: known before any tokenizer loads.
+    images = image_intake(options.prompts, options.fetch_images, load_profile(options.profile).vision is not None)
     try:
-        prompt_summary = summarise_prompts(options.prompts, options.limit, options.split, options.skip_bad_lines)
+        prompt_summary = summarise_prompts(
+            options.prompts, options.limit, options.split, options.skip_bad_lines, images
+        )
     except BadLine as bad:
         raise InputError(f"{bad}; --skip-bad-lines skips such lines, reporting each") from None
     rule_set = load_rule_set(options.rules)
@@ -168,7 +181,10 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
     # One run per output directory: two would send and write every prompt twice.
     lock = lock_output(options.out.resolve().parent)
     try:
-        resumed, manifest = _recover(options, tokenizer, profile, params)
+        extra: dict[str, Any] = {}
+        if prompt_summary.images and profile.vision is not None:
+            extra["image_processor"] = processor_record(profile.vision.settings, options.out.parent)
+        resumed, manifest = _recover(options, tokenizer, profile, params, extra)
         if options.skip_bad_lines:
             manifest["skipped_prompt_lines"] = prompt_summary.skipped_record()
     except BaseException:
@@ -185,6 +201,7 @@ def plan_generation(options: GenerateOptions) -> GenerationPlan:
         manifest,
         lock,
         prompt_summary,
+        images,
     )
 
 
@@ -193,6 +210,7 @@ def _recover(
     tokenizer: Tokenizer,
     profile: ResolvedProfile,
     params: dict[str, Any],
+    extra: dict[str, Any],
 ) -> tuple[Resumed, dict[str, Any]]:
     """The earlier run's output, recovered, and this run's manifest, checked against its own."""
     resumed = recover_output(options.out)
@@ -210,6 +228,7 @@ def _recover(
         servers=[{"url": url} for url in options.servers],
         version=__version__,
     )
+    manifest.update(extra)  # the image processor's settings, when prompts send images
     if resumed.keys:
         check_resumable(options.out.parent, manifest)
     return resumed, manifest

@@ -16,6 +16,10 @@ left to send) is one error naming the file and row (exit 2), before anything is 
 `summarise_prompts` says what was read, normalised, dropped and refused, before the first request.
 A reader that skips bad lines (`audit generate --skip-bad-lines`) counts each JSONL line that is
 not a JSON object instead, with its number and reason.
+
+A row's images (`audit.generate.image_parts` places them, `audit.generate.prompt_images` reads
+them against the file's folder) are checked here too: a row whose image cannot be read is
+refused like any other.
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ from typing import Any
 
 from audit.base.errors import InputError
 from audit.generate import datasets_in
-from audit.generate.conversations import NORMALISATIONS, REFUSALS, Dropped, Refused, normalise_row
+from audit.generate.conversations import (
+    NORMALISATIONS,
+    REFUSALS,
+    Dropped,
+    Normalised,
+    Refused,
+    normalise_row,
+)
+from audit.generate.prompt_images import ImageIntake, PromptImage
 
 CONTAINER_NAMES = {
     "jsonl": "JSONL",
@@ -49,6 +61,7 @@ class Prompt:
     tools: list[dict[str, Any]] | None
     chat_template_kwargs: dict[str, Any] | None = None
     where: str = ""  # "prompts.jsonl:12" or "data.parquet row 12"
+    images: tuple[PromptImage, ...] = ()  # in the order of the messages' image parts
 
     @property
     def key(self) -> str:
@@ -80,6 +93,7 @@ class PromptSummary:
     keys: list[str] = field(default_factory=list)  # the prompts' ids, in order
     skipped: int = 0  # bad JSONL lines skipped (only when asked to skip them)
     skipped_lines: list[tuple[int, str]] = field(default_factory=list)  # (line, reason), the first LISTED_SKIPS
+    images: int = 0  # images the prompts send
 
     @property
     def refused_rows(self) -> int:
@@ -89,7 +103,7 @@ class PromptSummary:
     def notable(self) -> bool:
         """Did any row need normalising, or was any refused or dropped? (Else the file was
         prompts as the generator takes them, and the counts say nothing the run does not.)"""
-        return bool(self.normalised or self.refused or self.dropped or self.skipped)
+        return bool(self.normalised or self.refused or self.dropped or self.skipped or self.images)
 
     def skipped_record(self) -> dict[str, Any]:
         """The skipped lines as generation.json records them: how many, and the first ones."""
@@ -103,7 +117,8 @@ class PromptSummary:
         container = CONTAINER_NAMES.get(self.container, self.container)
         head = (
             f"prompts: {self.read:,} rows read from {self.path} ({container}): "
-            f"{self.prompts:,} to send, {self.refused_rows:,} refused, {self.dropped:,} dropped"
+            f"{self.prompts:,} to send" + (f" (with {self.images:,} images)" if self.images else "")
+            + f", {self.refused_rows:,} refused, {self.dropped:,} dropped"
             + (f", {self.skipped:,} bad lines skipped" if self.skipped else "")
         )
         lines = [head]
@@ -136,10 +151,22 @@ def _by_count(counts: Counter[str]) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
 
 
+def image_intake(path: Path, fetch: bool = False, vision: bool = True) -> ImageIntake:
+    """How the images of the prompts at `path` are read: relative to the file's folder (a
+    `datasets` folder's own)."""
+    return ImageIntake(path if path.is_dir() else path.parent, fetch=fetch, vision=vision)
+
+
 def _read(
-    path: Path, limit: int | None, split: str | None, summary: PromptSummary, skip_bad_lines: bool = False
+    path: Path,
+    limit: int | None,
+    split: str | None,
+    summary: PromptSummary,
+    skip_bad_lines: bool = False,
+    images: ImageIntake | None = None,
 ) -> Iterator[Prompt]:
     """Every prompt of the file in order, at most `limit`, counting what happened in `summary`."""
+    intake = images or image_intake(path)
     container = datasets_in.open_container(path, split)
     summary.container = container.kind
     unit = "line" if container.kind == "jsonl" else "row"
@@ -160,6 +187,10 @@ def _read(
             )
         else:
             result = normalise_row(row.value, from_table=row.from_table)
+        placed: Any = ()
+        if isinstance(result, Normalised) and result.images:
+            placed = intake.read(result.images)
+            result = placed if isinstance(placed, Refused) else result
         if isinstance(result, Refused):
             summary.refused[result.kind] += 1
             summary.first_refused.setdefault(result.kind, f"{row.where}: {result.reason}")
@@ -179,6 +210,7 @@ def _read(
         summary.prompts += 1
         summary.normalised.update(result.notes)
         summary.keys.append(key)
+        summary.images += len(placed)
         yield Prompt(
             line=row.number,
             id=prompt_id,
@@ -186,6 +218,7 @@ def _read(
             tools=result.tools,
             chat_template_kwargs=result.chat_template_kwargs,
             where=row.where,
+            images=placed,
         )
     if summary.prompts:
         return
@@ -205,24 +238,33 @@ def _read(
 
 
 def iter_prompts(
-    path: Path, limit: int | None = None, split: str | None = None, skip_bad_lines: bool = False
+    path: Path,
+    limit: int | None = None,
+    split: str | None = None,
+    skip_bad_lines: bool = False,
+    images: ImageIntake | None = None,
 ) -> Iterator[Prompt]:
     """The prompts of a file in order, each normalised, at most `limit` of them.
 
     Raises an InputError naming the file and row when the file cannot be read, an id repeats,
     or no prompt is left (a `datasets_in.BadLine` for a JSONL line that is not a JSON object,
     unless `skip_bad_lines`); rows that are refused, dropped or skipped are left out
-    (`summarise_prompts` counts them).
+    (`summarise_prompts` counts them). `images` says how images are read (default: relative to
+    the file's folder, URLs not fetched, any profile).
     """
-    return _read(path, limit, split, PromptSummary(path), skip_bad_lines)
+    return _read(path, limit, split, PromptSummary(path), skip_bad_lines, images)
 
 
 def summarise_prompts(
-    path: Path, limit: int | None = None, split: str | None = None, skip_bad_lines: bool = False
+    path: Path,
+    limit: int | None = None,
+    split: str | None = None,
+    skip_bad_lines: bool = False,
+    images: ImageIntake | None = None,
 ) -> PromptSummary:
     """Read the whole prompts file once, before any request: what it holds, and the ids in order."""
     summary = PromptSummary(path)
-    for _ in _read(path, limit, split, summary, skip_bad_lines):
+    for _ in _read(path, limit, split, summary, skip_bad_lines, images):
         pass
     return summary
 

@@ -15,7 +15,7 @@ The core knows nothing of terminals: it reports through a `GenerationEvents` obj
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -28,10 +28,12 @@ from audit.generate.manifest import write_manifest
 from audit.generate.output import ErrorLog, ResponseLog
 from audit.generate.plan import GenerationPlan
 from audit.generate.probes import ServerProbe
+from audit.generate.prompt_images import ImageChanged, PartitionImages
 from audit.generate.prompts import Prompt, iter_prompts
 from audit.generate.server_errors import Rejected, ServerError, Transient, Unreachable
 from audit.model.rendering.templating import RenderFailure, prompt_ids
 from audit.records.batch import AuditContext
+from audit.records.images import image_source
 from audit.report.report import Report
 
 # Prompts rendered per batched tokenizer call.
@@ -42,6 +44,8 @@ _RENDER_CHUNK = 64
 class _Job:
     prompt: Prompt
     input_ids: list[int]
+    image_data: list[str] = field(default_factory=list)  # as sent: files inline, as data: URIs
+    kept_images: list[str] = field(default_factory=list)  # as the record keeps them
 
 
 class Generator:
@@ -61,6 +65,7 @@ class Generator:
         self._result = GenerationResult(stats=self.stats)
         self._log: ResponseLog | None = None
         self._errors = ErrorLog(plan.errors_path)
+        self._images = PartitionImages(plan.options.out.parent)
 
     def request_stop(self) -> None:
         """Stop cleanly: cancel the requests in flight; samples already written stay."""
@@ -207,12 +212,21 @@ class Generator:
                         attempts=0,
                     )
                     continue
+                job = _Job(prompt, ids)
+                if prompt.images:
+                    try:
+                        job.image_data, job.kept_images = await asyncio.to_thread(self._images.entries, prompt.images)
+                    except ImageChanged as changed:
+                        self._record_error(prompt, ids, server="", reason=str(changed), status=None, attempts=0)
+                        continue
                 queue = long if len(ids) > self.options.long_threshold else short
-                await queue.put(_Job(prompt, ids))
+                await queue.put(job)
             batch.clear()
 
         options = self.options
-        for prompt in iter_prompts(options.prompts, options.limit, options.split, options.skip_bad_lines):
+        for prompt in iter_prompts(
+            options.prompts, options.limit, options.split, options.skip_bad_lines, self.plan.images
+        ):
             if prompt.key in done:
                 continue
             batch.append(prompt)
@@ -233,9 +247,10 @@ class Generator:
     async def _complete(self, client: httpx.AsyncClient, job: _Job) -> None:
         """Send one prompt until it is answered, rejected, or out of attempts; record the outcome."""
         assert self.pool is not None
-        payload = orjson.dumps(
-            {"input_ids": job.input_ids, "sampling_params": self.plan.sampling_params}
-        )
+        request: dict[str, Any] = {"input_ids": job.input_ids, "sampling_params": self.plan.sampling_params}
+        if job.image_data:
+            request["image_data"] = job.image_data  # in placeholder order
+        payload = orjson.dumps(request)
         last: Transient | None = None
         server_url = ""
         for attempt in range(1, self.options.max_attempts + 1):
@@ -299,6 +314,9 @@ class Generator:
             # Rendered with them: TPL001 re-renders the record with them too.
             record["chat_template_kwargs"] = job.prompt.chat_template_kwargs
         record["input_ids"] = job.input_ids
+        if job.kept_images:
+            record["image_data"] = job.kept_images
+            record["image_sha256"] = [image.sha256 for image in job.prompt.images]
         record["output_ids"] = body["output_ids"]
         record["text"] = body.get("text")
         record["meta_info"] = body.get("meta_info")
@@ -352,7 +370,11 @@ class Generator:
         """Audit the canary's lines with the same engine as `audit check`, numbered as in the output."""
         return audit_lines(
             lines,
-            AuditContext(self.plan.profile, self.plan.tokenizer),
+            AuditContext(
+                self.plan.profile,
+                self.plan.tokenizer,
+                images=image_source(self.options.out, fetch=self.options.fetch_images),
+            ),
             self.plan.rule_set,
             target=f"{self.options.out} (canary)",
             first_line=self.plan.resumed.lines + 1,

@@ -135,10 +135,16 @@ def _read_file(path: str, size: int, mtime_ns: int) -> ImageRead:
 
 @lru_cache(maxsize=1024)
 def _fetched(url: str) -> ImageRead:
-    """The image at `url`, fetched once a process (`--fetch-images`): only over http(s), its
-    redirects too, at most FETCH_MAX_BYTES, within FETCH_TIMEOUT seconds. An HTTP error or a
-    body that is no image is a problem of the record (it cannot be replayed); a network that
-    does not answer leaves the image unchecked, and says why."""
+    """The image at `url`, fetched once a process (`--fetch-images`)."""
+    fetched = fetch_image(url)
+    return fetched if isinstance(fetched, ImageRead) else image_bytes(fetched)
+
+
+def fetch_image(url: str) -> bytes | ImageRead:
+    """The bytes at `url` (`--fetch-images`), or why there are none: only over http(s), its
+    redirects too, at most FETCH_MAX_BYTES, within FETCH_TIMEOUT seconds. An HTTP error is a
+    problem of the record (it cannot be replayed); a network that does not answer leaves the
+    image unchecked, and says why."""
     import urllib.error
     import urllib.request
 
@@ -157,7 +163,7 @@ def _fetched(url: str) -> ImageRead:
         return ImageRead(unchecked=f"a remote URL that could not be fetched ({reason}): not checked")
     if len(data) > FETCH_MAX_BYTES:
         return ImageRead(unchecked=f"a remote image over {FETCH_MAX_BYTES >> 20} MiB: not fetched whole, not checked")
-    return image_bytes(data)
+    return data
 
 
 def _from_data_uri(entry: str) -> ImageRead:
