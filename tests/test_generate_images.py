@@ -176,6 +176,33 @@ def test_urls_are_sent_as_given_and_never_fetched_unasked(tmp_path: Path) -> Non
     assert isinstance(refused, Refused) and refused.kind == "image_unreadable" and "\n" not in refused.reason
 
 
+def test_fetch_images_hashes_what_the_url_serves(tmp_path: Path) -> None:
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    (tmp_path / "red.png").write_bytes(RED)
+    (tmp_path / "page.png").write_text("<html>502 Bad Gateway</html>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        (image,) = ImageIntake(tmp_path / "elsewhere", fetch=True).read((f"{base}/red.png",))  # type: ignore[misc]
+        assert (image.kind, image.sha256) == ("url", sha(RED))
+        page = ImageIntake(tmp_path, fetch=True).read((f"{base}/page.png",))
+        assert isinstance(page, Refused) and "markup" in page.reason
+        gone = ImageIntake(tmp_path, fetch=True).read((f"{base}/gone.png",))
+        assert isinstance(gone, Refused) and "HTTP 404" in gone.reason
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 _parts = st.one_of(
     st.none(), st.integers(), st.text(max_size=8), st.lists(st.none(), max_size=2),
     st.fixed_dictionaries({"type": st.sampled_from(["image", "image_url", "text", "video", None])},
