@@ -328,4 +328,54 @@ def test_export_masks_image_spans_and_says_what_the_trainers_do_with_them(tmp_pa
     assert json.loads((out / "export.json").read_text())["counts"]["image_rows"] == len(holding)
     text = " ".join(result.output.split())
     assert f"SpecForge 0.2.0: cannot train on the {len(holding)} rows" in text
-    assert "speculators 0.9.0: the" in text and "no image reaches the hidden states" in text
+    assert f"speculators 0.9.0: 5 of the {len(holding)} rows whose prompt holds an image placeholder carry" in text
+    assert "1 whose images could not be counted are left as sent" in text  # the remote image, not fetched
+
+
+def test_speculators_rows_carry_expanded_images_and_messages(tmp_path):
+    """For speculators 0.9.0 (train/data.py::build_client_item sends a row with content parts to
+    vLLM as messages; vllm_client.py::extract_output drops it unless vLLM's ids are the row's):
+    an image row is its prompt with each pad expanded to the server's count (its length is
+    meta_info.prompt_tokens plus the output), mask 0 over the whole prompt, and messages with one
+    image part per image_data entry, in order, each an absolute file:// URL."""
+    import json
+
+    import audit
+    from tests.conftest import PREPARED
+
+    folder = PREPARED / "V1_images"
+    raw = {n: json.loads(line) for n, line in enumerate((folder / "raw_responses.jsonl").read_text().splitlines(), 1)}
+    audit.export("V1_images", tmp_path / "jsonl", format="jsonl", data_root=PREPARED)
+    rows = [json.loads(line) for line in (tmp_path / "jsonl" / "samples.jsonl").read_text().splitlines()]
+    with_messages = [row for row in rows if row["messages"]]
+    assert len(with_messages) == 5
+    for row in with_messages:
+        record = raw[row["line"]]
+        output = record["output_ids"]
+        prompt_length = record["meta_info"]["prompt_tokens"]
+        assert len(row["input_ids"]) == prompt_length + len(output)
+        assert row["input_ids"][prompt_length:] == output
+        assert row["loss_mask"] == [0] * prompt_length + [1] * len(output)
+        parts = [part for message in row["messages"] for part in message["content"] if part["type"] == "image_url"]
+        assert [part["image_url"]["url"] for part in parts] == [(folder / e).absolute().as_uri() for e in record["image_data"]]
+        assert row["messages"][-1]["role"] == "assistant" and row["messages"][-1]["content"][0]["text"] == record["text"]
+    assert all(row["messages"] == [] for row in rows if not row["messages"])
+
+    # The datasets directory holds the same rows, messages a nested column datasets reads.
+    datasets = pytest.importorskip("datasets", reason="datasets reads the directory speculators train reads")
+    audit.export("V1_images", tmp_path / "datasets", format="datasets", data_root=PREPARED)
+    shard = next((tmp_path / "datasets").glob("data-*.arrow"))
+    loaded = datasets.Dataset.from_file(str(shard))
+    assert loaded["messages"] == [row["messages"] for row in rows]
+    assert loaded["input_ids"] == [row["input_ids"] for row in rows]
+    info = json.loads((tmp_path / "datasets" / "dataset_info.json").read_text())
+    assert datasets.Features.from_dict(info["features"]) == loaded.features
+
+    speculators = pytest.importorskip(
+        "speculators.train.data", reason="speculators 0.9.0 (with torch) is not installed: its loader is not run"
+    )
+    import numpy as np
+
+    for item in loaded:
+        client = speculators.build_client_item({**item, "input_ids": np.asarray(item["input_ids"])})
+        assert ("messages" in client) == bool(item["messages"])
