@@ -7,6 +7,8 @@ One row per clean record (`audit.flows.export_sources`: the records `audit gate`
 gate's clean.jsonl): `id`, `line` (in the source file), `input_ids` (the prompt ids then the
 output ids, unchanged) and `loss_mask` (0 over the prompt, 1 over the output, unshifted; see
 `audit.flows.export_rows` for what `end_of_turn=False` and `reasoning=False` take out of it).
+With a vision profile, a `messages` column too: a row that sends images has each image pad
+expanded and its conversation there, as speculators sends it to vLLM (`audit.flows.export_images`).
 The samples stream: a block of records is read, turned into samples with numpy over its flat
 ids, passed through the length policy and written (`audit.flows.export_writers`) before the
 next is read. `export.json`, written last, says what the directory holds: the files with their
