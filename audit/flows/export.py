@@ -132,6 +132,9 @@ class SampleTally:
             "image_rows": self.image_rows,
             "image_rows_expanded": self.images.expanded,
             "image_rows_unexpanded": self.images.unexpanded,
+            "image_rows_closed": self.images.closed,
+            "image_rows_rerendered": self.images.rerendered,
+            "image_rows_first_rerendered_line": self.images.first_rerendered,
             "unreadable_clean_records": self.source.unreadable,
             "unreadable_lines": self.source.unreadable_lines,
             **{f"max_length_{name}": value for name, value in asdict(self.length).items()},
@@ -161,17 +164,25 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
         yield block
 
 
-def image_notes(rows: int, expanded: int = 0, unexpanded: int = 0) -> list[str]:
+def image_notes(counts: dict[str, Any]) -> list[str]:
     """What each trainer does with the rows whose prompt holds an image placeholder, one line
-    each (none when no row does). Such a row carries its prompt with each image pad expanded as
-    the server expanded it (loss mask 0 over it, as over the whole prompt), and `messages`: the
-    conversation with its images, which speculators sends to vLLM (`audit.flows.export_images`)."""
+    each (none when no row does), from an export's counts. Such a row carries its prompt with
+    each image pad expanded as the server expanded it (loss mask 0 over it, as over the whole
+    prompt), and `messages`: the conversation with its images, which speculators sends to vLLM
+    (`audit.flows.export_images`)."""
+    rows = counts["image_rows"]
     if not rows:
         return []
+    unexpanded, rerendered = counts["image_rows_unexpanded"], counts["image_rows_rerendered"]
     left = (
         f"; {unexpanded} whose images could not be counted are left as sent, with no messages, "
         "and it sends them as ids alone (no image reaches the hidden states)"
         if unexpanded else ""
+    )
+    dropped = (
+        f"; it will drop {rerendered} of them: the chat template renders their messages to other ids than "
+        f"the record's (the first on line {counts['image_rows_first_rerendered_line']})"
+        if rerendered else ""
     )
     return [
         # specforge==0.2.0, specforge/inference/media.py: "The current runtime does not support
@@ -182,9 +193,9 @@ def image_notes(rows: int, expanded: int = 0, unexpanded: int = 0) -> list[str]:
         # content parts is sent as messages (vLLM renders them, the reply's turn closed, and
         # expands the images); data_generation/vllm_client.py::extract_output drops a row whose
         # returned ids differ from the row's.
-        f"speculators 0.9.0: {expanded} of the {rows} rows whose prompt holds an image placeholder carry "
-        "their ids with each image expanded and messages naming their images, which it sends to vLLM to render "
-        "(it drops a row whose rendering differs from its ids)" + left,
+        f"speculators 0.9.0: {counts['image_rows_expanded']} of the {rows} rows whose prompt holds an image placeholder "
+        "carry their ids with each image expanded and messages naming their images, which it sends to vLLM to render "
+        "(it drops a row whose rendering differs from its ids)" + dropped + left,
     ]
 
 
@@ -287,10 +298,12 @@ def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTa
         "columns": {
             "id": "string (null when the record has none)",
             "line": "uint32: the record's line in the source file",
-            "input_ids": "list<uint32>: the prompt ids (each image pad expanded), then the output ids",
+            "input_ids": "list<uint32>: the prompt ids (each image pad expanded), then the output ids (then, for an "
+                         "image row, the text its chat template closes the turn with, untrained)",
             "loss_mask": "list<uint8>: 1 where input_ids[i] is trained, unshifted",
             **({"seq_len": "int64: the row's length (speculators reads it)"} if options.format == "datasets" else {}),
-            **({"messages": "list<{role, content: list<{type, text, image_url: {url}}>}>: an image row's "
+            **({"messages": "list<{role, content: list<{type, text, image_url: {url}}>, reasoning_content, "
+                "tool_calls: list<{id, type, function: {name, arguments}}>, tool_call_id}>: an image row's "
                 "conversation and reply, as speculators sends it to vLLM; empty for the other rows"} if messages else {}),
         },
         "counts": tally.to_dict(),
