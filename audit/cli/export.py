@@ -239,7 +239,7 @@ def _notes(counts: dict[str, Any], samples: Any) -> None:
         )
     if counts["untrained_rows"]:
         _say(f"{counts['untrained_rows']} rows have no trained token (both trainers drop such rows)")
-    for line in image_notes(counts["image_rows"]):
+    for line in image_notes(counts):
         _say(line)
     if counts["unreadable_clean_records"]:
         _say(f"{counts['unreadable_clean_records']} clean records are not readable records and are not exported "

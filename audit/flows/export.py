@@ -7,6 +7,8 @@ One row per clean record (`audit.flows.export_sources`: the records `audit gate`
 gate's clean.jsonl): `id`, `line` (in the source file), `input_ids` (the prompt ids then the
 output ids, unchanged) and `loss_mask` (0 over the prompt, 1 over the output, unshifted; see
 `audit.flows.export_rows` for what `end_of_turn=False` and `reasoning=False` take out of it).
+With a vision profile, a `messages` column too: a row that sends images has each image pad
+expanded and its conversation there, as speculators sends it to vLLM (`audit.flows.export_images`).
 The samples stream: a block of records is read, turned into samples with numpy over its flat
 ids, passed through the length policy and written (`audit.flows.export_writers`) before the
 next is read. `export.json`, written last, says what the directory holds: the files with their
@@ -34,6 +36,7 @@ from audit import __version__
 from audit.base.destinations import same_file
 from audit.base.errors import InputError
 from audit.base.storage import ObjectPath, location
+from audit.flows.export_images import ImageTally, with_images
 from audit.flows.export_rows import (
     LONG_POLICIES,
     LengthTally,
@@ -115,6 +118,7 @@ class SampleTally:
     trained_tokens: int = 0
     untrained_rows: int = 0  # rows with no trained token (both trainers drop such rows)
     image_rows: int = 0  # rows whose prompt holds an image placeholder (`image_notes`)
+    images: ImageTally = field(default_factory=ImageTally)
     # per trainer, the rows its default max_length cuts and drops
     trainers: list[TrainerLengths] = field(default_factory=lambda: [TrainerLengths(t) for t in all_trainer_rules()])
 
@@ -126,6 +130,11 @@ class SampleTally:
             "trained_tokens": self.trained_tokens,
             "untrained_rows": self.untrained_rows,
             "image_rows": self.image_rows,
+            "image_rows_expanded": self.images.expanded,
+            "image_rows_unexpanded": self.images.unexpanded,
+            "image_rows_closed": self.images.closed,
+            "image_rows_rerendered": self.images.rerendered,
+            "image_rows_first_rerendered_line": self.images.first_rerendered,
             "unreadable_clean_records": self.source.unreadable,
             "unreadable_lines": self.source.unreadable_lines,
             **{f"max_length_{name}": value for name, value in asdict(self.length).items()},
@@ -136,15 +145,17 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
     """The samples of the source's clean records, block by block, the length policy applied."""
     judge(source)
     context = source.session.context
-    for records in clean_records(source, tally.source):
+    vision = context.profile.vision
+    for records in clean_records(source, tally.source, whole=vision is not None):
         block = build_samples(records, context, options.mask)
+        if vision is not None:
+            block = with_images(block, records, context, tally.images)
         block = apply_length_policy(block, options.max_length, options.long, tally.length)
         trained = block.trained()
         tally.rows += block.rows
         tally.tokens += len(block.values)
         tally.trained_tokens += int(trained.sum())
         tally.untrained_rows += int((trained == 0).sum())
-        vision = context.profile.vision
         if vision is not None and block.rows:  # a row holding a vision placeholder sends images
             hits = np.flatnonzero(np.isin(block.values, vision.ids))
             tally.image_rows += len(np.unique(np.searchsorted(block.offsets, hits, side="right")))
@@ -153,24 +164,38 @@ def sample_blocks(source: SampleSource, options: SampleOptions, tally: SampleTal
         yield block
 
 
-def image_notes(rows: int) -> list[str]:
+def image_notes(counts: dict[str, Any]) -> list[str]:
     """What each trainer does with the rows whose prompt holds an image placeholder, one line
-    each (none when no row does). A row is the prompt as the server was sent it, one placeholder per image
-    (the loss mask is 0 over it, as over the whole prompt), and carries no image."""
+    each (none when no row does), from an export's counts. Such a row carries its prompt with
+    each image pad expanded as the server expanded it (loss mask 0 over it, as over the whole
+    prompt), and `messages`: the conversation with its images, which speculators sends to vLLM
+    (`audit.flows.export_images`)."""
+    rows = counts["image_rows"]
     if not rows:
         return []
+    unexpanded, rerendered = counts["image_rows_unexpanded"], counts["image_rows_rerendered"]
+    left = (
+        f"; {unexpanded} whose images could not be counted are left as sent, with no messages, "
+        "and it sends them as ids alone (no image reaches the hidden states)"
+        if unexpanded else ""
+    )
+    dropped = (
+        f"; it will drop {rerendered} of them: the chat template renders their messages to other ids than "
+        f"the record's (the first on line {counts['image_rows_first_rerendered_line']})"
+        if rerendered else ""
+    )
     return [
         # specforge==0.2.0, specforge/inference/media.py: "The current runtime does not support
         # VLM training or media rollout inputs."
         f"SpecForge 0.2.0: cannot train on the {rows} rows whose prompt holds an image placeholder: its runtime does not "
         "support VLM training (specforge/inference/media.py)",
-        # speculators==0.9.0, train/data.py::build_client_item: only a row whose `messages` hold
-        # content parts is sent as messages (vLLM renders and expands them, and
-        # data_generation/vllm_client.py::extract_output drops a row whose ids differ); any
-        # other row is sent as its ids alone.
-        f"speculators 0.9.0: the {rows} rows whose prompt holds an image placeholder carry their ids, "
-        "one placeholder per image, and no messages: it sends them to vLLM as ids alone, so no image "
-        "reaches the hidden states it trains on",
+        # speculators==0.9.0, train/data.py::build_client_item: a row whose `messages` hold
+        # content parts is sent as messages (vLLM renders them, the reply's turn closed, and
+        # expands the images); data_generation/vllm_client.py::extract_output drops a row whose
+        # returned ids differ from the row's.
+        f"speculators 0.9.0: {counts['image_rows_expanded']} of the {rows} rows whose prompt holds an image placeholder "
+        "carry their ids with each image expanded and messages naming their images, which it sends to vLLM to render "
+        "(it drops a row whose rendering differs from its ids)" + dropped + left,
     ]
 
 
@@ -248,20 +273,22 @@ def export_samples(source: SampleSource, out: str | os.PathLike[str] | ObjectPat
         judge(source)
         provenance = {**source.provenance(), "options": {**samples.to_dict(), "format": options.format}}
         tally = SampleTally()
+        messages = source.session.context.profile.vision is not None
         files = write_samples(
             options.format, sample_blocks(source, samples, tally), directory.stage,
-            rows_per_shard=options.rows_per_shard, provenance=provenance,
+            rows_per_shard=options.rows_per_shard, provenance=provenance, messages=messages,
         )
         if tally.rows == 0:
             raise no_samples(source, tally)
         if options.format == "datasets":
-            files += datasets_metadata(files, directory.stage)
-        summary = _summary(provenance, options, tally, files)
+            files += datasets_metadata(files, directory.stage, messages)
+        summary = _summary(provenance, options, tally, files, messages)
         directory.publish(files, json.dumps(summary, ensure_ascii=False, indent=1).encode() + b"\n")
     return ExportResult(summary=summary, out_dir=out, source=source)
 
 
-def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTally, files: list[WrittenFile]) -> dict[str, Any]:
+def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTally, files: list[WrittenFile],
+             messages: bool) -> dict[str, Any]:
     return {
         "schema_version": EXPORT_SCHEMA_VERSION,
         "tool": {"name": "audit", "version": __version__},
@@ -271,9 +298,13 @@ def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTa
         "columns": {
             "id": "string (null when the record has none)",
             "line": "uint32: the record's line in the source file",
-            "input_ids": "list<uint32>: the prompt ids, then the output ids, unchanged",
+            "input_ids": "list<uint32>: the prompt ids (each image pad expanded), then the output ids (then, for an "
+                         "image row, the text its chat template closes the turn with, untrained)",
             "loss_mask": "list<uint8>: 1 where input_ids[i] is trained, unshifted",
             **({"seq_len": "int64: the row's length (speculators reads it)"} if options.format == "datasets" else {}),
+            **({"messages": "list<{role, content: list<{type, text, image_url: {url}}>, reasoning_content, "
+                "tool_calls: list<{id, type, function: {name, arguments}}>, tool_call_id}>: an image row's "
+                "conversation and reply, as speculators sends it to vLLM; empty for the other rows"} if messages else {}),
         },
         "counts": tally.to_dict(),
         "trainers": [trainer.to_dict() for trainer in tally.trainers],

@@ -50,6 +50,9 @@ class SampleBlock:
     values: np.ndarray  # uint32: input ids, all rows, flat
     mask: np.ndarray  # uint8: 1 where the id is trained
     offsets: np.ndarray  # int64, rows + 1
+    # Per row, the conversation speculators sends to vLLM for a row with images (an empty list
+    # for the others; `audit.flows.export_images`); None when the export writes no messages.
+    messages: pl.Series | None = None
 
     @property
     def rows(self) -> int:
@@ -72,8 +75,9 @@ class SampleBlock:
         keep = _ranges(len(self.values), starts, ends)
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(ends - starts, out=offsets[1:])
+        messages = None if self.messages is None else self.messages.gather(rows)
         return SampleBlock(
-            self.record_ids.gather(rows), self.lines[rows], self.values[keep], self.mask[keep], offsets
+            self.record_ids.gather(rows), self.lines[rows], self.values[keep], self.mask[keep], offsets, messages
         )
 
     def head(self, rows: int) -> SampleBlock:
@@ -88,16 +92,18 @@ class SampleBlock:
         keep = _ranges(len(self.values), self.offsets[:-1], self.offsets[:-1] + lengths)
         offsets = np.zeros(self.rows + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return SampleBlock(self.record_ids, self.lines, self.values[keep], self.mask[keep], offsets)
+        return SampleBlock(self.record_ids, self.lines, self.values[keep], self.mask[keep], offsets, self.messages)
 
     def frame(self) -> pl.DataFrame:
-        """The rows as a polars frame: id, line, input_ids (List(UInt32)), loss_mask (List(UInt8))."""
+        """The rows as a polars frame: id, line, input_ids (List(UInt32)), loss_mask (List(UInt8)),
+        and messages when the block has them."""
         return pl.DataFrame(
             [
                 self.record_ids.alias("id"),
                 pl.Series("line", self.lines, dtype=pl.UInt32),
                 list_series("input_ids", self.values, self.offsets),
                 list_series("loss_mask", self.mask, self.offsets),
+                *([] if self.messages is None else [self.messages.alias("messages")]),
             ]
         )
 

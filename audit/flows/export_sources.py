@@ -182,25 +182,27 @@ def judge(source: SampleSource) -> None:
         source.report = check_session(source.session)
 
 
-def clean_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.DataFrame]:
-    """The clean records, block by block, as record frames whose `line` is the source line.
+def clean_records(source: SampleSource, tally: SourceTally, *, whole: bool = False) -> Iterator[pl.DataFrame]:
+    """The clean records, block by block, as record frames whose `line` is the source line;
+    `whole`: every column of the strict reading, the source prompt too (the image rows need
+    their messages and images), else the sample fields may be all that is read.
 
     Raises InputError at the end when what was read is not what was judged (the partition
     changed since its check, the gate's clean.jsonl since its manifest): nothing read may then
     be published.
     """
     if source.gate_dir is not None:
-        yield from _gate_records(source, tally)
+        yield from _gate_records(source, tally, whole)
     else:
-        yield from _partition_records(source, tally)
+        yield from _partition_records(source, tally, whole)
 
 
-def _partition_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.DataFrame]:
+def _partition_records(source: SampleSource, tally: SourceTally, whole: bool) -> Iterator[pl.DataFrame]:
     assert source.report is not None
     data_file = source.session.target.data_file
     quarantined = quarantined_lines(source.report.log)
     digest = InputDigest()
-    fast = refuses_strictly(source.session.rule_set)
+    fast = not whole and refuses_strictly(source.session.rule_set)
     for block in file_blocks(data_file, digest=digest, block_bytes=source.session.options.block_bytes):
         here = quarantined[np.searchsorted(quarantined, block.first_line) : np.searchsorted(quarantined, block.last_line, side="right")]
         held = set(here.tolist())
@@ -213,7 +215,7 @@ def _partition_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.
                 _count(tally, records.height, [])
                 yield records
                 continue
-        parsed = parse_block(block, keep_source=False)
+        parsed = parse_block(block, keep_source=whole)
         rejected = [item.line for item in parsed.rejected if item.line not in held]
         keep = ~np.isin(parsed.records["line"].to_numpy(), here)
         _count(tally, int(keep.sum()), rejected)
@@ -248,7 +250,7 @@ def _count(tally: SourceTally, readable: int, rejected: list[int]) -> None:
     tally.unreadable_lines.extend(rejected[: max(0, 5 - len(tally.unreadable_lines))])
 
 
-def _gate_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.DataFrame]:
+def _gate_records(source: SampleSource, tally: SourceTally, whole: bool) -> Iterator[pl.DataFrame]:
     """clean.jsonl's records, each numbered by its line in the gated file."""
     gate_dir, manifest = source.gate_dir, source.gate_manifest
     assert gate_dir is not None and manifest is not None
@@ -259,7 +261,7 @@ def _gate_records(source: SampleSource, tally: SourceTally) -> Iterator[pl.DataF
     digest = InputDigest()
     clean_file = gate_dir / CLEAN_FILE
     for block in file_blocks(clean_file, digest=digest, block_bytes=source.session.options.block_bytes):
-        parsed = parse_block(block, keep_source=False)
+        parsed = parse_block(block, keep_source=whole)
         order = parsed.records["line"].to_numpy().astype(np.int64)
         lines = order + np.searchsorted(before, order, side="left")
         _count(tally, parsed.records.height, [int(k + np.searchsorted(before, k)) for k in (r.line for r in parsed.rejected)])

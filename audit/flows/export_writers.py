@@ -14,6 +14,10 @@ memory holds a block (and, for Parquet, one row group), never the export:
               column (int64, each row's length) and the torch format that `speculators
               prepare-data` saves and `speculators train --data-path` reads (see FEATURES)
 
+With a vision profile every format has a `messages` column beside them
+(`audit.flows.export_images`): a nested list, which the datasets writer takes from polars
+through an Arrow IPC stream (`_messages_array`).
+
 The files are staged (`ExportDirectory`: temporaries in a directory, uploads under a prefix)
 and published together, the summary (`export.json`) last: a directory holding a summary holds
 the files it lists.
@@ -22,6 +26,7 @@ the files it lists.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 from collections.abc import Callable, Iterator
@@ -45,6 +50,7 @@ from audit.base.files import (
 )
 from audit.base.object_locks import lock_prefix
 from audit.base.storage import LOCK_FILE, ObjectPath, store_errors
+from audit.flows.export_images import MESSAGES_DTYPE, MESSAGES_FEATURE
 from audit.flows.export_rows import SAMPLE_SCHEMA, SampleBlock
 from audit.flows.gate_outputs import Staged
 
@@ -115,9 +121,11 @@ class RowStream:
 
 
 def write_samples(
-    fmt: str, blocks: Iterator[SampleBlock], stage: Stage, *, rows_per_shard: int, provenance: dict[str, Any]
+    fmt: str, blocks: Iterator[SampleBlock], stage: Stage, *, rows_per_shard: int, provenance: dict[str, Any],
+    messages: bool = False,
 ) -> list[WrittenFile]:
-    """Write the samples in `fmt`; the staged files, in order, with their published names."""
+    """Write the samples in `fmt`; the staged files, in order, with their published names.
+    `messages`: the blocks carry a `messages` column (every one of them)."""
     if fmt == "jsonl":
         return [_write_jsonl(blocks, stage)]
     stream = RowStream(blocks)
@@ -126,10 +134,10 @@ def write_samples(
         written: list[WrittenFile] = []
         while stream.has_rows():
             name = f"part-{len(written):05d}.parquet"
-            written.append(_write_parquet(stream.take(rows_per_shard), stage(name), name, metadata))
+            written.append(_write_parquet(stream.take(rows_per_shard), stage(name), name, metadata, messages))
         return written
     if fmt == "datasets":
-        return _write_datasets(stream, stage, rows_per_shard, provenance)
+        return _write_datasets(stream, stage, rows_per_shard, provenance, messages)
     raise InputError(f"--format {fmt!r}: choose {', '.join(FORMATS)}")
 
 
@@ -143,7 +151,8 @@ def _write_jsonl(blocks: Iterator[SampleBlock], stage: Stage) -> WrittenFile:
     return WrittenFile(out, JSONL_FILE, rows)
 
 
-def _write_parquet(blocks: Iterator[SampleBlock], out: Staged, name: str, metadata: dict[str, str]) -> WrittenFile:
+def _write_parquet(blocks: Iterator[SampleBlock], out: Staged, name: str, metadata: dict[str, str],
+                   messages: bool) -> WrittenFile:
     from polars.io.plugins import register_io_source
 
     rows = 0
@@ -158,7 +167,8 @@ def _write_parquet(blocks: Iterator[SampleBlock], out: Staged, name: str, metada
             rows += block.rows
             yield block.frame()
 
-    register_io_source(source, schema=SAMPLE_SCHEMA).sink_parquet(
+    schema = {**SAMPLE_SCHEMA, "messages": MESSAGES_DTYPE} if messages else SAMPLE_SCHEMA
+    register_io_source(source, schema=schema).sink_parquet(
         cast(IO[bytes], out),  # a writable: write() is all it uses
         metadata=metadata,
         row_group_size=ROW_GROUP_ROWS,
@@ -169,7 +179,25 @@ def _write_parquet(blocks: Iterator[SampleBlock], out: Staged, name: str, metada
 # -- the datasets directory ----------------------------------------------------------------------
 
 
-def _arrow_schema(provenance: dict[str, Any]) -> Any:
+def features(messages: bool) -> dict[str, Any]:
+    """datasets' features of the columns written."""
+    return {**FEATURES, "messages": MESSAGES_FEATURE} if messages else FEATURES
+
+
+def _messages_array(series: pl.Series) -> Any:
+    """A messages column as one nanoarrow array. polars hands nested columns over only as a
+    whole; an IPC stream at its oldest compatibility level gives large lists and strings (no
+    views), which datasets reads."""
+    import nanoarrow
+    from nanoarrow.ipc import InputStream
+
+    buffer = io.BytesIO()
+    series.to_frame().write_ipc_stream(buffer, compat_level=pl.CompatLevel.oldest())
+    buffer.seek(0)
+    return nanoarrow.c_array_stream(InputStream.from_readable(buffer)).get_next().child(0)
+
+
+def _arrow_schema(provenance: dict[str, Any], messages: bool) -> Any:
     import nanoarrow
 
     fields = {
@@ -179,9 +207,11 @@ def _arrow_schema(provenance: dict[str, Any]) -> Any:
         "loss_mask": nanoarrow.list_(nanoarrow.uint8()),
         "seq_len": nanoarrow.int64(),
     }
+    if messages:
+        fields["messages"] = _messages_array(pl.Series("messages", [], dtype=MESSAGES_DTYPE)).schema
     # The schema metadata datasets' own writer adds: the features, so that a shard read alone
     # (`Dataset.from_file`) has them too.
-    metadata = {"huggingface": json.dumps({"info": {"features": FEATURES}}), PARQUET_METADATA_KEY: json.dumps(provenance, sort_keys=True)}
+    metadata = {"huggingface": json.dumps({"info": {"features": features(messages)}}), PARQUET_METADATA_KEY: json.dumps(provenance, sort_keys=True)}
     return nanoarrow.Schema(nanoarrow.struct(fields, nullable=False), metadata=metadata)
 
 
@@ -208,14 +238,16 @@ def _record_batch(schema: Any, block: SampleBlock) -> Any:
         lists(block.values, nanoarrow.uint32()),
         lists(block.mask, nanoarrow.uint8()),
         nanoarrow.c_array_from_buffers(nanoarrow.int64(), block.rows, [None, block.lengths.astype(np.int64)]),
+        *([] if block.messages is None else [_messages_array(block.messages)]),
     ]
     return nanoarrow.c_array_from_buffers(schema, block.rows, [None], children=children)
 
 
-def _write_datasets(stream: RowStream, stage: Stage, rows_per_shard: int, provenance: dict[str, Any]) -> list[WrittenFile]:
+def _write_datasets(stream: RowStream, stage: Stage, rows_per_shard: int, provenance: dict[str, Any],
+                    messages: bool) -> list[WrittenFile]:
     from nanoarrow.ipc import StreamWriter
 
-    schema = _arrow_schema(provenance)
+    schema = _arrow_schema(provenance, messages)
     shards: list[WrittenFile] = []
     while stream.has_rows():
         out = stage(f"data-{len(shards):05d}.arrow")
@@ -231,9 +263,9 @@ def _write_datasets(stream: RowStream, stage: Stage, rows_per_shard: int, proven
     return shards
 
 
-def datasets_metadata(shards: list[WrittenFile], stage: Stage) -> list[WrittenFile]:
+def datasets_metadata(shards: list[WrittenFile], stage: Stage, messages: bool = False) -> list[WrittenFile]:
     """dataset_info.json and state.json beside the shards, as `save_to_disk` writes them."""
-    info = {"citation": "", "description": "", "features": FEATURES, "homepage": "", "license": ""}
+    info = {"citation": "", "description": "", "features": features(messages), "homepage": "", "license": ""}
     fingerprint = hashlib.sha256("".join(s.staged.summary(s.rows)["sha256"] for s in shards).encode()).hexdigest()
     state: dict[str, Any] = {
         "_data_files": [{"filename": shard.name} for shard in shards],
