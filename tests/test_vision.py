@@ -206,3 +206,32 @@ def test_qwen36_vision_table_is_what_its_template_and_tokenizer_say(tmp_path):
     assert vision.settings == spec.defaults
     (directory / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
     assert load_profile("qwen3.6").resolve(load_tokenizer(directory)).vision.settings.patch_size == 14
+
+
+def test_glm_settings_read_as_transformers_reads_them(tmp_path):
+    """A GLM-4.xV folder's preprocessor_config.json: its sizes and temporal patch as transformers'
+    GLM-4.6V processor reads them, the resize still the profile's (a file never changes it)."""
+    from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+
+    config = {"size": {"shortest_edge": 3136, "longest_edge": 1_000_000}, "patch_size": 14, "merge_size": 2,
+              "temporal_patch_size": 2}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    settings = processor_settings(tmp_path, GLM4V)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = Glm46VImageProcessorPil.from_pretrained(tmp_path)
+    assert (settings.min_pixels, settings.max_pixels) == (theirs.size.shortest_edge, theirs.size.longest_edge)
+    assert (settings.temporal_patch_size, settings.resize) == (theirs.temporal_patch_size, "glm4v")
+    for width, height in ((1, 1), (640, 480), (3000, 2000)):
+        assert image_tokens(width, height, settings) == theirs.get_number_of_image_patches(height, width) // 4
+
+
+@pytest.mark.parametrize(("processor", "says"), [({"resize": "qwen3"}, "must be one of qwen2-vl, glm4v"),
+                                                  ({"temporal_patch_size": 0}, "positive integer")])
+def test_a_bad_resize_in_a_profile_is_one_clear_error(processor, says):
+    from audit.model.families.vision import parse_vision
+
+    table = {"start": "<s>", "end": "</s>", "image_pad": "<pad>",
+             "processor": {"patch_size": 14, "merge_size": 2, "min_pixels": 1, "max_pixels": 2, **processor}}
+    with pytest.raises(ConfigError, match=says):
+        parse_vision(table, "my.toml")
