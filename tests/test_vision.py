@@ -1,6 +1,6 @@
 """An image's token count (audit.model.families.vision) against transformers' own Qwen-VL image processor
-(the one Qwen2-VL, Qwen3-VL and Qwen3.5/3.6 load), and the processor settings read from a
-tokenizer folder's preprocessor_config.json as transformers reads them."""
+(the one Qwen2-VL, Qwen3-VL and Qwen3.5/3.6 load) and GLM-4.xV's (Glm4v, Glm46V), and the processor
+settings read from a tokenizer folder's preprocessor_config.json as transformers reads them."""
 
 from __future__ import annotations
 
@@ -29,11 +29,27 @@ pil_processor = pytest.importorskip(
 QWEN35 = ProcessorSettings(patch_size=16, merge_size=2, min_pixels=65536, max_pixels=16777216, source="test")
 QWEN2 = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=56 * 56, max_pixels=28 * 28 * 1280, source="test")
 SMALL = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=200_000, source="test")
+# GLM-4.xV: transformers' Glm4vImageProcessor / Glm46VImageProcessor defaults (rules/profiles/glm-4.6v.toml).
+GLM4V = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=112 * 112, max_pixels=28 * 28 * 15000,
+                          source="test", resize="glm4v")
+GLM_SMALL = ProcessorSettings(patch_size=14, merge_size=2, min_pixels=3136, max_pixels=200_000, source="test",
+                              resize="glm4v")
 
 
 def reference(settings: ProcessorSettings):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        if settings.resize == "glm4v":
+            from transformers.models.glm46v.image_processing_pil_glm46v import (
+                Glm46VImageProcessorPil,
+            )
+
+            return Glm46VImageProcessorPil(
+                patch_size=settings.patch_size,
+                merge_size=settings.merge_size,
+                temporal_patch_size=settings.temporal_patch_size,
+                size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels},
+            )
         return pil_processor.Qwen2VLImageProcessorPil(
             patch_size=settings.patch_size,
             merge_size=settings.merge_size,
@@ -50,7 +66,7 @@ def reference_tokens(processor, settings: ProcessorSettings, width: int, height:
 
 
 REFERENCES = {name: (settings, reference(settings)) for name, settings in
-              {"qwen3.5": QWEN35, "qwen2-vl": QWEN2, "small": SMALL}.items()}
+              {"qwen3.5": QWEN35, "qwen2-vl": QWEN2, "small": SMALL, "glm4v": GLM4V, "glm-small": GLM_SMALL}.items()}
 
 sides = st.one_of(
     st.integers(1, 64),  # tiny: below the minimum, scaled up
@@ -65,11 +81,12 @@ def test_image_tokens_match_transformers(width, height, name):
     assert image_tokens(width, height, settings) == reference_tokens(processor, settings, width, height)
 
 
-@given(short=st.integers(1, 300), ratio=st.floats(150, 260), wide=st.booleans())
-def test_extreme_aspect_ratios_match_transformers(short, ratio, wide):
+@given(short=st.integers(1, 300), ratio=st.floats(150, 260), wide=st.booleans(),
+       name=st.sampled_from(["qwen3.5", "glm4v"]))
+def test_extreme_aspect_ratios_match_transformers(short, ratio, wide, name):
     long = max(1, round(short * ratio))
     width, height = (long, short) if wide else (short, long)
-    settings, processor = REFERENCES["qwen3.5"]
+    settings, processor = REFERENCES[name]
     assert image_tokens(width, height, settings) == reference_tokens(processor, settings, width, height)
 
 
@@ -79,6 +96,19 @@ def test_known_counts():
     # A 10x10 icon is scaled up to the 65,536-pixel minimum: 256x256, 8x8 merged patches.
     assert image_tokens(10, 10, QWEN35) == 64
     assert image_tokens(1, 201, QWEN35) is None  # aspect ratio over 200: refused
+
+
+def test_glm_known_counts():
+    # A side under 28 is scaled up first: 1x1 becomes 28x28, then the area of two frames is
+    # raised to 112*112, so 84x84: 3x3 merged patches. 640x480 rounds to 644x476 (23x17).
+    assert image_tokens(1, 1, GLM4V) == 9
+    assert image_tokens(640, 480, GLM4V) == 23 * 17
+    # The Qwen rule would refuse a 2x500 strip (aspect 250); GLM scales it to 28x7000 first,
+    # still over 200: refused too. A 3x90 strip becomes 28x840 (aspect 30): counted.
+    assert image_tokens(2, 500, GLM4V) is None
+    assert image_tokens(3, 90, GLM4V) is not None
+    # SGLang's GLM-4.xV processor resizes nothing itself: one count per image.
+    assert server_counts(100, 50, GLM4V) == (image_tokens(100, 50, GLM4V), None)
 
 
 def test_sglang_pre_resize_is_one_of_the_server_counts():
@@ -176,3 +206,32 @@ def test_qwen36_vision_table_is_what_its_template_and_tokenizer_say(tmp_path):
     assert vision.settings == spec.defaults
     (directory / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
     assert load_profile("qwen3.6").resolve(load_tokenizer(directory)).vision.settings.patch_size == 14
+
+
+def test_glm_settings_read_as_transformers_reads_them(tmp_path):
+    """A GLM-4.xV folder's preprocessor_config.json: its sizes and temporal patch as transformers'
+    GLM-4.6V processor reads them, the resize still the profile's (a file never changes it)."""
+    from transformers.models.glm46v.image_processing_pil_glm46v import Glm46VImageProcessorPil
+
+    config = {"size": {"shortest_edge": 3136, "longest_edge": 1_000_000}, "patch_size": 14, "merge_size": 2,
+              "temporal_patch_size": 2}
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(config))
+    settings = processor_settings(tmp_path, GLM4V)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = Glm46VImageProcessorPil.from_pretrained(tmp_path)
+    assert (settings.min_pixels, settings.max_pixels) == (theirs.size.shortest_edge, theirs.size.longest_edge)
+    assert (settings.temporal_patch_size, settings.resize) == (theirs.temporal_patch_size, "glm4v")
+    for width, height in ((1, 1), (640, 480), (3000, 2000)):
+        assert image_tokens(width, height, settings) == theirs.get_number_of_image_patches(height, width) // 4
+
+
+@pytest.mark.parametrize(("processor", "says"), [({"resize": "qwen3"}, "must be one of qwen2-vl, glm4v"),
+                                                  ({"temporal_patch_size": 0}, "positive integer")])
+def test_a_bad_resize_in_a_profile_is_one_clear_error(processor, says):
+    from audit.model.families.vision import parse_vision
+
+    table = {"start": "<s>", "end": "</s>", "image_pad": "<pad>",
+             "processor": {"patch_size": 14, "merge_size": 2, "min_pixels": 1, "max_pixels": 2, **processor}}
+    with pytest.raises(ConfigError, match=says):
+        parse_vision(table, "my.toml")

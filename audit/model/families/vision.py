@@ -12,7 +12,11 @@ processor on the text and the images, and expands each pad to N tokens:
 The arithmetic is transformers' (5.25, `models/qwen2_vl/image_processing_pil_qwen2_vl.py`:
 `smart_resize`, `get_number_of_image_patches`; the image processor of Qwen2-VL, Qwen3-VL and
 Qwen3.5, `models/auto/image_processing_auto.py`), re-done here so that no processor, torch or
-model weights are needed; `tests/test_vision.py` compares it with transformers' own.
+model weights are needed; `tests/test_vision.py` compares it with transformers' own. GLM-4.xV
+(`resize = "glm4v"`) resizes its own way (`models/glm4v/image_processing_pil_glm4v.py` and
+`models/glm46v/`, the same `smart_resize`): a side under one factor is first scaled up to it,
+and the pixel clamps bound the area of `temporal_patch_size` frames (an image is one frame
+repeated), not of one.
 """
 
 from __future__ import annotations
@@ -44,6 +48,10 @@ SGLANG_QWEN_MAX_PIXELS = 16384 * 28 * 28
 
 _VISION_KEYS = {"start", "end", "image_pad", "video_pad", "processor"}
 _PROCESSOR_KEYS = {"patch_size", "merge_size", "min_pixels", "max_pixels"}
+_OPTIONAL_PROCESSOR_KEYS = {"resize", "temporal_patch_size"}
+# How the processor resizes an image: transformers' Qwen2-VL `smart_resize` (Qwen2-VL, Qwen3-VL,
+# Qwen3.5/3.6), or GLM-4.xV's (`Glm4vImageProcessor`, `Glm46VImageProcessor`).
+RESIZES = ("qwen2-vl", "glm4v")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,8 @@ class ProcessorSettings:
     min_pixels: int
     max_pixels: int
     source: str  # where they were read: the folder's preprocessor_config.json, or the profile
+    resize: str = "qwen2-vl"  # one of RESIZES: the family's processor, never a file's
+    temporal_patch_size: int = 2  # frames an image is repeated to (the glm4v clamps count them)
 
     @property
     def factor(self) -> int:
@@ -139,12 +149,16 @@ def _positive(value: Any, where: str) -> int:
 
 
 def _settings(table: dict[str, Any], where: str, *, source: str) -> ProcessorSettings:
-    reject_unknown(table, _PROCESSOR_KEYS, where)
+    reject_unknown(table, _PROCESSOR_KEYS | _OPTIONAL_PROCESSOR_KEYS, where)
     missing = sorted(_PROCESSOR_KEYS - set(table))
     if missing:
         raise ConfigError(f"{where}: needs {', '.join(missing)}")
     values = {key: _positive(table[key], f"{where}.{key}") for key in _PROCESSOR_KEYS}
-    return _checked(ProcessorSettings(**values, source=source), where)
+    resize = table.get("resize", "qwen2-vl")
+    if resize not in RESIZES:
+        raise ConfigError(f"{where}.resize: must be one of {', '.join(RESIZES)}, got {resize!r}")
+    temporal = _positive(table.get("temporal_patch_size", 2), f"{where}.temporal_patch_size")
+    return _checked(ProcessorSettings(**values, source=source, resize=resize, temporal_patch_size=temporal), where)
 
 
 def _checked(settings: ProcessorSettings, where: str) -> ProcessorSettings:
@@ -179,9 +193,10 @@ def processor_settings(directory: Path | None, defaults: ProcessorSettings) -> P
         "merge_size": _first(data.get("merge_size"), defaults.merge_size),
         "min_pixels": _first(data.get("min_pixels"), size.get("shortest_edge"), defaults.min_pixels),
         "max_pixels": _first(data.get("max_pixels"), size.get("longest_edge"), defaults.max_pixels),
+        "temporal_patch_size": _first(data.get("temporal_patch_size"), defaults.temporal_patch_size),
     }
     checked = {key: _positive(value, f"{where}: {key}") for key, value in values.items()}
-    return _checked(ProcessorSettings(**checked, source=where), where)
+    return _checked(ProcessorSettings(**checked, source=where, resize=defaults.resize), where)
 
 
 def _first(*values: Any) -> Any:
@@ -208,10 +223,40 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h_bar, w_bar
 
 
+def glm4v_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int,
+                 frames: int) -> tuple[int, int] | None:
+    """(height, width) after GLM-4.xV's resize (transformers' `glm4v` `smart_resize`, an image
+    being `frames` = `temporal_patch_size` copies of itself): a side under `factor` is scaled up
+    to it first (truncated to an integer), then the sides are rounded to multiples of `factor`
+    with `frames` times the area clamped to [min_pixels, max_pixels]. None when refused."""
+    if height <= 0 or width <= 0:
+        return None
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if min(height, width) <= 0 or max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        return None
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if frames * h_bar * w_bar > max_pixels:
+        beta = math.sqrt((frames * height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif frames * h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def image_tokens(width: int, height: int, settings: ProcessorSettings) -> int | None:
     """N, the tokens one image of this size expands to: `grid_h * grid_w / merge_size**2`.
     None when the processor refuses the image."""
-    resized = smart_resize(height, width, settings.factor, settings.min_pixels, settings.max_pixels)
+    if settings.resize == "glm4v":
+        resized = glm4v_resize(height, width, settings.factor, settings.min_pixels, settings.max_pixels,
+                               settings.temporal_patch_size)
+    else:
+        resized = smart_resize(height, width, settings.factor, settings.min_pixels, settings.max_pixels)
     if resized is None:
         return None
     grid_h, grid_w = resized[0] // settings.patch_size, resized[1] // settings.patch_size
@@ -240,9 +285,13 @@ def sglang_qwen_size(width: int, height: int) -> tuple[int, int] | None:
 def server_counts(width: int, height: int, settings: ProcessorSettings) -> tuple[int, int | None] | None:
     """The N a server gives this image: (on the file's size, after SGLang's own Qwen-VL
     pre-resize, None when that resize refuses it); None when the model's processor refuses
-    the file's size. A server counts every image of a request the same one of the two ways."""
+    the file's size. A server counts every image of a request the same one of the two ways.
+    SGLang's GLM-4.xV processor (`multimodal/processors/glm4v.py`) resizes no image itself:
+    the file's size is the only count."""
     direct = image_tokens(width, height, settings)
     if direct is None:
         return None
+    if settings.resize == "glm4v":
+        return direct, None
     pre = sglang_qwen_size(width, height)
     return direct, (image_tokens(pre[0], pre[1], settings) if pre is not None else None)
