@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from audit.generate.conversations import Dropped, Normalised, Refused, normalise_row
 from audit.generate.prompt_images import ImageIntake
-from fixtures.images_sample import QWEN_DIR, png
+from fixtures.images_sample import QWEN_DIR, forged_png, png
 from tests.conftest import KIMI_TOKENIZER
 from tests.generate_support import read_samples, run_cli
 from tests.sglang_standin import SGLangStandin
@@ -134,6 +134,8 @@ def test_rows_with_bad_images_are_refused_in_one_line(tmp_path: Path) -> None:
     [
         ("pics/gone.png", "no such file in the dataset's folder"),
         ("../secret.png", "a path that leads outside the dataset's folder"),
+        ("pics/link.png", "a symbolic link that leads outside the dataset's folder"),
+        ("pics/huge.png", "a PNG declaring 100000x100000 pixels with only"),
         ("pics", "not a regular file"),
         ("notes.txt", "not an image format Pillow"),
         ("file:///etc/passwd", "a URL of a kind not sent"),
@@ -145,6 +147,8 @@ def test_each_unusable_image_has_its_reason(tmp_path: Path, reference: str, reas
     (tmp_path / "secret.png").write_bytes(RED)
     dataset(tmp_path / "data", "rows.jsonl", [])
     (tmp_path / "data" / "notes.txt").write_text("not an image")
+    (tmp_path / "data" / "pics" / "link.png").symlink_to(tmp_path / "secret.png")
+    (tmp_path / "data" / "pics" / "huge.png").write_bytes(forged_png(100000, 100000))
     refused = ImageIntake(tmp_path / "data").read((reference,))
     assert isinstance(refused, Refused) and refused.kind == "image_unreadable"
     assert reason in refused.reason and "\n" not in refused.reason

@@ -15,6 +15,7 @@ from PIL import Image
 
 from audit.model.families.vision import ProcessorSettings, ResolvedVision, VisionSpec
 from audit.records.images import ImageSource, image_bytes, read_image, vision_layout
+from fixtures.images_sample import forged_png
 
 
 def png(width: int = 8, height: int = 6) -> bytes:
@@ -34,7 +35,17 @@ def data_folder(tmp_path):
     (tmp_path / "secret.png").write_bytes(png())
     os.symlink(tmp_path / "secret.png", folder / "img" / "link.png")
     os.symlink(folder / "img" / "ok.png", folder / "img" / "inside.png")
+    (folder / "img" / "huge.png").write_bytes(forged_png(100000, 100000))
     return folder
+
+
+@pytest.mark.parametrize("size", [(4000, 3000), (20000, 60)])
+def test_a_huge_real_png_of_one_colour_is_an_image(size):
+    """The densest PNG deflate can write (one colour) keeps its pixel data above the bound a
+    forged size is found by."""
+    out = io.BytesIO()
+    Image.new("RGB", size, (0, 0, 0)).save(out, format="PNG", compress_level=9)
+    assert image_bytes(out.getvalue()).size == size
 
 
 @pytest.mark.parametrize(
@@ -46,7 +57,8 @@ def data_folder(tmp_path):
         ("img/cut.png", "cut short"),
         ("../secret.png", "outside the data file's folder"),
         ("img/../../secret.png", "outside the data file's folder"),
-        ("img/link.png", "outside the data file's folder"),
+        ("img/link.png", "a symbolic link that leads outside the data file's folder"),
+        ("img/huge.png", "a PNG declaring 100000x100000 pixels with only"),
         ("img", "not a regular file"),
         ("/etc/hostname", "absolute path outside"),
         ("C:\\images\\a.png", "absolute Windows path"),

@@ -105,6 +105,9 @@ def _file(folder: Path, reference: str) -> PromptImage | str:
     except (OSError, RuntimeError, ValueError):
         return "a path that cannot be resolved (a symlink loop?)"
     if not resolved.is_relative_to(root):
+        if Path(os.path.normpath(folder / reference)).is_relative_to(Path(os.path.normpath(folder))):
+            return (f"a symbolic link that leads outside the dataset's folder {folder}: refused, never opened; "
+                    "copy the image into the folder")
         return f"a path that leads outside the dataset's folder {folder}: refused, never opened"
     data = _bytes(resolved)
     if isinstance(data, str):
