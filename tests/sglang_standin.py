@@ -112,8 +112,21 @@ class SGLangStandin:
         if bad_body is not None and bad_body not in BAD_BODIES:
             raise ValueError(f"bad_body must be one of {BAD_BODIES}")
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
+        self.think_start: int | None = None  # written first when the prompt leaves it to the model
+        if vision is not None:  # the profile's own markers (GLM ends a turn on <|user|>)
+            from audit.model.families.profiles import load_profile
+
+            profile = load_profile(vision)
+            think_end = profile.think_end or think_end
+            end_of_turn = profile.end_of_turn[0] if profile.end_of_turn else end_of_turn
+            if profile.think_start is not None:
+                self.think_start = self.tokenizer.token_to_id(profile.think_start)
         self.think_end = self.tokenizer.token_to_id(think_end)
         self.end_of_turn = self.tokenizer.token_to_id(end_of_turn)
+        for marker, found in ((think_end, self.think_end), (end_of_turn, self.end_of_turn)):
+            if found is None:
+                raise ValueError(f"the tokenizer in {tokenizer_dir} has no token {marker!r}: the stand-in "
+                                 "answers with it (pass --vision PROFILE to take the profile's own markers)")
         self.fail_every = fail_every
         self.fail_status = fail_status
         self.fail_all_paths = fail_all_paths  # count /health and /model_info too for fail_every
@@ -201,8 +214,10 @@ class SGLangStandin:
         digest = hashlib.sha256(json.dumps(input_ids).encode()).digest()
         reasoning = " ".join(WORDS[b % len(WORDS)] for b in digest[: self.reasoning_words])
         answer = " ".join(WORDS[b % len(WORDS)] for b in digest[-6:])
+        opened = [] if self.think_start is None or self.think_start in input_ids[-4:] else [self.think_start]
         return (
-            self.tokenizer.encode(f"Let me think: {reasoning}.", add_special_tokens=False).ids
+            opened
+            + self.tokenizer.encode(f"Let me think: {reasoning}.", add_special_tokens=False).ids
             + [self.think_end]
             + self.tokenizer.encode(f"The answer: {answer}.", add_special_tokens=False).ids
             + [self.end_of_turn]
@@ -453,7 +468,7 @@ def _serve_from_command_line() -> None:
     parser.add_argument("--pid-file", type=Path, help="write the serving process's id here")
     parser.add_argument("--exit-after", type=float, default=0.0, help="stop after this many seconds (0: never)")
     parser.add_argument("--fail-every", type=int, default=0)
-    parser.add_argument("--vision", metavar="PROFILE", help="take images as this profile's model does (e.g. qwen3.6)")
+    parser.add_argument("--vision", metavar="PROFILE", help="take images as this profile's model does, and answer with its markers (qwen3.6, glm-4.6v)")
     parser.add_argument("--strip-think", action="store_true")
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--trickle", type=float, default=0.0, help="seconds per answer byte")
@@ -472,6 +487,8 @@ def _serve_from_command_line() -> None:
         )
     except OSError as exc:
         sys.exit(f"sglang_standin: cannot listen on 127.0.0.1:{arguments.port}: {exc.strerror}")
+    except ValueError as exc:
+        sys.exit(f"sglang_standin: {exc}")
     if arguments.background and os.fork():
         os._exit(0)  # the parent returns: the port is already listening, the child serves
     if arguments.pid_file:

@@ -211,3 +211,27 @@ def test_the_vision_tokens_are_what_the_real_template_writes(family: Family) -> 
     assert rendered.count(spec.start + spec.image_pad + spec.end) == 1
     for text in (spec.start, spec.end, spec.image_pad, spec.video_pad):
         assert len(family.tokenizer.encode_text(text)) == 1, text
+
+
+def test_generate_against_the_standin_checks_clean(family: Family, tmp_path: Path) -> None:
+    """`audit generate` with LLaVA image rows against the stand-in server taking images as the
+    family's model does (`--vision NAME`: its image pad, end of turn and think markers) writes
+    a partition `audit check` passes: the walk docs/generating.md#images gives."""
+    from tests.generate_support import read_samples, run_cli
+    from tests.sglang_standin import SGLangStandin
+
+    name = family.profile.profile.name
+    (tmp_path / "data" / "pics").mkdir(parents=True)
+    (tmp_path / "data" / "pics" / "red.png").write_bytes(png(64, 48, (200, 30, 30)))
+    rows = [{"id": "v1", "image": "pics/red.png",
+             "conversations": [{"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "Red."}]}]
+    prompts = tmp_path / "data" / "llava.jsonl"
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "part" / "raw_responses.jsonl"
+    with SGLangStandin(family.directory, vision=name) as server:
+        result = run_cli(["generate", str(prompts), "--server", server.url, "--tokenizer", str(family.directory),
+                          "--profile", name, "--out", str(out), "--retry-backoff", "0.01", "--max-attempts", "2"])
+    assert result.exit_code == 0, result.output
+    assert [s["id"] for s in read_samples(out)] == ["v1"]
+    checked = CliRunner().invoke(app, ["check", str(out.parent), "--report", "none"])
+    assert checked.exit_code == 0, checked.output
