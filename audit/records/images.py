@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 
 from audit.model.families.vision import ResolvedVision, image_tokens, server_counts
+from audit.records.png_size import png_pixels_short
 
 # `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
 FETCH_TIMEOUT = 20
@@ -42,12 +43,6 @@ RAW_BASE64 = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
 
 # Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
 _DECODED_PIXELS = 50_000_000
-
-# The most bytes deflate can expand one compressed byte to (a 258-byte match in 2 bits): a PNG
-# whose IDAT chunks hold fewer than its pixels' bytes / this cannot hold its declared size.
-_DEFLATE_MAX_RATIO = 1032
-# Channels per pixel of each PNG colour type (grey, RGB, palette, grey + alpha, RGBA).
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 
 # The image parts of a message the Qwen-VL chat templates render as a placeholder
 # (`render_content`): a part with an `image` or `image_url` key, or of type "image".
@@ -214,8 +209,7 @@ def image_bytes(data: bytes) -> ImageRead:
                     image.verify()  # every chunk and its checksum, without decoding the pixels
                     if data.rfind(_PNG_END) == -1:
                         return ImageRead(problem="a PNG with no end chunk (IEND): cut short?")
-                    short = _png_pixels_short(data, size)
-                    if short is not None:
+                    if (short := png_pixels_short(data, size)) is not None:
                         return ImageRead(problem=short)
                 elif size[0] * size[1] <= _DECODED_PIXELS:
                     image.load()  # other formats: decoded whole, which finds a cut-short file
@@ -228,31 +222,6 @@ def image_bytes(data: bytes) -> ImageRead:
     if size[0] <= 0 or size[1] <= 0:
         return ImageRead(problem=f"an image of size {size[0]}x{size[1]}")
     return ImageRead(size=size)
-
-
-def _png_pixels_short(data: bytes, size: tuple[int, int]) -> str | None:
-    """Why a PNG's pixel data cannot hold the size its header declares, or None. Read from the
-    chunk lengths alone, never decompressed: a header claiming 100000x100000 over a few bytes
-    of IDAT (a forged or cut-short file) would be counted as the processor's largest image,
-    though no server can decode it."""
-    if len(data) < 29:
-        return None
-    bit_depth, colour = data[24], data[25]
-    channels = _PNG_CHANNELS.get(colour)
-    if channels is None:
-        return None
-    idat = 0
-    at = 8
-    while at + 8 <= len(data):
-        length = int.from_bytes(data[at:at + 4], "big")
-        if data[at + 4:at + 8] == b"IDAT":
-            idat += length
-        at += 12 + length
-    pixel_bytes = (size[0] * size[1] * channels * bit_depth + 7) // 8
-    if idat * _DEFLATE_MAX_RATIO + 64 < pixel_bytes:
-        return (f"a PNG declaring {size[0]}x{size[1]} pixels with only {idat:,} bytes of pixel data "
-                f"(at least {pixel_bytes // _DEFLATE_MAX_RATIO:,} needed): cut short, or a forged size?")
-    return None
 
 
 @dataclass(frozen=True)
