@@ -113,6 +113,7 @@ class SGLangStandin:
             raise ValueError(f"bad_body must be one of {BAD_BODIES}")
         self.tokenizer = Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
         self.think_start: int | None = None  # written first when the prompt leaves it to the model
+        self.think_gaps = ("", "")  # the text before and after the reply's think end
         if vision is not None:  # the profile's own markers (GLM ends a turn on <|user|>)
             from audit.model.families.profiles import load_profile
 
@@ -121,6 +122,7 @@ class SGLangStandin:
             end_of_turn = profile.end_of_turn[0] if profile.end_of_turn else end_of_turn
             if profile.think_start is not None:
                 self.think_start = self.tokenizer.token_to_id(profile.think_start)
+            self.think_gaps = {"qwen3.6": ("\n", "\n\n")}.get(vision, self.think_gaps)
         self.think_end = self.tokenizer.token_to_id(think_end)
         self.end_of_turn = self.tokenizer.token_to_id(end_of_turn)
         for marker, found in ((think_end, self.think_end), (end_of_turn, self.end_of_turn)):
@@ -215,11 +217,14 @@ class SGLangStandin:
         reasoning = " ".join(WORDS[b % len(WORDS)] for b in digest[: self.reasoning_words])
         answer = " ".join(WORDS[b % len(WORDS)] for b in digest[-6:])
         opened = [] if self.think_start is None or self.think_start in input_ids[-4:] else [self.think_start]
+        # A vision model's reply closes its reasoning as its template writes a past turn (Qwen:
+        # "\n</think>\n\n"), so that `audit export` renders the row back to its ids.
+        before, after = self.think_gaps
         return (
             opened
-            + self.tokenizer.encode(f"Let me think: {reasoning}.", add_special_tokens=False).ids
+            + self.tokenizer.encode(f"Let me think: {reasoning}.{before}", add_special_tokens=False).ids
             + [self.think_end]
-            + self.tokenizer.encode(f"The answer: {answer}.", add_special_tokens=False).ids
+            + self.tokenizer.encode(f"{after}The answer: {answer}.", add_special_tokens=False).ids
             + [self.end_of_turn]
         )
 
