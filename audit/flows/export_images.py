@@ -85,7 +85,7 @@ class ImageTally:
 
     expanded: int = 0  # written with expanded ids and messages
     unexpanded: int = 0  # left as sent: their images could not be counted
-    closed: int = 0  # of the expanded, rows given the text the template closes the turn with
+    closed: int = 0  # of the expanded, rows ended as the template closes the turn (see `with_images`)
     rerendered: int = 0  # of the expanded, rows whose messages the template renders to other ids
     first_rerendered: int | None = None  # the line of the first
 
@@ -93,14 +93,16 @@ class ImageTally:
 def with_images(block: SampleBlock, records: pl.DataFrame, context: AuditContext, tally: ImageTally) -> SampleBlock:
     """The block (built from `records`, row for row, before any length policy) with each image
     row's pads expanded and its messages; every row gets a `messages` entry. Each image row's
-    messages are rendered as vLLM renders them for speculators (`rendered_ids`): where the render
-    goes on past the record's ids (the text the template closes the turn with, `<|im_end|>`'s
-    newline), the row ends with it, untrained, so that the row is the ids vLLM returns; where it
-    differs from them, speculators will drop the row, and the tally counts it."""
+    messages are rendered as vLLM renders them for speculators (`rendered_ids`). Where the render
+    ends the turn otherwise than the record (it goes on with the text the template closes the
+    turn with, `<|im_end|>`'s newline; it leaves out a stop id the model wrote and the template
+    does not, GLM's `<|user|>`), the row ends as the render does, what the record lacks untrained,
+    so that the row is the ids vLLM returns; where the render differs anywhere else, speculators
+    will drop the row, and the tally counts it."""
     vision = context.profile.vision
     messages: list[list[dict[str, Any]]] = [[] for _ in range(block.rows)]
     repeats = np.ones(len(block.values), dtype=np.int64)
-    tails: dict[int, np.ndarray] = {}
+    ends_as: dict[int, tuple[int, np.ndarray]] = {}  # row -> (stop ids left out, render's text after)
     if vision is not None and "image_data" in records.columns:
         batch = Batch(records, context)
         prompt_lengths = records["input_ids"].list.len().to_numpy()
@@ -118,12 +120,16 @@ def with_images(block: SampleBlock, records: pl.DataFrame, context: AuditContext
             messages[row] = conversation
             tally.expanded += 1
         rows = [row for row, conversation in enumerate(messages) if conversation]
+        stops = np.asarray([*context.profile.end_of_turn, *context.profile.eos], dtype=np.int64)
         for row, ids in zip(rows, rendered_ids([messages[row] for row in rows], context), strict=True):
-            sent = block.values[int(block.offsets[row]) : int(block.offsets[row + 1])]
-            if ids is not None and len(ids) > len(sent) and np.array_equal(ids[: len(sent)], sent):
-                tails[row] = ids[len(sent) :]
+            sent = block.values[int(block.offsets[row]) : int(block.offsets[row + 1])].astype(np.int64)
+            same = _common_prefix(ids, sent) if ids is not None else -1
+            if ids is not None and same == len(sent) == len(ids):
+                continue
+            if ids is not None and np.isin(sent[same:], stops).all():  # only the turn's end differs
+                ends_as[row] = (len(sent) - same, ids[same:])
                 tally.closed += 1
-            elif ids is None or not np.array_equal(ids, sent):
+            else:
                 tally.rerendered += 1
                 if tally.first_rerendered is None:
                     tally.first_rerendered = int(block.lines[row])
@@ -131,16 +137,15 @@ def with_images(block: SampleBlock, records: pl.DataFrame, context: AuditContext
     ends = np.zeros(len(repeats) + 1, dtype=np.int64)
     np.cumsum(repeats, out=ends[1:])
     offsets = ends[block.offsets]
-    if tails:  # each closing text after its row, untrained
+    if ends_as:  # each row ended as its render ends, what the record lacks untrained
         pieces_v: list[np.ndarray] = []
         pieces_m: list[np.ndarray] = []
+        lengths = np.diff(offsets)
         for row in range(block.rows):
-            pieces_v.append(values[offsets[row] : offsets[row + 1]])
-            pieces_m.append(mask[offsets[row] : offsets[row + 1]])
-            if row in tails:
-                pieces_v.append(tails[row].astype(values.dtype))
-                pieces_m.append(np.zeros(len(tails[row]), dtype=mask.dtype))
-        lengths = np.diff(offsets) + np.array([len(tails.get(row, ())) for row in range(block.rows)], dtype=np.int64)
+            cut, after = ends_as.get(row, (0, np.zeros(0, dtype=np.int64)))
+            pieces_v += [values[offsets[row] : offsets[row + 1] - cut], after.astype(values.dtype)]
+            pieces_m += [mask[offsets[row] : offsets[row + 1] - cut], np.zeros(len(after), dtype=mask.dtype)]
+            lengths[row] += len(after) - cut
         values, mask = np.concatenate(pieces_v), np.concatenate(pieces_m)
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return SampleBlock(
@@ -151,6 +156,12 @@ def with_images(block: SampleBlock, records: pl.DataFrame, context: AuditContext
         offsets,
         pl.Series("messages", messages, dtype=MESSAGES_DTYPE),
     )
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def rendered_ids(conversations: list[list[dict[str, Any]]], context: AuditContext) -> list[np.ndarray | None]:
