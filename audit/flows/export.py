@@ -298,8 +298,8 @@ def _summary(provenance: dict[str, Any], options: ExportOptions, tally: SampleTa
         "columns": {
             "id": "string (null when the record has none)",
             "line": "uint32: the record's line in the source file",
-            "input_ids": "list<uint32>: the prompt ids (each image pad expanded), then the output ids (then, for an "
-                         "image row, ending as its chat template ends the turn: text the record lacks untrained)",
+            "input_ids": "list<uint32>: the prompt ids (each image pad expanded), then the output ids (an image row "
+                         "ends as its chat template ends the turn: ids the record lacks are untrained)",
             "loss_mask": "list<uint8>: 1 where input_ids[i] is trained, unshifted",
             **({"seq_len": "int64: the row's length (speculators reads it)"} if options.format == "datasets" else {}),
             **({"messages": "list<{role, content: list<{type, text, image_url: {url}}>, reasoning_content, "
