@@ -199,8 +199,7 @@ def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
                 f"{example.exit_code}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
             )
     finally:
-        standin = copy / "tryout" / "standin.pid"
-        if standin.is_file():  # a failure between starting the stand-in and stopping it
+        for standin in (copy / "tryout").glob("standin*.pid"):  # a failure between starting a stand-in and stopping it
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(standin.read_text()), 15)
 
