@@ -27,6 +27,7 @@ from audit.model.rendering.templating import (
     render_prompts,
     render_variants,
 )
+from audit.model.tokens.flat_ids import FlatIds, differing_sequences
 from audit.records.batch import Batch
 from audit.records.response import record_modes
 
@@ -138,6 +139,7 @@ class TemplateMismatch(RecordRule):
         messages: list[str] = []
         mismatched: list[tuple[int, list[int], list[int], int]] = []
         missing = input_ids.is_null().to_numpy()
+        checked: list[tuple[int, Key, np.ndarray, dict[str, Any]]] = []
         for row, key, prompt in keyed:
             rendered = self._rendered[key]
             if missing[row]:
@@ -147,10 +149,15 @@ class TemplateMismatch(RecordRule):
                 positions.append(None)
                 messages.append(f"the {what} cannot render this record's messages: {rendered}")
                 continue
-            saved = saved_flat.values[offsets[row] : offsets[row + 1]]
-            if len(saved) == len(rendered) and np.array_equal(saved, rendered):
-                continue  # nearly every record: the same ids, nothing more to compare
-            saved_list = saved.tolist()
+            checked.append((row, key, rendered, prompt))
+        # Nearly every record has the same ids as its rendering: found in one numpy comparison.
+        differs = differing_from_saved(
+            saved_flat, np.array([row for row, _, _, _ in checked], dtype=np.int64), [ids for _, _, ids, _ in checked]
+        )
+        for (row, key, rendered, prompt), differ in zip(checked, differs.tolist(), strict=True):
+            if not differ:
+                continue
+            saved_list = saved_flat.values[offsets[row] : offsets[row + 1]].tolist()
             compared = _compared(saved_list, rendered.tolist(), suffixes)
             if compared[0] != compared[1] and not any(
                 _same(*_compared(saved_list, variant, suffixes))
@@ -225,7 +232,7 @@ class TemplateMismatch(RecordRule):
         """(row, prompt object) for each record whose source messages are known."""
         if batch.context.prompts is None and batch.records["source"].null_count() == batch.height:
             return []
-        found = ((row, batch.source_prompt(row)) for row in range(batch.height))
+        found = enumerate(batch.source_prompts_of_all())
         return [(row, prompt) for row, prompt in found if prompt and isinstance(prompt.get("messages"), list)]
 
     def _render_missing(
@@ -302,6 +309,19 @@ def _compared(
         return saved, rendered
     body = len(rendered) - _suffix_length(rendered, suffixes)
     return saved[:body], rendered[:body]
+
+
+def differing_from_saved(saved: FlatIds, rows: np.ndarray, rendered: list[np.ndarray]) -> np.ndarray:
+    """Per row of `rows`: do its saved ids (in `saved`) differ from its rendering, in length or
+    in any id? One numpy comparison of the block's prompts (when the rows are every row, in
+    order, as nearly always, without copying the saved ids)."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    offsets = np.zeros(len(rendered) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids in rendered], out=offsets[1:])
+    fresh = FlatIds(np.concatenate(rendered), offsets)
+    every_row = len(rows) == len(saved) and bool((rows == np.arange(len(saved))).all())
+    return differing_sequences(saved if every_row else saved.take(rows), fresh)
 
 
 def _mode_suffix_texts(batch: Batch, thinking: bool) -> tuple[str, ...]:
