@@ -415,8 +415,9 @@ def test_tpl001_keeps_a_bounded_number_of_renderings(tmp_path: Path, monkeypatch
     data = _with_template_drift("B1_glaive", tmp_path) / "raw_responses.jsonl"
     context = AuditContext(load_profile("kimi-k2.5").resolve(kimi_tokenizer), kimi_tokenizer)
 
-    def run(budget: int):
+    def run(budget: int, digests: int = 8192):
         monkeypatch.setattr(template, "_KEPT_RENDERED_IDS", budget)
+        monkeypatch.setattr(template, "_KEPT_DIGESTS", digests)
         rule_set = load_rule_set(rules)
         findings = audit_file(data, context, rule_set, block_bytes=4096).findings
         configured = rule_set["TPL001"]
@@ -425,9 +426,15 @@ def test_tpl001_keeps_a_bounded_number_of_renderings(tmp_path: Path, monkeypatch
     bounded, rule = run(50)
     kept = sum(len(r) for r in rule._rendered.values() if not isinstance(r, str))
     assert kept <= 50 and rule._rendered_ids == kept
+    # Dropped renderings are kept as digests of their ids, compared in their place, within their bound.
+    assert rule._digests
+    few_digests, few = run(50, digests=2)
+    assert len(few._digests) <= 2
+    no_digests, _ = run(50, digests=0)
     unbounded, everything = run(10**9)
     assert len(everything._rendered) > len(rule._rendered)
-    assert_frame_equal(bounded, unbounded)
+    for found in (bounded, few_digests, no_digests):
+        assert_frame_equal(found, unbounded)
     assert "TPL001" in set(bounded["rule"])
 
 

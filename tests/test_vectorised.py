@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from audit.checks import RULES
 from audit.checks.degenerate import loop_periods
+from audit.checks.template import differing_from_saved
 from audit.model.families.profiles import load_profile
 from audit.model.tokens.flat_ids import ABSENT, FlatIds, MarkerIndex, differing_sequences
 from audit.model.tokens.token_text import _token_at, tokens_at
@@ -241,6 +242,32 @@ def test_differing_sequences_are_those_the_lists_tell(sequences, data) -> None:
     right = FlatIds.from_sequences(again)
     right = FlatIds(right.values.astype(np.uint32), right.offsets)
     assert differing_sequences(left, right).tolist() == [a != b for a, b in zip(sequences, again, strict=True)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(sequences=st.lists(st.lists(st.integers(0, 4), max_size=5), max_size=8), data=st.data())
+def test_template_comparison_equals_the_per_row_comparison(sequences, data) -> None:
+    """TPL001's one numpy comparison of saved prompts with their renderings (int32) against the
+    per-row `np.array_equal` it replaced, for every row in order or some rows in any order."""
+    saved = FlatIds.from_sequences(sequences)
+    rows = data.draw(st.one_of(
+        st.just(list(range(len(sequences)))),
+        st.lists(st.integers(0, len(sequences) - 1), max_size=8) if sequences else st.just([]),
+    ))
+    rendered = [
+        np.array(data.draw(st.one_of(
+            st.just(sequences[row]),
+            st.lists(st.integers(0, 4), min_size=len(sequences[row]), max_size=len(sequences[row])),
+            st.lists(st.integers(0, 4), max_size=5),
+        )), dtype=np.int32)
+        for row in rows
+    ]
+    expected = []
+    for row, ids in zip(rows, rendered, strict=True):
+        kept = saved.values[saved.offsets[row] : saved.offsets[row + 1]]
+        expected.append(not (len(kept) == len(ids) and np.array_equal(kept, ids)))
+    found = differing_from_saved(saved, np.array(rows, dtype=np.int64), rendered)
+    assert found.tolist() == expected
 
 
 @settings(max_examples=80, deadline=None)

@@ -27,6 +27,7 @@ from audit.model.rendering.templating import (
     render_prompts,
     render_variants,
 )
+from audit.model.tokens.flat_ids import FlatIds, differing_sequences
 from audit.records.batch import Batch
 from audit.records.response import record_modes
 
@@ -38,6 +39,11 @@ _CONTEXT = 6
 # as an int32 array under a 128-bit digest of what was rendered: ~1 MB in all (Python lists
 # keyed by the messages' JSON put ~20 MB on the 10,000-record benchmark's peak).
 _KEPT_RENDERED_IDS = 250_000
+# A rendering dropped from those is kept as a 128-bit digest of its ids (~250 bytes with its key,
+# against ~900 for the ids of a 191-id prompt), for this many more prompts: a prompt met again
+# after its ids were dropped is compared by digest, not rendered and encoded again (on the
+# 10,000-record benchmark, 1,367 of 7,957 renders). A differing prompt is rendered again.
+_KEPT_DIGESTS = 8_192
 
 # (tokenizer, renderer, thinking, digest of messages + tools + template arguments)
 Key = tuple[int, str, bool, bytes]
@@ -89,6 +95,7 @@ class TemplateMismatch(RecordRule):
         # Rendered prompt ids (or why the renderer refused), by `Key`.
         self._rendered: dict[Key, np.ndarray | str] = {}
         self._rendered_ids = 0
+        self._digests: dict[Key, bytes] = {}  # of renderings dropped from `_rendered`, by `Key`
         # The ids of the renderer's other real renderings, for prompts that differ from the first.
         # Keyed with the modes rendered: a mixed run's prompt whose ending both modes accept has both.
         self._variants: dict[tuple[Key, tuple[bool, ...]], list[np.ndarray]] = {}
@@ -124,12 +131,18 @@ class TemplateMismatch(RecordRule):
             digest = hashlib.blake2b(rendered_from, digest_size=16).digest()
             key = (id(batch.tokenizer), profile.prompt_renderer, thinking, digest)
             keyed.append((row, key, prompt))
-        for mode in rendered_modes:
-            self._render_missing(batch, [entry for entry in keyed if entry[1][2] == mode], mode)
-
         input_ids = batch.records["input_ids"]
         saved_flat = batch.input_flat
         offsets = saved_flat.offsets
+        missing = input_ids.is_null().to_numpy()
+        keyed = [
+            (row, key, prompt) for row, key, prompt in keyed
+            if key in self._rendered or key not in self._digests or missing[row]
+            or _ids_digest(saved_flat.values[offsets[row] : offsets[row + 1]]) != self._digests[key]
+        ]
+        for mode in rendered_modes:
+            self._render_missing(batch, [entry for entry in keyed if entry[1][2] == mode], mode)
+
         suffixes = batch.profile.prompt_suffixes
         encoder = batch.profile.profile.encoder
         what = f"{encoder} encoder" if encoder else "chat template"
@@ -137,7 +150,7 @@ class TemplateMismatch(RecordRule):
         positions: list[int | None] = []
         messages: list[str] = []
         mismatched: list[tuple[int, list[int], list[int], int]] = []
-        missing = input_ids.is_null().to_numpy()
+        checked: list[tuple[int, Key, np.ndarray, dict[str, Any]]] = []
         for row, key, prompt in keyed:
             rendered = self._rendered[key]
             if missing[row]:
@@ -147,10 +160,15 @@ class TemplateMismatch(RecordRule):
                 positions.append(None)
                 messages.append(f"the {what} cannot render this record's messages: {rendered}")
                 continue
-            saved = saved_flat.values[offsets[row] : offsets[row + 1]]
-            if len(saved) == len(rendered) and np.array_equal(saved, rendered):
-                continue  # nearly every record: the same ids, nothing more to compare
-            saved_list = saved.tolist()
+            checked.append((row, key, rendered, prompt))
+        # Nearly every record has the same ids as its rendering: found in one numpy comparison.
+        differs = differing_from_saved(
+            saved_flat, np.array([row for row, _, _, _ in checked], dtype=np.int64), [ids for _, _, ids, _ in checked]
+        )
+        for (row, key, rendered, prompt), differ in zip(checked, differs.tolist(), strict=True):
+            if not differ:
+                continue
+            saved_list = saved_flat.values[offsets[row] : offsets[row + 1]].tolist()
             compared = _compared(saved_list, rendered.tolist(), suffixes)
             if compared[0] != compared[1] and not any(
                 _same(*_compared(saved_list, variant, suffixes))
@@ -225,7 +243,7 @@ class TemplateMismatch(RecordRule):
         """(row, prompt object) for each record whose source messages are known."""
         if batch.context.prompts is None and batch.records["source"].null_count() == batch.height:
             return []
-        found = ((row, batch.source_prompt(row)) for row in range(batch.height))
+        found = enumerate(batch.source_prompts_of_all())
         return [(row, prompt) for row, prompt in found if prompt and isinstance(prompt.get("messages"), list)]
 
     def _render_missing(
@@ -283,9 +301,13 @@ class TemplateMismatch(RecordRule):
         while self._rendered_ids > _KEPT_RENDERED_IDS and self._variants:
             self._rendered_ids -= sum(map(len, self._variants.pop(next(iter(self._variants)))))
         while self._rendered_ids > _KEPT_RENDERED_IDS and self._rendered:
-            rendered = self._rendered.pop(next(iter(self._rendered)))
+            key = next(iter(self._rendered))
+            rendered = self._rendered.pop(key)
             if not isinstance(rendered, str):
                 self._rendered_ids -= len(rendered)
+                self._digests[key] = _ids_digest(rendered)
+        while len(self._digests) > _KEPT_DIGESTS:
+            del self._digests[next(iter(self._digests))]
 
 
 # A record's `chat_template_kwargs` are template variables; one named `chat_template` would make
@@ -302,6 +324,24 @@ def _compared(
         return saved, rendered
     body = len(rendered) - _suffix_length(rendered, suffixes)
     return saved[:body], rendered[:body]
+
+
+def differing_from_saved(saved: FlatIds, rows: np.ndarray, rendered: list[np.ndarray]) -> np.ndarray:
+    """Per row of `rows`: do its saved ids (in `saved`) differ from its rendering, in length or
+    in any id? One numpy comparison of the block's prompts (when the rows are every row, in
+    order, as nearly always, without copying the saved ids)."""
+    if not len(rows):
+        return np.zeros(0, dtype=bool)
+    offsets = np.zeros(len(rendered) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids in rendered], out=offsets[1:])
+    fresh = FlatIds(np.concatenate(rendered), offsets)
+    every_row = len(rows) == len(saved) and bool((rows == np.arange(len(saved))).all())
+    return differing_sequences(saved if every_row else saved.take(rows), fresh)
+
+
+def _ids_digest(ids: np.ndarray) -> bytes:
+    """A 128-bit digest of token ids, the same for equal ids whatever their integer type."""
+    return hashlib.blake2b(ids.astype(np.int64, copy=False).tobytes(), digest_size=16).digest()
 
 
 def _mode_suffix_texts(batch: Batch, thinking: bool) -> tuple[str, ...]:

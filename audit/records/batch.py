@@ -79,13 +79,22 @@ class Batch:
         for some records (the tool calls' declared types) never parse the others.
         """
         if row not in self._prompts:
-            self._prompts[row] = self._read_prompt(row)
+            records = self.records
+            self._prompts[row] = self._read_prompt(records["source"][row], records["line"][row], records["id"][row])
         return self._prompts[row]
 
-    def _read_prompt(self, row: int) -> dict[str, Any] | None:
-        source = self.records["source"][row]
+    def source_prompts_of_all(self) -> list[dict[str, Any] | None]:
+        """`source_prompt(row)` of every row, in order: for a rule that reads them all (TPL001),
+        the columns are read once, not a value at a time (~4 us a row)."""
+        columns = (self.records[name].to_list() for name in ("source", "line", "id"))
+        for row, (source, line, sample_id) in enumerate(zip(*columns, strict=True)):
+            if row not in self._prompts:
+                self._prompts[row] = self._read_prompt(source, line, sample_id)
+        return [self._prompts[row] for row in range(self.height)]
+
+    def _read_prompt(self, source: str | None, line: int, sample_id: str | None) -> dict[str, Any] | None:
         if source is not None and self.source_prompts is not None:
-            prompt = self.source_prompts.get(self.records["line"][row])
+            prompt = self.source_prompts.get(line)
             if prompt is not None:
                 return prompt
         if source is not None:
@@ -98,7 +107,6 @@ class Batch:
             ):
                 # Only the prompt's fields: the line's id lists would stay in memory with it.
                 return {name: value[name] for name in _PROMPT_FIELDS if name in value}
-        sample_id = self.records["id"][row]
         prompts = self.context.prompts
         if prompts is not None and sample_id is not None:
             return prompts.get(sample_id)
