@@ -463,7 +463,7 @@ def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_p
         text = reference.apply_chat_template([parsed(m) for m in row["messages"]], add_generation_prompt=False, tokenize=False)
         rendered = reference.encode(text, add_special_tokens=False)
         sent = record["input_ids"] + record["output_ids"]
-        same = next((k for k, (a, b) in enumerate(zip(sent, rendered)) if a != b), min(len(sent), len(rendered)))
+        same = next((k for k, (a, b) in enumerate(zip(sent, rendered, strict=False)) if a != b), min(len(sent), len(rendered)))
         if rendered != sent and set(sent[same:]) <= stops:  # only the turn's end differs
             closed += 1
             kept, after = sent[:same], rendered[same:]
