@@ -39,6 +39,7 @@ import polars as pl
 from audit.flows.export_rows import SampleBlock
 from audit.model.families.vision import ResolvedVision, server_counts
 from audit.model.rendering.chat_rendering import chat_renderer
+from audit.model.trainers.speculators import vllm_messages
 from audit.records.batch import AuditContext, Batch
 from audit.records.images import RAW_BASE64, ImageSource, message_images, read_image, vision_layout
 from audit.records.trainer_input import TrainerInput, trainer_inputs
@@ -167,47 +168,19 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 def rendered_ids(conversations: list[list[dict[str, Any]]], context: AuditContext) -> list[np.ndarray | None]:
     """Each conversation as vLLM renders a speculators multimodal row (`vllm_client.py`: a chat
     request, `add_generation_prompt=False`, the final turn closed, no tools, no template
-    keywords): vLLM's `parse_chat_messages` makes each image part an `{"type": "image"}` the
-    template writes one placeholder for, the reasoning `reasoning_content`, the calls' JSON
-    arguments objects; the text encoded whole, markers recognised. None where the template
+    keywords): the messages as vLLM parses them (`audit.model.trainers.speculators.vllm_messages`,
+    each image part an `{"type": "image"}` the template writes one placeholder for), the text
+    encoded whole, markers recognised. None where the template
     refuses the conversation (speculators drops the row then too)."""
     render = chat_renderer(context.tokenizer, context.profile.prompt_renderer)
     texts: list[str | None] = []
     for conversation in conversations:
         try:
-            texts.append(str(render(_vllm_parsed(conversation), None, add_generation_prompt=False)))
+            texts.append(str(render(vllm_messages(conversation, images=True), None, add_generation_prompt=False)))
         except Exception:  # noqa: BLE001 - a template's own error: the server refuses the request
             texts.append(None)
     encoded = iter(context.tokenizer.encode_batch([text for text in texts if text is not None]))
     return [None if text is None else np.asarray(next(encoded), dtype=np.int64) for text in texts]
-
-
-def _vllm_parsed(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    parsed = []
-    for message in conversation:
-        content = [
-            {"type": "image"} if part["type"] == "image_url" else {"type": "text", "text": part["text"]}
-            for part in message["content"]
-        ]
-        turn: dict[str, Any] = {"role": message["role"], "content": content}
-        if message.get("reasoning_content") is not None:
-            turn["reasoning_content"] = message["reasoning_content"]
-        if message.get("tool_calls"):
-            turn["tool_calls"] = [
-                {**call, "function": {**call["function"], "arguments": _arguments(call["function"]["arguments"])}}
-                for call in message["tool_calls"]
-            ]
-        if message.get("tool_call_id") is not None:
-            turn["tool_call_id"] = message["tool_call_id"]
-        parsed.append(turn)
-    return parsed
-
-
-def _arguments(text: str | None) -> Any:
-    try:
-        return orjson.loads(text or "{}")
-    except orjson.JSONDecodeError:
-        return text
 
 
 def _image_counts(prompt: np.ndarray, entries: list[str], prompt_tokens: int | None,

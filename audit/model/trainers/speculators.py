@@ -90,21 +90,28 @@ class RenderRefused(ValueError):
     """A request vLLM's render endpoint answers with an error (HTTP 400)."""
 
 
-def vllm_messages(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages vLLM renders for a chat request (`parse_chat_messages`, text content only,
-    then `_postprocess_messages`: assistant tool-call arguments decoded from JSON)."""
+def vllm_messages(conversation: list[dict[str, Any]], images: bool = False) -> list[dict[str, Any]]:
+    """The messages vLLM renders for a chat request (`parse_chat_messages`, then
+    `_postprocess_messages`: assistant tool-call arguments decoded from JSON). Text content only,
+    the texts of a message joined; with `images` (a multimodal row speculators sends as
+    messages), a message holding an `image_url` part keeps its parts, each image one
+    `{"type": "image"}` the chat template writes its placeholder for."""
     parsed = []
     for source in conversation:
         content = source.get("content")
+        rendered: str | list[dict[str, str]]
         if content is None:
-            parts: list[str] = []
+            rendered = ""
         elif isinstance(content, str):
-            parts = [content]
+            rendered = content
+        elif images and isinstance(content, list) and any(_is_image_url(part) for part in content):
+            rendered = [{"type": "image"} if _is_image_url(part) else {"type": "text", "text": _text_part(part)}
+                        for part in content]
         elif isinstance(content, list):
-            parts = [_text_part(part) for part in content]
+            rendered = "\n".join(_text_part(part) for part in content)
         else:
             raise RenderRefused("message content must be a string, an array of parts, or null")
-        message: dict[str, Any] = {"role": source["role"], "content": "\n".join(parts)}
+        message: dict[str, Any] = {"role": source["role"], "content": rendered}
         if isinstance(source.get("name"), str):
             message["name"] = source["name"]
         if source["role"] == "assistant":
@@ -138,6 +145,10 @@ def vllm_messages(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     raise RenderRefused(f"tool-call arguments that are not JSON: {str(arguments)[:60]!r}") from None
                 function["arguments"] = decoded if decoded is not None else {}
     return parsed
+
+
+def _is_image_url(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "image_url"
 
 
 def _text_part(part: Any) -> str:
