@@ -28,7 +28,14 @@ from functools import lru_cache
 from pathlib import Path
 
 from audit.generate.conversations import Refused
-from audit.records.images import FETCH_MAX_BYTES, RAW_BASE64, ImageRead, fetch_image, image_bytes
+from audit.records.image_paths import path_inside
+from audit.records.images import (
+    FETCH_MAX_BYTES,
+    RAW_BASE64,
+    ImageRead,
+    fetch_image,
+    image_bytes,
+)
 
 IMAGES_FOLDER = "images"
 _SUFFIX = re.compile(r"\.[a-z0-9]{1,8}")
@@ -99,16 +106,9 @@ def _inline(reference: str, payload: str) -> PromptImage | str:
 
 
 def _file(folder: Path, reference: str) -> PromptImage | str:
-    root = folder.resolve()
-    try:
-        resolved = (folder / reference).resolve()
-    except (OSError, RuntimeError, ValueError):
-        return "a path that cannot be resolved (a symlink loop?)"
-    if not resolved.is_relative_to(root):
-        if Path(os.path.normpath(folder / reference)).is_relative_to(Path(os.path.normpath(folder))):
-            return (f"a symbolic link that leads outside the dataset's folder {folder}: refused, never opened; "
-                    "copy the image into the folder")
-        return f"a path that leads outside the dataset's folder {folder}: refused, never opened"
+    resolved = path_inside(folder, reference, f"the dataset's folder {folder}", os.path.isabs(reference))
+    if isinstance(resolved, str):
+        return resolved
     data = _bytes(resolved)
     if isinstance(data, str):
         return data

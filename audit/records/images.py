@@ -27,6 +27,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 
 from audit.model.families.vision import ResolvedVision, image_tokens, server_counts
+from audit.records.image_paths import path_inside
 from audit.records.png_size import png_pixels_short
 
 # `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
@@ -102,18 +103,9 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
 
 
 def _from_file(folder: str, entry: str, absolute: bool = False) -> ImageRead:
-    root = Path(folder).resolve()
-    path = Path(folder) / entry
-    try:
-        resolved = path.resolve()
-    except (OSError, RuntimeError):
-        return ImageRead(problem="a path that cannot be resolved (a symlink loop?)")
-    if not resolved.is_relative_to(root):
-        if absolute:
-            return ImageRead(problem="an absolute path outside the data file's folder: refused, never opened; give a path relative to the folder")
-        if Path(os.path.normpath(path)).is_relative_to(Path(os.path.normpath(folder))):
-            return ImageRead(problem="a symbolic link that leads outside the data file's folder: refused, never opened; copy the image into the folder")
-        return ImageRead(problem="a path that leads outside the data file's folder: refused, never opened")
+    resolved = path_inside(Path(folder), entry, "the data file's folder", absolute)
+    if isinstance(resolved, str):
+        return ImageRead(problem=resolved)
     try:
         status = resolved.stat()
     except FileNotFoundError:
