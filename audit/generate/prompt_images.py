@@ -18,7 +18,6 @@ reads it; one copy per distinct image). URLs and data: URIs are sent and kept as
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import mimetypes
 import os
@@ -35,6 +34,7 @@ from audit.records.images import (
     ImageRead,
     fetch_image,
     image_bytes,
+    inline_bytes,
 )
 
 IMAGES_FOLDER = "images"
@@ -80,27 +80,23 @@ class ImageIntake:
         if lowered.startswith(("http://", "https://")):
             if not self.fetch:
                 return PromptImage(reference, "url", None)
-            digest = _fetched_digest(reference)
-            return digest[1:] if digest.startswith("!") else PromptImage(reference, "url", digest)
+            digest, problem = _fetched_digest(reference)
+            return problem if problem is not None else PromptImage(reference, "url", digest)
         if lowered.startswith("data:"):
-            header, comma, payload = reference.partition(",")
-            if not comma or not header.lower().endswith(";base64"):
-                return "a data: URI that is not base64 (SGLang decodes base64 images only)"
-            return _inline(reference, payload)
+            return _inline(reference)
         if "://" in reference[:16] or lowered.startswith("file:"):
             return "a URL of a kind not sent: give a path relative to the dataset's folder, an http(s) URL or a data: URI"
         if RAW_BASE64.fullmatch(reference) and not (self.folder / reference).is_file():
-            return _inline(reference, reference)
+            return _inline(reference)
         if reference.startswith("\\") or (len(reference) > 1 and reference[1] == ":"):
             return "an absolute Windows path: give a path relative to the dataset's folder"
         return _file(self.folder, reference)
 
 
-def _inline(reference: str, payload: str) -> PromptImage | str:
-    try:
-        data = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        return "base64 that does not decode"
+def _inline(reference: str) -> PromptImage | str:
+    data = inline_bytes(reference)
+    if isinstance(data, str):
+        return data
     problem = image_bytes(data).problem
     return problem if problem else PromptImage(reference, "inline", hashlib.sha256(data).hexdigest())
 
@@ -128,13 +124,13 @@ def _bytes(path: Path) -> bytes | str:
 
 
 @lru_cache(maxsize=4096)
-def _fetched_digest(url: str) -> str:
-    """The sha256 of the image at `url`, fetched once a process; "!" and why when there is none."""
+def _fetched_digest(url: str) -> tuple[str | None, str | None]:
+    """(the sha256 of the image at `url`, None) fetched once a process, or (None, why not)."""
     fetched = fetch_image(url)
     if isinstance(fetched, ImageRead):
-        return "!" + (fetched.problem or fetched.unchecked or "could not be fetched")
+        return None, fetched.problem or fetched.unchecked or "could not be fetched"
     problem = image_bytes(fetched).problem
-    return "!" + problem if problem else hashlib.sha256(fetched).hexdigest()
+    return (None, problem) if problem else (hashlib.sha256(fetched).hexdigest(), None)
 
 
 def _excerpt(reference: str) -> str:

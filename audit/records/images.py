@@ -84,13 +84,13 @@ def read_image(entry: str, source: ImageSource) -> ImageRead:
             return _fetched(entry)
         return ImageRead(unchecked="a remote URL: not fetched (--fetch-images fetches it), so its size and content were not checked")
     if lowered.startswith("data:"):
-        return _from_data_uri(entry)
+        return _inline(entry)
     if lowered.startswith("file://"):  # SGLang reads it as the absolute path it names
         entry = unquote(urlparse(entry).path)
         if not entry.startswith("/"):
             return ImageRead(problem="a file: URL with no absolute path")
     elif RAW_BASE64.fullmatch(entry) and not (source.folder is not None and (source.folder / entry).is_file()):
-        return _decoded(entry)  # SGLang decodes any other string as base64
+        return _inline(entry)  # SGLang decodes any other string as base64
     elif "://" in entry[:16] or lowered.startswith("file:"):
         return ImageRead(problem="a URL of a kind the audit does not read: give a path relative to the data file's folder, an http(s) URL or a data: URI")
     if source.folder is None:
@@ -161,21 +161,26 @@ def fetch_image(url: str) -> bytes | ImageRead:
     return data
 
 
-def _from_data_uri(entry: str) -> ImageRead:
-    header, comma, payload = entry.partition(",")
-    if not comma:
-        return ImageRead(problem="a data: URI with no ',' before its data")
-    if not header.lower().endswith(";base64"):
-        return ImageRead(problem="a data: URI that is not base64 (SGLang decodes base64 images only)")
-    return _decoded(payload, "a data: URI whose base64 does not decode")
+def _inline(entry: str) -> ImageRead:
+    data = inline_bytes(entry)
+    return ImageRead(problem=data) if isinstance(data, str) else image_bytes(data)
 
 
-def _decoded(payload: str, problem: str = "base64 that does not decode") -> ImageRead:
+def inline_bytes(entry: str) -> bytes | str:
+    """The bytes an inline image holds (a `data:` URI, or bare base64, which SGLang decodes as
+    one), or why there are none."""
+    payload, problem = entry, "base64 that does not decode"
+    if entry[:5].lower() == "data:":
+        header, comma, payload = entry.partition(",")
+        if not comma:
+            return "a data: URI with no ',' before its data"
+        if not header.lower().endswith(";base64"):
+            return "a data: URI that is not base64 (SGLang decodes base64 images only)"
+        problem = "a data: URI holding base64 that does not decode"
     try:
-        data = base64.b64decode(payload, validate=True)
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        return ImageRead(problem=problem)
-    return image_bytes(data)
+        return problem
 
 
 def image_bytes(data: bytes) -> ImageRead:
