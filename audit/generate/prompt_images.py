@@ -105,11 +105,24 @@ def _file(folder: Path, reference: str) -> PromptImage | str:
     resolved = path_inside(folder, reference, f"the dataset's folder {folder}", os.path.isabs(reference))
     if isinstance(resolved, str):
         return resolved
-    data = _bytes(resolved)
+    try:
+        status = resolved.stat()
+    except OSError:
+        status = None  # `_bytes` says why
+    digest, problem = _file_digest(str(resolved), *((status.st_size, status.st_mtime_ns) if status else (-1, -1)))
+    return problem if problem is not None else PromptImage(reference, "file", digest, resolved)
+
+
+@lru_cache(maxsize=4096)
+def _file_digest(path: str, size: int, mtime_ns: int) -> tuple[str | None, str | None]:
+    """(the sha256 of the image file, None) or (None, why it is none). Cached by path, size and
+    time of change, as the audit's reader is: an image many prompts send, and the same prompts
+    read again by the run after its summary, are read and hashed once."""
+    data = _bytes(Path(path))
     if isinstance(data, str):
-        return data
+        return None, data
     problem = image_bytes(data).problem
-    return problem if problem else PromptImage(reference, "file", hashlib.sha256(data).hexdigest(), resolved)
+    return (None, problem) if problem else (hashlib.sha256(data).hexdigest(), None)
 
 
 def _bytes(path: Path) -> bytes | str:
