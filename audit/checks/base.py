@@ -252,6 +252,8 @@ def findings_frame(
     rows: Sequence[int], positions: Sequence[int | None], messages: Sequence[str]
 ) -> pl.DataFrame:
     """Findings built from Python lists (for rules whose last step is per flagged record)."""
+    if not len(rows):
+        return _NO_FINDINGS  # most blocks, for most rules: no frame built
     return pl.DataFrame({"row": rows, "position": positions, "message": messages}, schema=FINDING_COLUMNS)
 
 

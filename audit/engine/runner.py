@@ -141,6 +141,8 @@ def audit_blocks(
         parsed = parse_block(block, keep_source=keep_source)
         lines = block.last_line
         read += block.nbytes
+        # The raw lines are not read again: freed before the rules' working memory is taken.
+        del block
         records += parsed.records.height + len(parsed.rejected) + len(parsed.raised)
         found_here = [_rejected_findings(parsed.rejected, rule_set)]
         batch = Batch(parsed.records, context, parsed.source_prompts)

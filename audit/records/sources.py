@@ -129,8 +129,11 @@ def chunk_blocks(
         if digest is not None:
             digest.update(chunk)
         # Split where the chunk is (no copy of it): the line it starts with continues the last
-        # chunk's, the part after its last newline waits for the next.
+        # chunk's, the part after its last newline waits for the next. The chunk itself is let
+        # go: while its block is audited, this generator holds none of its bytes.
+        chunk_size = len(chunk)
         lines = chunk.split(b"\n")
+        del chunk
         tail = lines.pop()
         if carried and not lines:  # no newline here: the carried line goes on
             carried += len(tail)
@@ -138,10 +141,10 @@ def chunk_blocks(
                 pieces.append(tail)
             else:
                 pieces.clear()
-            at += len(chunk)
+            at += chunk_size
             continue
         # A line wholly inside the chunk may be over the limit too (a chunk larger than it).
-        long = dict(_long_lines(lines, next_line, at, continued=carried > 0)) if len(chunk) > limit else {}
+        long = dict(_long_lines(lines, next_line, at, continued=carried > 0)) if chunk_size > limit else {}
         if carried:
             size = carried + len(lines[0])
             if size > limit:
@@ -149,13 +152,15 @@ def chunk_blocks(
                 lines[0] = b""
             else:
                 lines[0] = b"".join([*pieces, lines[0]])
-        carried, carry_at = len(tail), at + len(chunk) - len(tail)
+        carried, carry_at = len(tail), at + chunk_size - len(tail)
         pieces = [tail] if carried <= limit else []
-        at += len(chunk)
-        for begin in range(0, len(lines), MAX_BLOCK_LINES):
-            part = lines[begin : begin + MAX_BLOCK_LINES]
-            end = next_line + len(part)
-            yield LineBlock(next_line, part, long_lines={k: v for k, v in long.items() if next_line <= k < end})
+        at += chunk_size
+        parts = [lines[begin : begin + MAX_BLOCK_LINES] for begin in range(0, len(lines), MAX_BLOCK_LINES)]
+        del lines
+        while parts:
+            end = next_line + len(parts[0])
+            # Given away, not kept: a block's lines are freed as soon as its reader drops them.
+            yield LineBlock(next_line, parts.pop(0), long_lines={k: v for k, v in long.items() if next_line <= k < end})
             next_line = end
     if carried > limit:
         yield LineBlock(next_line, [b""], last_unterminated=True, long_lines={next_line: LongLine(carry_at, carried)})

@@ -113,14 +113,18 @@ class ByteDecoder:
         ids, table, lengths, starts = flat.values, self.table, self.lengths, self.starts
         if not self.covers(ids):
             ids, table, lengths, starts = self._guarded(ids)
-        token_lengths = lengths[ids]
-        ends = np.cumsum(token_lengths)
+        # 32-bit indexes when the table allows: half the memory traffic of the gathers, and of
+        # what a block's decode holds at once (the per-id lengths; their running sum is 64-bit).
+        index_type = np.int32 if len(table) < 1 << 31 else np.int64
+        token_lengths = lengths.astype(index_type, copy=False)[ids]
+        ends = np.cumsum(token_lengths, dtype=np.int64)
         byte_offsets = np.zeros(len(flat) + 1, dtype=np.int64)
         if len(ids):
-            byte_offsets[1:] = np.concatenate([[0], ends])[flat.offsets[1:]]
+            # Each sequence's bytes end where its last token's do (an empty one where the one
+            # before it ends); no copy of `ends` with a leading zero.
+            last = flat.offsets[1:] - 1
+            byte_offsets[1:] = np.where(last >= 0, ends[np.maximum(last, 0)], 0)
         out = np.empty(int(ends[-1]) if len(ids) else 0, dtype=np.uint8)
-        # 32-bit indexes when the table allows: half the memory traffic of the gathers.
-        index_type = np.int32 if len(table) < 1 << 31 else np.int64
         starts = starts.astype(index_type, copy=False)
         for lo in range(0, len(ids), _DECODE_CHUNK_TOKENS):
             hi = min(lo + _DECODE_CHUNK_TOKENS, len(ids))
