@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from audit.checks.base import MAX_TOKEN_COUNT, Parameter, RecordRule, empty_findings, findings_frame
+from audit.model.tokens.flat_ids import is_in_few
 from audit.records.batch import Batch
 from audit.records.channels import harmony_messages
 from audit.records.expressions import truncated
@@ -86,7 +87,7 @@ def loop_periods(batch: Batch, span: int, max_period: int) -> np.ndarray:
     lengths = flat.lengths
     ends = flat.offsets[1:]
     last = flat.values[np.maximum(ends - 1, 0)] if len(flat.values) else np.zeros(len(lengths), np.int64)
-    ends_with_stop = (lengths > 0) & np.isin(last, np.array(batch.profile.stop_ids, dtype=np.int64))
+    ends_with_stop = (lengths > 0) & is_in_few(last, batch.profile.stop_ids)
     usable = lengths - ends_with_stop
     end = flat.offsets[:-1] + usable  # one past the last id of each usable tail, in the flat array
     periods = np.zeros(len(lengths), dtype=np.int64)
@@ -155,17 +156,20 @@ class SegmentTooShort(RecordRule):
             "answer": (pl.col("answer_start"), pl.col("answer_end")),
         }
         reached = pl.col("answer_start").is_not_null()
+        # The records judged, as a mask: a filtered frame would copy every output's ids (a
+        # block's worth of memory) to keep the few that may be short.
         frame = (
             pl.concat([batch.records.select("output_ids", "finish_type"), bounds], how="horizontal")
             .with_row_index("row")
-            .filter(_finished() & reached)
         )
+        judged = _finished() & reached
         minimum = self._minimum()
         limits = {name: minimum[name] + _WHITESPACE_SLACK for name in segments}
         # Only segments that may be short are cut out of the output (not every output copied):
         # by their bounds, or whose end is open or past the output's.
         may_be_short = {
-            name: begin.is_not_null()
+            name: judged
+            & begin.is_not_null()
             & (stop_at.is_null() | (stop_at - begin < limits[name]) | (stop_at > output.list.len()))
             for name, (begin, stop_at) in segments.items()
         }

@@ -12,7 +12,7 @@ import polars as pl
 
 from audit.checks.base import ToolCallRule
 from audit.records.batch import Batch
-from audit.records.response import answer_text, response_bounds
+from audit.records.response import answer_text, bound_or, response_bounds
 
 if TYPE_CHECKING:
     from audit.model.tokens.tokenizer import Tokenizer
@@ -51,7 +51,7 @@ class ToolMarkerAsText(ToolCallRule):
         # marker index, not a scan of every id per marker.
         markers = batch.markers
         bounds = response_bounds(batch)
-        answer_from = bounds["answer_start"].fill_null(pl.Series(batch.output_flat.lengths)).to_numpy()
+        answer_from = bound_or(batch, "answer_start", batch.output_flat.lengths)
         counts = [
             pl.Series(f"_ids_{role}", markers.count([token_id]), dtype=pl.Int64)
             for role, token_id in batch.profile.tool_markers.items()

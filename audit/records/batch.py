@@ -219,6 +219,8 @@ class Batch:
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
         texts = text_column("decoded_output", *self._decoded)
+        # The decoded bytes are not read again once the column holds the texts: let them go.
+        self.__dict__["_decoded"] = (self._decoded[0], None)
         if len(self.decodable_rows) == self.height:
             return texts
         full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)

@@ -25,21 +25,33 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
+from functools import cache
 
 import numpy as np
 import polars as pl
 
 from audit.model.calls.call_formats import ROLE_LETTERS
 from audit.model.calls.call_readers import ToolCall
-from audit.model.tokens.flat_ids import ABSENT, FlatIds, absent_as_null
+from audit.model.tokens.flat_ids import ABSENT, FlatIds, absent_as_null, is_in_few
 from audit.model.tokens.token_text import tokens_at
 from audit.records.batch import Batch
 from audit.records.call_arguments import CALLS_SCHEMA, ReadCall, judge_calls
-from audit.records.response import answer_text, response_bounds
+from audit.records.response import answer_text, bound_or, response_bounds
 
 # Text found between two markers of a call block where the family's template writes nothing but
 # whitespace (between calls, after a section begin, before a section end).
 STRAY_SCHEMA: dict[str, pl.DataType] = {"row": pl.UInt32(), "position": pl.Int64(), "text": pl.String()}
+
+
+@cache
+def _no_calls() -> pl.DataFrame:
+    """The calls of a batch with none (shared: frames are never changed in place)."""
+    return pl.DataFrame(schema=CALLS_SCHEMA)
+
+
+@cache
+def _no_stray() -> pl.DataFrame:
+    return pl.DataFrame(schema=STRAY_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,7 @@ class ToolCallView:
     first_marker: pl.Series  # per record: index in output_ids of the answer's first marker, or null
     calls: pl.DataFrame  # CALLS_SCHEMA, calls of grammar-valid records only
     # STRAY_SCHEMA: text between two markers where the template writes none (grammar-valid records)
-    stray: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=STRAY_SCHEMA))
+    stray: pl.DataFrame = field(default_factory=_no_stray)
 
     @property
     def per_record(self) -> pl.Series:
@@ -92,13 +104,11 @@ class _AnswerMarkers:
 
 
 def _answer_markers(batch: Batch) -> _AnswerMarkers:
-    bounds = response_bounds(batch)
     length = batch.output_flat.lengths
-    answer_from = bounds["answer_start"].fill_null(pl.Series(length)).to_numpy().astype(np.int64)
-    answer_end = bounds["answer_end"].fill_null(pl.Series(length)).to_numpy().astype(np.int64)
+    answer_from = bound_or(batch, "answer_start", length)
+    answer_end = bound_or(batch, "answer_end", length)
     index = batch.markers
-    tool_ids = np.array(list(batch.profile.tool_markers.values()), dtype=np.int64)
-    keep = np.isin(index.id, tool_ids)
+    keep = is_in_few(index.id, batch.profile.tool_markers.values())
     keep[keep] = index.position[keep] >= answer_from[index.row[keep]]
     return _AnswerMarkers(
         row=index.row[keep],
@@ -141,20 +151,22 @@ def _view(batch: Batch) -> ToolCallView:
     first_marker = np.full(height, ABSENT, dtype=np.int64)
     first_marker[found.row[starts]] = found.position[starts]
     letter_series = pl.Series("letters", letters, dtype=pl.String)
-    empty_series = pl.Series("empty_head", empty_head, dtype=pl.Boolean)
-    grammar_ok = letter_series.str.contains(f"^(?:{fmt.grammar})$") & ~empty_series
-    prefix_ok = letter_series.str.contains(f"^(?:{fmt.cut_grammar})$") & ~empty_series
+    # Each distinct string of letters matched once (most answers hold none: ""), by the
+    # grammar compiled once a process.
+    grammar_ok = _matching(letters, fmt.grammar) & ~empty_head
+    prefix_ok = _matching(letters, fmt.cut_grammar) & ~empty_head
     view = ToolCallView(
         letters=letter_series,
-        grammar_ok=grammar_ok.alias("grammar_ok"),
-        prefix_ok=prefix_ok.alias("prefix_ok"),
-        empty_head=empty_series,
+        grammar_ok=pl.Series("grammar_ok", grammar_ok, dtype=pl.Boolean),
+        prefix_ok=pl.Series("prefix_ok", prefix_ok, dtype=pl.Boolean),
+        empty_head=pl.Series("empty_head", empty_head, dtype=pl.Boolean),
         first_marker=absent_as_null(first_marker, "first_marker"),
-        calls=pl.DataFrame(schema=CALLS_SCHEMA),
+        calls=_no_calls(),
     )
     # A record holding an id the tokenizer lacks has no text to read (INT003 names the id); its
     # markers' order is judged above all the same.
-    with_calls = np.flatnonzero(grammar_ok.to_numpy() & (letter_series != "").to_numpy() & batch.decodable.to_numpy())
+    has_letters = np.fromiter(map(bool, letters), dtype=bool, count=height)
+    with_calls = np.flatnonzero(grammar_ok & has_letters & batch.decodable.to_numpy())
     if not len(with_calls):
         return view
     read = _read_calls if fmt.unit == "call" else _read_answers
@@ -162,12 +174,25 @@ def _view(batch: Batch) -> ToolCallView:
     return replace(view, calls=judge_calls(batch, read(batch, called)), stray=_stray_text(batch, called))
 
 
+@cache
+def _grammar(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def _matching(letters: list[str], pattern: str) -> np.ndarray:
+    """Per record: do its role letters match `pattern` whole? (The grammars hold letters,
+    groups, repeats and `|` only: Python's regex and polars' read them alike.)"""
+    compiled = _grammar(pattern)
+    matched = {text: compiled.fullmatch(text) is not None for text in set(letters)}
+    return np.fromiter((matched[text] for text in letters), dtype=bool, count=len(letters))
+
+
 def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
     """Text between consecutive markers whose roles the format keeps apart by whitespace only
     (`ToolCallFormat.blank_between`): decoded in one batch, the gaps that hold more."""
     fmt = batch.profile.tool_call_spec.format
     if not fmt.blank_between or len(found.row) < 2:
-        return pl.DataFrame(schema=STRAY_SCHEMA)
+        return _no_stray()
     roles = _role_letters(batch, found)
     pairs = np.array([a + b for a, b in zip(roles[:-1], roles[1:], strict=True)])
     gap = (
@@ -176,7 +201,7 @@ def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
         & np.isin(pairs, list(fmt.blank_between))
     )
     if not gap.any():
-        return pl.DataFrame(schema=STRAY_SCHEMA)
+        return _no_stray()
     ends = found.position[:-1] + batch.profile.widths(found.id[:-1])  # after each marker, sequences whole
     gap &= found.position[1:] > ends
     rows, after, before = found.row[:-1][gap], ends[gap], found.position[1:][gap]
@@ -347,5 +372,5 @@ def _text_view(batch: Batch) -> ToolCallView:
         prefix_ok=letter_series.str.contains(f"^(?:{fmt.cut_grammar})$").alias("prefix_ok"),
         empty_head=pl.Series("empty_head", [False] * batch.height, dtype=pl.Boolean),
         first_marker=pl.Series("first_marker", first_marker, dtype=pl.Int64),
-        calls=judge_calls(batch, read) if read else pl.DataFrame(schema=CALLS_SCHEMA),
+        calls=judge_calls(batch, read) if read else _no_calls(),
     )

@@ -171,6 +171,8 @@ def record_contract(tokenizer: Tokenizer) -> RecordContract:
 
 
 FAILURES_SCHEMA = {"row": pl.UInt32, "problem": pl.String, "column": pl.String}
+# Frames are never changed in place: every block without a failure shares this one.
+_NO_FAILURES = pl.DataFrame(schema=FAILURES_SCHEMA)
 
 
 def contract_failures(contract: RecordContract, records: pl.DataFrame) -> pl.DataFrame:
@@ -182,13 +184,14 @@ def contract_failures(contract: RecordContract, records: pl.DataFrame) -> pl.Dat
     (`audit.records.reader.RECORD_COLUMNS`): no rule reports them.
     """
     if records.is_empty():
-        return pl.DataFrame(schema=FAILURES_SCHEMA)
-    passed = records.select(
+        return _NO_FAILURES
+    checks = [
         check.expression(pl.col(check.column)).fill_null(False).alias(str(index))
         for index, check in enumerate(contract.checks)
-    )
-    if passed.select(pl.all_horizontal(pl.all()).all()).item():
-        return pl.DataFrame(schema=FAILURES_SCHEMA)  # nearly every block
+    ]
+    if records.select(pl.all_horizontal(checks).all()).item():
+        return _NO_FAILURES  # nearly every block: one query
+    passed = records.select(checks)
     found = [pl.DataFrame(schema=FAILURES_SCHEMA)]
     for index, check in enumerate(contract.checks):
         rows = passed.get_column(str(index)).not_().arg_true()

@@ -208,39 +208,40 @@ def _frame(lines: list[int], values: list[dict[str, Any]], *, keep_source: bool)
         return ids_column(name, [value.get(name) for value in values])
 
     given_input, given_prompt = ids("input_ids"), ids("prompt_ids")
+    if given_prompt.null_count() == len(given_prompt):  # nearly always: no `prompt_ids`
+        input_ids = given_input.alias("input_ids")
+    else:
+        input_ids = pl.select(pl.coalesce(given_input, given_prompt).alias("input_ids")).to_series()
     matched = finish("matched")
-    columns = [
-        pl.Series("line", lines, dtype=pl.UInt32()),
-        pl.Series("id", [_text(value.get("id")) for value in values], dtype=pl.String()),
-        given_input.alias("_input_ids"),
-        ids("output_ids"),
-        pl.Series("text", [value.get("text") for value in values], dtype=pl.String()),
-        pl.Series("has_meta", [m is not None for m in metas], dtype=pl.Boolean()),
-        pl.Series("finish_type", finish("type"), dtype=pl.String()),
-        pl.Series("finish_matched", [_text(v) for v in matched], dtype=pl.String()),
-        pl.Series("finish_matched_id", [None if isinstance(v, str) else v for v in matched], dtype=pl.Int64()),
-        pl.Series("finish_length", finish("length"), dtype=pl.Int64(), strict=True),
-        pl.Series("finish_message", finish("message"), dtype=pl.String()),
-        pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
-        pl.Series("completion_tokens", meta("completion_tokens"), dtype=pl.Int64(), strict=True),
+    columns = {
+        "line": pl.Series("line", lines, dtype=pl.UInt32()),
+        "id": pl.Series("id", [_text(value.get("id")) for value in values], dtype=pl.String()),
+        "input_ids": input_ids,
+        "output_ids": ids("output_ids"),
+        "text": pl.Series("text", [value.get("text") for value in values], dtype=pl.String()),
+        "has_meta": pl.Series("has_meta", [m is not None for m in metas], dtype=pl.Boolean()),
+        "finish_type": pl.Series("finish_type", finish("type"), dtype=pl.String()),
+        "finish_matched": pl.Series("finish_matched", [_text(v) for v in matched], dtype=pl.String()),
+        "finish_matched_id": pl.Series(
+            "finish_matched_id", [None if isinstance(v, str) else v for v in matched], dtype=pl.Int64()
+        ),
+        "finish_length": pl.Series("finish_length", finish("length"), dtype=pl.Int64(), strict=True),
+        "finish_message": pl.Series("finish_message", finish("message"), dtype=pl.String()),
+        "prompt_tokens": pl.Series("prompt_tokens", meta("prompt_tokens"), dtype=pl.Int64(), strict=True),
+        "completion_tokens": pl.Series("completion_tokens", meta("completion_tokens"), dtype=pl.Int64(), strict=True),
         # One string is one image, as SGLang's GenerateReqInput.image_data takes it.
-        pl.Series("image_data", [_listed(value.get("image_data")) for value in values], dtype=pl.List(pl.String())),
-        pl.Series(
+        "image_data": pl.Series(
+            "image_data", [_listed(value.get("image_data")) for value in values], dtype=pl.List(pl.String())
+        ),
+        "source": pl.Series(
             "source",
             [source_prompt(value) for value in values] if keep_source else [None] * len(values),
             dtype=pl.String(),
         ),
-        # Kept until the id policy has looked at it (`_apply_id_policy`).
-        given_prompt.alias("_prompt_ids"),
-    ]
-    frame = pl.DataFrame(columns)
-    return frame.select(
-        *[
-            pl.coalesce("_input_ids", "_prompt_ids").alias(name) if name == "input_ids" else pl.col(name)
-            for name in RECORD_COLUMNS
-        ],
-        "_prompt_ids",
-        "_input_ids",
+    }
+    # The given lists are kept until the id policy has looked at them (`_apply_id_policy`).
+    return pl.DataFrame(
+        [*(columns[name] for name in RECORD_COLUMNS), given_prompt.alias("_prompt_ids"), given_input.alias("_input_ids")]
     )
 
 
@@ -255,6 +256,18 @@ def _first_bad_id(column: str) -> pl.Expr:
     return pl.col(column).list.eval(pl.arg_where(bad).first()).list.first()
 
 
+def _ids_within_policy(column: pl.Series) -> bool:
+    """Is every id of every list in the column an integer in [0, 2**32)? One pass over the
+    block's ids (the lists' own buffer, not a query per list); a null list is fine here."""
+    values = column.explode(empty_as_null=False, keep_nulls=False)
+    if values.is_empty():
+        return True
+    if values.null_count():
+        return False
+    low, high = values.min(), values.max()
+    return isinstance(low, int) and isinstance(high, int) and low >= 0 and high < TOKEN_ID_LIMIT
+
+
 def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[RejectedLine]]:
     """Records whose id lists hold a null, a negative id or one >= 2**32 leave the frame as contract problems.
 
@@ -264,6 +277,10 @@ def _apply_id_policy(records: pl.DataFrame) -> tuple[pl.DataFrame, list[Rejected
     """
     if records.is_empty():
         return records.drop("_prompt_ids", "_input_ids", strict=False), []
+    if records["_prompt_ids"].null_count() == records.height and all(
+        _ids_within_policy(records[column]) for column in ("_input_ids", "output_ids")
+    ):
+        return records.drop("_prompt_ids", "_input_ids"), []  # nearly every block: no query
     checks = []
     for column in ("_input_ids", "_prompt_ids", "output_ids"):
         ids = pl.col(column)

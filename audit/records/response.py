@@ -97,6 +97,21 @@ def response_bounds(batch: Batch) -> pl.DataFrame:
     return batch.shared(_bounds)
 
 
+def bound(batch: Batch, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: the bound `name` (a column of `response_bounds` but `reasoning`) and where it
+    is known (null there), as the numpy the bounds are computed in."""
+    values, known = batch.shared(_bound_arrays)[name]
+    return values, known
+
+
+def bound_or(batch: Batch, name: str, default: np.ndarray | int) -> np.ndarray:
+    """Per record: the bound `name` (a column of `response_bounds` but `reasoning`), or `default`
+    where it is not known (null there); int64, read from the numpy the bounds are computed in
+    (no polars query)."""
+    values, known = bound(batch, name)
+    return np.where(known, values, default).astype(np.int64, copy=False)
+
+
 def _first(markers: MarkerIndex, token_ids: Sequence[int | None]) -> np.ndarray:
     wanted = [i for i in token_ids if i is not None]
     return markers.first(wanted) if wanted else np.full(markers.sequences, ABSENT, dtype=np.int64)
@@ -108,6 +123,22 @@ def stop_run(batch: Batch) -> np.ndarray:
 
 
 def _bounds(batch: Batch) -> pl.DataFrame:
+    arrays = batch.shared(_bound_arrays)
+    state = arrays["reasoning"][0]
+    return pl.DataFrame(
+        [
+            pl.Series("reasoning", np.array(REASONING_STATES)[state], dtype=pl.String).cast(REASONING),
+            *(_known(name, *arrays[name]) for name in _BOUND_COLUMNS),
+        ]
+    )
+
+
+# The bounds' Int64 columns, in `BOUNDS_SCHEMA`'s order after `reasoning`.
+_BOUND_COLUMNS = ("reasoning_start", "reasoning_end", "response_at", "tool_entry", "answer_start", "answer_end")
+
+
+def _bound_arrays(batch: Batch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The bounds as numpy: per column (values, known), and `reasoning` as (state indexes, all known)."""
     profile = batch.profile
     markers = batch.markers
     # The scans over every id come from the batch's marker index (one look-up over the flat
@@ -153,17 +184,15 @@ def _bounds(batch: Batch) -> pl.DataFrame:
     # The greater of the two that are known (polars' max_horizontal).
     answer_end = np.where(present & has_answer_start, np.maximum(end, answer_start), np.where(present, end, answer_start))
     has_answer_end = present | has_answer_start
-    return pl.DataFrame(
-        [
-            pl.Series("reasoning", np.array(REASONING_STATES)[state], dtype=pl.String).cast(REASONING),
-            _known("reasoning_start", start, has_start),
-            _known("reasoning_end", reasoning_end, has_reasoning_end),
-            _known("response_at", close, has_close),
-            _known("tool_entry", entry, has_entry),
-            _known("answer_start", answer_start, has_answer_start),
-            _known("answer_end", answer_end, has_answer_end),
-        ]
-    )
+    return {
+        "reasoning": (state, np.ones(len(state), dtype=bool)),
+        "reasoning_start": (start, has_start),
+        "reasoning_end": (reasoning_end, has_reasoning_end),
+        "response_at": (close, has_close),
+        "tool_entry": (entry, has_entry),
+        "answer_start": (answer_start, has_answer_start),
+        "answer_end": (answer_end, has_answer_end),
+    }
 
 
 def _known(name: str, values: np.ndarray, known: np.ndarray) -> pl.Series:

@@ -29,7 +29,7 @@ from audit.model.tokens.tokenizer import Tokenizer
 from audit.records.batch import Batch
 from audit.records.call_view import tool_call_view
 from audit.records.channels import harmony_messages
-from audit.records.response import response_bounds
+from audit.records.response import bound, bound_or, response_bounds
 
 SEGMENT_PROMPT = "prompt"
 SEGMENT_REASONING = "reasoning"
@@ -145,14 +145,14 @@ def record_summary(batch: Batch) -> pl.DataFrame:
         calls = pl.repeat(0, batch.height, dtype=pl.UInt32, eager=True)
     elif spec.format.unit == "call" and "call_begin" in markers:
         # The call begins in the answer, from the batch's marker index (a begin may be a sequence).
-        start = bounds["answer_start"].fill_null(pl.Series(batch.output_flat.lengths)).to_numpy()
+        start = bound_or(batch, "answer_start", batch.output_flat.lengths)
         calls = pl.Series("tool_calls", batch.markers.count([markers["call_begin"]], since=start))
     else:
         calls = tool_call_view(batch).per_record
     return pl.DataFrame(
         {
             "response_at": bounds["response_at"],
-            "tool_calls": calls.fill_null(0).cast(pl.UInt32),
+            "tool_calls": (calls.fill_null(0) if calls.null_count() else calls).cast(pl.UInt32),
             "thinking": _thinking(batch, bounds),
         }
     )
@@ -171,8 +171,10 @@ def _thinking(batch: Batch, bounds: pl.DataFrame) -> pl.Series:
     that can be switched off)."""
     if batch.profile.think_start is None and batch.profile.profile.think_end is None:
         return pl.repeat(None, batch.height, dtype=pl.Boolean, eager=True)
-    start = bounds["reasoning_start"].fill_null(0).to_numpy()
-    length = (bounds["reasoning_end"] - bounds["reasoning_start"]).fill_null(0).to_numpy()
+    start, has_start = bound(batch, "reasoning_start")
+    end, has_end = bound(batch, "reasoning_end")
+    start = np.where(has_start, start, 0)
+    length = np.where(has_start & has_end, end - start, 0)
     thinking = length >= _SURELY_THOUGHT
     short = np.flatnonzero((length > 0) & (length < _SURELY_THOUGHT))
     if len(short):
@@ -181,7 +183,8 @@ def _thinking(batch: Batch, bounds: pl.DataFrame) -> pl.Series:
         segments = [flat.values[a : a + n].tolist() for a, n in zip(first, length[short], strict=True)]
         thinking[short] = np.asarray(nonblank_counts(batch, segments)) > 0
     present = batch.output_present
-    return pl.Series("thinking", thinking, dtype=pl.Boolean).set(pl.Series(~present), None)
+    column = pl.Series("thinking", thinking, dtype=pl.Boolean)
+    return column if present.all() else column.set(pl.Series(~present), None)
 
 
 def nonblank_counts(batch: Batch, segments: Sequence[Sequence[int]]) -> list[int]:
@@ -236,13 +239,12 @@ def _tool_spans(batch: Batch) -> pl.DataFrame:
         ).select("row", pl.lit(SEGMENT_TOOL_CALLS).alias("segment"), "start", "end").cast(pl.Schema(SPANS_SCHEMA))
     opening = markers.get("section_begin", markers.get("call_begin"))
     closing = markers.get("section_end", markers.get("call_end"))
-    bounds = response_bounds(batch)
     # The marker view: an opening or closing marker written as a sequence is one id there.
     flat = batch.marker_flat
     lengths, offsets, values = flat.lengths, flat.offsets, flat.values
     owner = np.repeat(np.arange(len(lengths)), lengths)
     position = np.arange(len(values), dtype=np.int64) - offsets[owner]
-    answer_from = bounds["answer_start"].fill_null(pl.Series(lengths)).to_numpy().astype(np.int64)
+    answer_from = bound_or(batch, "answer_start", lengths)
     in_answer = position >= answer_from[owner]
     opens = ((values == opening) & in_answer).astype(np.int64)
     closes = ((values == closing) & in_answer).astype(np.int64)

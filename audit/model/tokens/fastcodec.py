@@ -110,34 +110,40 @@ class ByteDecoder:
     def decode_bytes(self, flat: FlatIds) -> tuple[np.ndarray, np.ndarray]:
         """All sequences' bytes concatenated (uint8), and per-sequence byte offsets. Total: an id
         the table lacks (out of range, a hole) reads as U+FFFD."""
+        if len(flat.offsets) and (flat.offsets[0] != 0 or flat.offsets[-1] != len(flat.values)):
+            flat = FlatIds.slices(flat.values, flat.offsets[:-1], flat.offsets[1:])  # tiled from 0
         ids, table, lengths, starts = flat.values, self.table, self.lengths, self.starts
         if not self.covers(ids):
             ids, table, lengths, starts = self._guarded(ids)
         # 32-bit indexes when the table allows: half the memory traffic of the gathers, and of
-        # what a block's decode holds at once (the per-id lengths; their running sum is 64-bit).
+        # what a block's decode holds at once (the per-id lengths; the running sums are kept
+        # per sequence and per chunk, never per id).
         index_type = np.int32 if len(table) < 1 << 31 else np.int64
         token_lengths = lengths.astype(index_type, copy=False)[ids]
-        ends = np.cumsum(token_lengths, dtype=np.int64)
         byte_offsets = np.zeros(len(flat) + 1, dtype=np.int64)
         if len(ids):
-            # Each sequence's bytes end where its last token's do (an empty one where the one
-            # before it ends); no copy of `ends` with a leading zero.
-            last = flat.offsets[1:] - 1
-            byte_offsets[1:] = np.where(last >= 0, ends[np.maximum(last, 0)], 0)
-        out = np.empty(int(ends[-1]) if len(ids) else 0, dtype=np.uint8)
+            # The sequences tile the ids in order: each one's bytes, then their running sum.
+            firsts = flat.offsets[:-1]
+            nonempty = flat.offsets[1:] > firsts
+            totals = np.zeros(len(flat), dtype=np.int64)
+            totals[nonempty] = np.add.reduceat(token_lengths, firsts[nonempty], dtype=np.int64)
+            np.cumsum(totals, out=byte_offsets[1:])
+        out = np.empty(int(byte_offsets[-1]), dtype=np.uint8)
         starts = starts.astype(index_type, copy=False)
+        base = 0
         for lo in range(0, len(ids), _DECODE_CHUNK_TOKENS):
             hi = min(lo + _DECODE_CHUNK_TOKENS, len(ids))
             lens = token_lengths[lo:hi]
-            base = int(ends[lo - 1]) if lo else 0
-            chunk_total = int(ends[hi - 1]) - base
+            chunk_ends = np.cumsum(lens, dtype=np.int64)
+            chunk_total = int(chunk_ends[-1])
             if chunk_total == 0:
                 continue
             # Each output byte reads table[start of its token + its index inside the token].
-            token_out_start = (ends[lo:hi] - lens - base).astype(index_type)
+            token_out_start = (chunk_ends - lens).astype(index_type)
             index = np.repeat(starts[ids[lo:hi]] - token_out_start, lens)
             index += np.arange(chunk_total, dtype=index_type)
             out[base : base + chunk_total] = table[index]
+            base += chunk_total
         return out, byte_offsets
 
     def decode(self, flat: FlatIds) -> tuple[list[str | None], np.ndarray, np.ndarray]:

@@ -36,7 +36,9 @@ class FlatIds:
     def from_series(cls, series: pl.Series) -> FlatIds:
         """A polars list column without going through Python lists (a null list is empty;
         the reader leaves no null element in an id list)."""
-        lengths = series.list.len().fill_null(0).to_numpy().astype(np.int64, copy=False)
+        counts = series.list.len()
+        # (A Series' fill_null is a whole query: only where there is a null list.)
+        lengths = (counts.fill_null(0) if counts.null_count() else counts).to_numpy().astype(np.int64, copy=False)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
         values = series.explode(empty_as_null=False, keep_nulls=False).to_numpy()
@@ -66,7 +68,7 @@ class FlatIds:
     def ends_with(self, ids: Iterable[int]) -> np.ndarray:
         """Per sequence: is its last id one of `ids`? (False for an empty sequence)"""
         last = self.values[np.maximum(self.offsets[1:] - 1, 0)] if len(self.values) else np.zeros(len(self), np.int64)
-        return (self.lengths > 0) & np.isin(last, np.fromiter(ids, dtype=np.int64))
+        return (self.lengths > 0) & is_in_few(last, ids)
 
     def without_last(self, drop: np.ndarray) -> FlatIds:
         """Each sequence without its last id where `drop` (a boolean per sequence) is true."""
@@ -152,6 +154,19 @@ def view_of(ids: Sequence[int], sequences: dict[int, tuple[int, ...]]) -> tuple[
     return tuple(marker_view(FlatIds.from_sequences([ids]), sequences).values.tolist())
 
 
+def is_in_few(values: np.ndarray, ids: Iterable[int | None]) -> np.ndarray:
+    """`np.isin(values, ids)` for the handful of ids a profile names (markers, stop tokens): a
+    comparison per id, without `np.isin`'s sort and its fixed cost (most calls here are on a
+    block's few markers)."""
+    wanted = [int(i) for i in ids if i is not None]
+    if len(wanted) > 8:
+        return np.isin(values, np.asarray(wanted, dtype=np.int64))
+    found = np.zeros(len(values), dtype=bool)
+    for token_id in wanted:
+        found |= values == token_id
+    return found
+
+
 class MarkerIndex:
     """Every place where one of a few ids (a profile's markers) occurs in a `FlatIds`.
 
@@ -177,7 +192,7 @@ class MarkerIndex:
 
     def _hits(self, ids: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
         """(row, position) of the hits of `ids`, in order."""
-        keep = np.isin(self.id, np.fromiter((i for i in ids if i is not None), dtype=np.int64))
+        keep = is_in_few(self.id, ids)
         return self.row[keep], self.position[keep]
 
     def first(self, ids: Iterable[int]) -> np.ndarray:
@@ -221,5 +236,8 @@ class MarkerIndex:
 
 def absent_as_null(values: np.ndarray, name: str) -> pl.Series:
     """A `MarkerIndex` answer as an Int64 series, null where ABSENT."""
-    series = pl.Series(name, values, dtype=pl.Int64)
-    return series.set(series == ABSENT, None) if (values == ABSENT).any() else series
+    absent = values == ABSENT
+    if not absent.any():
+        return pl.Series(name, values, dtype=pl.Int64)
+    # Nulls from NaN in one constructor (exact: indexes and counts are far below 2**53).
+    return pl.Series(name, np.where(absent, np.nan, values), nan_to_null=True).cast(pl.Int64)
