@@ -162,14 +162,14 @@ def audit_blocks(
         if raised:
             found_here.append(_internal_findings(raised))
             internal_errors += raised
-        block_findings = pl.concat(found_here, how="vertical").sort(
-            "line", "rule", maintain_order=True
-        )
-        if block_findings.height:
+        found_here = [found for found in found_here if found.height]
+        if found_here:  # (most blocks find nothing: no frame joined or sorted)
+            block_findings = pl.concat(found_here, how="vertical").sort("line", "rule", maintain_order=True)
             parts.append(spill_part(block_findings, lines, spill))
-        del found_here, block_findings
+            del block_findings
+        del found_here
         identities.append(parsed.records.select("line", "id"))
-        output_tokens += int(parsed.records["output_ids"].list.len().sum() or 0)
+        output_tokens += int(batch.output_flat.lengths.sum())
         del batch, parsed  # free the block before the next one is read: memory stays flat
         if progress is not None:
             progress(records, output_tokens, read)
@@ -335,8 +335,14 @@ def _locate(found: pl.DataFrame, batch: Batch, configured: ConfiguredRule) -> pl
     ).cast(pl.Schema(FINDINGS_SCHEMA))
 
 
+# Frames are never changed in place: every block with no rejected line shares this one.
+_NO_REJECTED = pl.DataFrame(schema=FINDINGS_SCHEMA)
+
+
 def _rejected_findings(rejected: list[RejectedLine], rule_set: RuleSet) -> pl.DataFrame:
     """Lines the reader did not turn into records, each under the rule that reports its problem."""
+    if not rejected:
+        return _NO_REJECTED
     reporters = {c.rule.problem: c for c in rule_set.rules if c.rule.problem is not None}
     rows = []
     for item in rejected:
