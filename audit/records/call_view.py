@@ -365,11 +365,10 @@ def _text_view(batch: Batch) -> ToolCallView:
                 )
                 read.extend(ReadCall(*spans, call) for call in fmt.read(head, body))
                 head_at = body_at = None
-    letter_series = pl.Series("letters", letters, dtype=pl.String)
     return ToolCallView(
-        letters=letter_series,
-        grammar_ok=letter_series.str.contains(f"^(?:{fmt.grammar})$").alias("grammar_ok"),
-        prefix_ok=letter_series.str.contains(f"^(?:{fmt.cut_grammar})$").alias("prefix_ok"),
+        letters=pl.Series("letters", letters, dtype=pl.String),
+        grammar_ok=pl.Series("grammar_ok", _matching(letters, fmt.grammar), dtype=pl.Boolean),
+        prefix_ok=pl.Series("prefix_ok", _matching(letters, fmt.cut_grammar), dtype=pl.Boolean),
         empty_head=pl.Series("empty_head", [False] * batch.height, dtype=pl.Boolean),
         first_marker=pl.Series("first_marker", first_marker, dtype=pl.Int64),
         calls=judge_calls(batch, read) if read else _no_calls(),

@@ -100,8 +100,7 @@ def response_bounds(batch: Batch) -> pl.DataFrame:
 def bound(batch: Batch, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Per record: the bound `name` (a column of `response_bounds` but `reasoning`) and where it
     is known (null there), as the numpy the bounds are computed in."""
-    values, known = batch.shared(_bound_arrays)[name]
-    return values, known
+    return batch.shared(_bound_arrays)[1][name]
 
 
 def bound_or(batch: Batch, name: str, default: np.ndarray | int) -> np.ndarray:
@@ -123,22 +122,18 @@ def stop_run(batch: Batch) -> np.ndarray:
 
 
 def _bounds(batch: Batch) -> pl.DataFrame:
-    arrays = batch.shared(_bound_arrays)
-    state = arrays["reasoning"][0]
+    state, columns = batch.shared(_bound_arrays)
     return pl.DataFrame(
         [
             pl.Series("reasoning", np.array(REASONING_STATES)[state], dtype=pl.String).cast(REASONING),
-            *(_known(name, *arrays[name]) for name in _BOUND_COLUMNS),
+            *(_known(name, *columns[name]) for name in BOUNDS_SCHEMA if name != "reasoning"),
         ]
     )
 
 
-# The bounds' Int64 columns, in `BOUNDS_SCHEMA`'s order after `reasoning`.
-_BOUND_COLUMNS = ("reasoning_start", "reasoning_end", "response_at", "tool_entry", "answer_start", "answer_end")
-
-
-def _bound_arrays(batch: Batch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The bounds as numpy: per column (values, known), and `reasoning` as (state indexes, all known)."""
+def _bound_arrays(batch: Batch) -> tuple[np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The bounds as numpy: the reasoning state's index in `REASONING_STATES` per record, and
+    each Int64 column of `BOUNDS_SCHEMA` as (values, known)."""
     profile = batch.profile
     markers = batch.markers
     # The scans over every id come from the batch's marker index (one look-up over the flat
@@ -184,8 +179,7 @@ def _bound_arrays(batch: Batch) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     # The greater of the two that are known (polars' max_horizontal).
     answer_end = np.where(present & has_answer_start, np.maximum(end, answer_start), np.where(present, end, answer_start))
     has_answer_end = present | has_answer_start
-    return {
-        "reasoning": (state, np.ones(len(state), dtype=bool)),
+    return state, {
         "reasoning_start": (start, has_start),
         "reasoning_end": (reasoning_end, has_reasoning_end),
         "response_at": (close, has_close),

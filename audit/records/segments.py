@@ -153,7 +153,7 @@ def record_summary(batch: Batch) -> pl.DataFrame:
         {
             "response_at": bounds["response_at"],
             "tool_calls": (calls.fill_null(0) if calls.null_count() else calls).cast(pl.UInt32),
-            "thinking": _thinking(batch, bounds),
+            "thinking": _thinking(batch),
         }
     )
 
@@ -163,7 +163,7 @@ def record_summary(batch: Batch) -> pl.DataFrame:
 _SURELY_THOUGHT = 16
 
 
-def _thinking(batch: Batch, bounds: pl.DataFrame) -> pl.Series:
+def _thinking(batch: Batch) -> pl.Series:
     """Per record: True when its output reasons (a reasoning segment holding a token that is not
     whitespace), False when it does not (thinking off: the prompt closed the reasoning, the
     model closed it empty, or the turn has none); null for records without output, and for
