@@ -14,8 +14,10 @@ from audit.model.calls.call_readers import MAX_ELEMENT_DEPTH, ToolCall, _first_t
 GEMMA4_QUOTE = '<|"|>'
 # A bare key as the template writes one (`{{- key -}}:`, escape_keys=False): any text up to the
 # `:` (SGLang's reader), spaces inside it kept, but none of the notation's own characters; and a
-# bare value: a number, a boolean, or null (`None`: Jinja's rendering of a null argument).
-_GEMMA4_KEY = re.compile(r"\s*([^\s:,{}\[\]\"<>|](?:[^:,{}\[\]\"<>|]*[^\s:,{}\[\]\"<>|])?)\s*:\s*")
+# bare value: a number, a boolean, or null (`None`: Jinja's rendering of a null argument). The
+# spaces around a key are left out (" a" and "a" read alike), so a key of spaces only (`{ :1}`)
+# reads as "", as an empty one does.
+_GEMMA4_KEY = re.compile(r"\s*((?:[^\s:,{}\[\]\"<>|](?:[^:,{}\[\]\"<>|]*[^\s:,{}\[\]\"<>|])?)?)\s*:\s*")
 _GEMMA4_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _GEMMA4_WORDS = {"true": True, "false": False, "None": None, "null": None}
 _GEMMA4_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
