@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import hashlib
+import inspect
 from itertools import pairwise
 from pathlib import Path
 
@@ -17,8 +19,10 @@ from audit.records.sources import (
     InputDigest,
     chunk_blocks,
     file_blocks,
+    file_chunks,
     memory_blocks,
 )
+from audit.records.reader import parse_block
 from tests.conftest import PREPARED
 
 B1 = PREPARED / "B1_glaive" / "raw_responses.jsonl"
@@ -80,6 +84,31 @@ def test_lines_in_memory_are_numbered_from_their_first_line() -> None:
     blocks = list(memory_blocks([b'{"a": 1}\n', b'{"b": 2}'], first_line=41))
     assert numbered(blocks) == [(41, b'{"a": 1}', False), (42, b'{"b": 2}', False)]
     assert list(memory_blocks([])) == []
+
+
+def test_a_block_being_audited_holds_the_only_reference_to_its_bytes(tmp_path: Path) -> None:
+    # The file reader kept each chunk while its block was audited and the next one read: a
+    # block's worth of memory more at the peak.
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(b'{"id": "a"}\n' * 4000)
+    chunks = file_chunks(path, chunk_bytes=1 << 14)
+    chunk = next(chunks)
+    assert not [holder for holder in gc.get_referrers(chunk) if inspect.isgenerator(holder)]
+    blocks = file_blocks(path, block_bytes=1 << 14)
+    block = next(blocks)
+    for index in range(50):
+        assert gc.get_referrers(block.lines[index]) == [block.lines]
+
+
+def test_the_engine_reading_lets_each_line_go_once_it_is_parsed() -> None:
+    (block,) = chunk_blocks([PREPARED.joinpath("B1_glaive", "raw_responses.jsonl").read_bytes()])
+    count, size = len(block.lines), block.nbytes
+    kept = parse_block(block)
+    assert block.nbytes == size  # a plain reading leaves the block as it was
+    consumed = parse_block(block, consume=True)
+    assert consumed.records.equals(kept.records) and consumed.rejected == kept.rejected
+    assert len(block.lines) == count and block.last_line == count  # the numbering stays
+    assert all(not line.strip() for line in block.lines)  # read lines gone; blank ones were never records
 
 
 def test_record_lines_skip_blank_lines_as_the_reader_does() -> None:

@@ -138,10 +138,9 @@ def audit_blocks(
     lines = records = output_tokens = read = 0
 
     for block in blocks:
-        parsed = parse_block(block, keep_source=keep_source)
         lines = block.last_line
         read += block.nbytes
-        # The raw lines are not read again: freed before the rules' working memory is taken.
+        parsed = parse_block(block, keep_source=keep_source, consume=True)  # (lets each line go once read)
         del block
         records += parsed.records.height + len(parsed.rejected) + len(parsed.raised)
         found_here = [_rejected_findings(parsed.rejected, rule_set)]

@@ -86,7 +86,7 @@ class ParsedBlock:
     raised: list[tuple[int, str, str]] = field(default_factory=list)
 
 
-def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
+def parse_block(block: LineBlock, *, keep_source: bool = True, consume: bool = False) -> ParsedBlock:
     """Parse a block's lines into a record frame; blank lines are skipped, bad lines reported.
 
     Every line is read once, by a strict JSON parser (orjson), which a training loader is as
@@ -94,7 +94,9 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
     the wrong JSON type never becomes a record. The record frame is built from the values that
     reading gave (no second parse of the text), and the token-id policy is applied to the id
     columns as list expressions. `keep_source=False` leaves the `source` column null (no rule in
-    the run reads it).
+    the run reads it). `consume=True` lets the block's lines go as they are read (each becomes
+    `b""`: the block keeps its numbering, not its bytes), so the block's bytes and its parsed
+    values are never all held at once; take `block.nbytes` before.
     """
     lines: list[int] = []
     values: list[dict[str, Any]] = []
@@ -107,6 +109,8 @@ def parse_block(block: LineBlock, *, keep_source: bool = True) -> ParsedBlock:
             rejected.append(long_line(line, block.long_lines[line].size, unterminated=line == last_unterminated))
             continue
         text = raw.rstrip(b"\r")
+        if consume:
+            block.lines[line - block.first_line] = b""
         try:
             value, problem = read_strictly(line, text, last_unterminated=line == last_unterminated, id_lists=id_lists)
             if problem is None and _may_hold_boolean_ids(value, text):

@@ -192,7 +192,11 @@ def file_chunks(
             ):
                 if remaining is not None:
                     remaining -= len(chunk)
-                yield chunk
+                # Handed over, not kept: bound here, the chunk would live on while its block is
+                # audited, and while the next chunk is read.
+                given = [chunk]
+                del chunk
+                yield given.pop()
     except OSError as exc:
         raise InputError(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
