@@ -21,6 +21,9 @@ def conventional_help() -> None:
     """Help names values as command-line help does (TEXT, N, PATH, [on|off], TARGETS...)."""
     core = getattr(typer, "core", None)
     parameter, argument = getattr(core, "_TyperParameter", None), getattr(core, "TyperArgument", None)
+    if parameter is None and argument is not None and "usage" in getattr(argument.make_metavar, "__kwdefaults__", {}):
+        _conventional_metavars(core)  # typer 0.28: each parameter makes its own metavar
+        return
     if parameter is None or argument is None or not hasattr(parameter, "display_type"):
         return  # another typer: its own notation stands
     python_names = parameter.display_type
@@ -41,6 +44,36 @@ def conventional_help() -> None:
 
     parameter.display_type = display_type
     argument._usage_display_name = usage_name
+
+
+def _value_name(param: Any) -> str:
+    """What a parameter's value is called in help: its metavar, its choices in brackets, or its
+    type's conventional name (`_VALUE_NAMES`)."""
+    if param.metavar is not None:
+        return param.metavar
+    choices = getattr(param.type, "choices", None)
+    if choices is not None:
+        return "[" + "|".join(str(getattr(choice, "value", choice)) for choice in choices) + "]"
+    label = str(getattr(param.type, "name", "")).strip("<>")
+    return _VALUE_NAMES.get(label, label.upper())
+
+
+def _conventional_metavars(core: Any) -> None:
+    """The notation of `conventional_help` for typer 0.28, where each parameter makes its own
+    metavar (`make_metavar`): options name their value, arguments their name and value."""
+
+    def option_metavar(self: Any, ctx: Any) -> str:
+        return _value_name(self) + ("..." if self.nargs != 1 else "")
+
+    def argument_metavar(self: Any, ctx: Any, *, usage: bool = False) -> str:
+        dots = "..." if self.nargs != 1 else ""
+        if usage:
+            name = (self.metavar or self.name or "").upper()
+            return (name if self.required else f"[{name}]") + dots
+        return f"{self.name}{dots} {_value_name(self)}"
+
+    core.TyperOption.make_metavar = option_metavar
+    core.TyperArgument.make_metavar = argument_metavar
 
 
 def one_line_usage_errors(errors: Console) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import sys
@@ -128,6 +129,13 @@ def _keys():
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
 
+def _seconds(value: float) -> float:
+    """A number of seconds to wait: finite (a range check lets NaN through, and sleep refuses it)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
 @app.command(short_help="A live audit of a growing raw_responses.jsonl.")
 def watch(
     target: Annotated[
@@ -141,7 +149,8 @@ def watch(
     thinking: ThinkingOption = None,
     rules: RulesOption = None,
     interval: Annotated[
-        float, typer.Option("--interval", min=0.1, help="Seconds between looks at the file.")
+        float,
+        typer.Option("--interval", min=0.1, callback=_seconds, help="Seconds between looks at the file."),
     ] = 2.0,
     once: Annotated[
         bool, typer.Option("--once", help="Audit what is there now, print it and exit (1 when a rule fails, as check).")
