@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from audit.engine.runner import audit_blocks, audit_file, audit_input, join_shards
+from audit.records.reader import parse_block
 from audit.records.sources import (
     MAX_BLOCK_LINES,
     GrowingFile,
@@ -22,7 +23,6 @@ from audit.records.sources import (
     file_chunks,
     memory_blocks,
 )
-from audit.records.reader import parse_block
 from tests.conftest import PREPARED
 
 B1 = PREPARED / "B1_glaive" / "raw_responses.jsonl"
