@@ -440,7 +440,7 @@ def test_the_decoded_column_built_from_bytes_holds_the_decoded_texts(data) -> No
     """`Batch.decoded_output` is built from the byte table's bytes, not from the texts: it must
     hold exactly `decode_flat`'s texts, where the bytes are not UTF-8 (a cut multi-byte
     character, ids the tokenizer lacks) too."""
-    from audit.records.batch import text_column
+    from audit.records.batch import decoded_column
 
     tokenizer = _deepseek_tokenizer()
     decoder = tokenizer.byte_decoder
@@ -450,10 +450,10 @@ def test_the_decoded_column_built_from_bytes_holds_the_decoded_texts(data) -> No
     ids = st.one_of(st.integers(0, 400), st.sampled_from(broken), st.integers(-2, 10**6))
     sequences = data.draw(st.lists(st.lists(ids, max_size=12), max_size=8))
     flat = FlatIds.from_sequences(sequences)
-    texts, decoded = tokenizer.decode_flat_utf8(flat)
-    assert decoded is not None and texts == tokenizer.decode_flat(flat)
-    assert text_column("t", texts, decoded).to_list() == texts
-    assert text_column("t", texts, None).to_list() == texts
+    assert tokenizer.decode_flat_bytes(flat) is not None  # the byte table decodes here
+    texts = tokenizer.decode_flat(flat)
+    assert decoded_column(tokenizer, flat, "t").to_list() == texts
+    assert texts == tokenizer._decode_by_tokenizer(flat, skip_special_tokens=False)
 
 
 def _valid_utf8(piece: bytes | None) -> bool:

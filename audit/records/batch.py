@@ -14,7 +14,7 @@ import polars as pl
 
 from audit.model.families.profiles import ResolvedProfile
 from audit.model.tokens.flat_ids import FlatIds, MarkerIndex, marker_view
-from audit.model.tokens.tokenizer import DecodedBytes, Tokenizer
+from audit.model.tokens.tokenizer import Tokenizer
 from audit.model.trainers.trainer_rules import Trainer
 from audit.records.contract import (
     RecordContract,
@@ -204,23 +204,19 @@ class Batch:
             return self.output_flat
         return FlatIds.from_series(self.records["output_ids"].gather(self.decodable_rows))
 
-    @cached_property
-    def _decoded(self) -> tuple[list[str], DecodedBytes | None]:
-        if len(self.decodable_rows) == 0:
-            return [], None
-        return self.tokenizer.decode_flat_utf8(self.decodable_output)
-
-    @cached_property
+    @property
     def decoded_texts(self) -> list[str]:
-        """`decode(output_ids)` of each decodable row, special tokens kept (one batched call)."""
-        return self._decoded[0]
+        """`decode(output_ids)` of each decodable row, special tokens kept: made from
+        `decoded_output` each time asked, not kept (the round trip's encode reads them once)."""
+        column = self.decoded_output
+        if len(self.decodable_rows) < self.height:
+            column = column.gather(self.decodable_rows)
+        return column.to_list()
 
     @cached_property
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
-        texts = text_column("decoded_output", *self._decoded)
-        # The decoded bytes are not read again once the column holds the texts: let them go.
-        self.__dict__["_decoded"] = (self._decoded[0], None)
+        texts = self._decoded_column() if len(self.decodable_rows) else pl.Series("decoded_output", [], dtype=pl.String)
         if len(self.decodable_rows) == self.height:
             return texts
         full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)
@@ -228,17 +224,22 @@ class Batch:
             full = full.scatter(self.decodable_rows, texts)
         return full
 
+    def _decoded_column(self) -> pl.Series:
+        return decoded_column(self.tokenizer, self.decodable_output, "decoded_output")
 
-def text_column(name: str, texts: list[str], decoded: DecodedBytes | None) -> pl.Series:
-    """`texts` as a String column: from the bytes they were decoded from when those are all
-    UTF-8, so each text's very encoding (one buffer handed to polars, ~5x faster than reading
-    each Python string again); else from the texts (some are the tokenizer's lossy decoding)."""
-    if decoded is not None and not decoded.invalid:
-        array = nanoarrow.c_array_from_buffers(
-            nanoarrow.large_binary(), len(texts), [None, decoded.offsets, decoded.data]
-        )
-        try:
+
+def decoded_column(tokenizer: Tokenizer, flat: FlatIds, name: str) -> pl.Series:
+    """`tokenizer.decode_flat(flat)` as a String column: from the byte table's bytes when each
+    sequence's are UTF-8 (one buffer handed to polars, ~5x faster than reading each Python
+    string again, and no Python string made at all), else from the tokenizer's texts (some
+    lossy)."""
+    decoded = tokenizer.decode_flat_bytes(flat)
+    if decoded is not None:
+        data, offsets = decoded
+        array = nanoarrow.c_array_from_buffers(nanoarrow.large_binary(), len(offsets) - 1, [None, offsets, data])
+        del data, decoded
+        try:  # (polars checks each sequence's bytes: one that is not UTF-8 on its own refuses)
             return pl.Series(array).cast(pl.String).alias(name)
-        except pl.exceptions.ComputeError:  # polars' UTF-8 check is Python's: not expected
+        except pl.exceptions.ComputeError:
             pass
-    return pl.Series(name, texts, dtype=pl.String)
+    return pl.Series(name, tokenizer.decode_flat(flat), dtype=pl.String)

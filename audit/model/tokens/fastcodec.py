@@ -146,11 +146,9 @@ class ByteDecoder:
             base += chunk_total
         return out, byte_offsets
 
-    def decode(self, flat: FlatIds) -> tuple[list[str | None], np.ndarray, np.ndarray]:
+    def decode(self, flat: FlatIds) -> list[str | None]:
         """Each sequence's text, None where its bytes are not valid UTF-8 (the caller decodes
-        those with the tokenizer itself, whose lossy replacement is then authoritative); and
-        the bytes the texts were read from with their per-sequence offsets (`decode_bytes`), for
-        a caller that builds a column of the texts from them."""
+        those with the tokenizer itself, whose lossy replacement is then authoritative)."""
         data, offsets = self.decode_bytes(flat)
         texts: list[str | None] = []
         view = memoryview(data.data)
@@ -159,7 +157,7 @@ class ByteDecoder:
                 texts.append(str(view[a:b], "utf-8"))
             except UnicodeDecodeError:
                 texts.append(None)
-        return texts, data, offsets
+        return texts
 
 
 # -- building the table ------------------------------------------------------------------------

@@ -7,7 +7,6 @@ tokenizer, or the tiktoken encoding behind Kimi's remote-code one); every call t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -32,19 +31,6 @@ from audit.model.tokens.tokenizer_files import (
 )
 
 configure_offline()
-
-
-@dataclass(frozen=True)
-class DecodedBytes:
-    """The bytes the byte table decoded sequences to: sequence i's are `data[offsets[i]:offsets[i + 1]]`.
-
-    Where they are valid UTF-8 they are exactly its text's encoding; the sequences listed in
-    `invalid` are not, and their texts are the tokenizer's lossy decoding instead.
-    """
-
-    data: np.ndarray  # uint8
-    offsets: np.ndarray  # int64, one more than there are sequences
-    invalid: list[int]
 
 
 class Tokenizer(FastPaths):
@@ -315,21 +301,24 @@ class Tokenizer(FastPaths):
         there is one; bytes that are not UTF-8 are decoded by the tokenizer itself, whose lossy
         replacement is the reference.
         """
-        return self.decode_flat_utf8(flat)[0]
-
-    def decode_flat_utf8(self, flat: FlatIds) -> tuple[list[str], DecodedBytes | None]:
-        """`decode_flat`, and, when the byte table decoded, the bytes the texts were read from
-        (each sequence's, where it is valid UTF-8 its text's very encoding; see `DecodedBytes`)."""
         decoder = self._table_for(len(flat.values))
         if decoder is None:
-            return self._decode_by_tokenizer(flat, skip_special_tokens=False), None
-        texts, data, offsets = decoder.decode(flat)
+            return self._decode_by_tokenizer(flat, skip_special_tokens=False)
+        texts = decoder.decode(flat)
         invalid = [i for i, text in enumerate(texts) if text is None]
         if invalid:
             plain = self._decode_by_tokenizer(flat.take(np.array(invalid)), skip_special_tokens=False)
             for i, text in zip(invalid, plain, strict=True):
                 texts[i] = text
-        return texts, DecodedBytes(data, offsets, invalid)  # type: ignore[return-value]
+        return texts  # type: ignore[return-value]
+
+    def decode_flat_bytes(self, flat: FlatIds) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bytes the byte table decodes the sequences to (uint8, and per-sequence offsets;
+        no text made), or None when the byte table does not decode them (then `decode_flat`).
+        Where a sequence's bytes are valid UTF-8 they are its text's very encoding; where not,
+        its text is the tokenizer's lossy decoding (`decode_flat`), not these bytes'."""
+        decoder = self._table_for(len(flat.values))
+        return None if decoder is None else decoder.decode_bytes(flat)
 
     def _decode_by_tokenizer(self, flat: FlatIds, *, skip_special_tokens: bool) -> list[str]:
         """The tokenizer's own decoder, which must never see an id it lacks (`tokenizers` drops
