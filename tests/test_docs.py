@@ -53,6 +53,15 @@ def test_a_rule_page_holds_its_docstring_severity_and_parameters() -> None:
         assert f"| [{code}]({code}.md) | `{rule.name}` | {rule.severity.value} |" in index
 
 
+def test_every_rule_summary_is_its_whole_first_sentence() -> None:
+    # IMG003's was cut at its docstring's line break ("... an unbalanced span, or a pad").
+    for code, rule in RULES.items():
+        summary = rule.summary()
+        assert summary.endswith((".", ")")) and "\n" not in summary and "  " not in summary, (code, summary)
+        assert summary in " ".join((rule.__doc__ or "").split()), code
+    assert RULES["IMG003"].summary().endswith("or a pad outside one.")
+
+
 def test_prose_from_docstrings_is_escaped_outside_code_spans() -> None:
     from audit.cli.catalog import _markdown
 

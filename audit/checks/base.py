@@ -182,8 +182,8 @@ class Rule:
     # -- documentation --------------------------------------------------------------------
     @classmethod
     def summary(cls) -> str:
-        """The docstring's first line: what the rule flags, in one sentence."""
-        return (inspect.getdoc(cls) or "").splitlines()[0]
+        """The docstring's first paragraph, on one line: what the rule flags, in one sentence."""
+        return " ".join((inspect.getdoc(cls) or "").split("\n\n")[0].split())
 
     @classmethod
     def docs(cls) -> dict[str, str]:
