@@ -324,6 +324,21 @@ def test_generate_never_cuts_a_file_it_did_not_write(tmp_path, prompts):
     assert foreign.read_bytes() == b"some notes\nmore notes without a newline"
 
 
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("check", "B1_glaive", "--jobs", "x"), "'x' is not a whole number"),
+        (("inspect", "B1_glaive", "--line", "1.5"), "'1.5' is not a whole number"),
+        (("watch", "B1_glaive", "--interval", "soon"), "'soon' is not a number"),
+    ],
+)
+def test_a_value_of_the_wrong_kind_is_named_in_plain_words(args, says):
+    result = run(*args, "--data-root", str(PREPARED))
+    assert_one_line_error(result, says)
+    assert " int" not in result.output and "float" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("interval", ["-1", "0", "nan"])
 def test_watch_interval_must_be_a_positive_number(interval):
     # -1 crashed in time.sleep; 0 re-audited the file in a busy loop.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any
 
 import typer
@@ -76,6 +77,10 @@ def _conventional_metavars(core: Any) -> None:
     core.TyperArgument.make_metavar = argument_metavar
 
 
+_PLAIN_WORDS = {"int": "is not a whole number", "float": "is not a number"}
+_PYTHON_TYPE_WORDS = re.compile(r"is not a valid (int|float)(?: range)?\b")
+
+
 def one_line_usage_errors(errors: Console) -> None:
     """A usage error (an unknown option or command, a value of the wrong type) is one line that
     says what to do, like every other error, not click's usage block (exit code 2 still)."""
@@ -86,6 +91,8 @@ def one_line_usage_errors(errors: Console) -> None:
         message = " ".join(self.format_message().split()).rstrip(".")
         # typer checks a value with pydantic, whose message starts "Value error, ": not ours to show
         message = message.replace(": Value error, ", ": ")
+        # click names the type it wanted by its Python name ("'x' is not a valid int range")
+        message = _PYTHON_TYPE_WORDS.sub(lambda found: _PLAIN_WORDS[found.group(1)], message)
         errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
 
     # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
