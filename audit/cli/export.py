@@ -207,7 +207,7 @@ def vocab(
 
 
 def _coverage_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="coverage of the trained tokens by the top N ids", box=box.SIMPLE_HEAD, title_justify="left")
+    table = Table(title="trained tokens covered by the top N ids", box=box.SIMPLE_HEAD, title_justify="left", min_width=40)
     for name in ("N", "coverage", "trained tokens covered"):
         table.add_column(name, justify="right")
     chosen = summary["options"]["draft_vocab"]
