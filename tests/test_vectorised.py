@@ -450,10 +450,28 @@ def test_the_decoded_column_built_from_bytes_holds_the_decoded_texts(data) -> No
     ids = st.one_of(st.integers(0, 400), st.sampled_from(broken), st.integers(-2, 10**6))
     sequences = data.draw(st.lists(st.lists(ids, max_size=12), max_size=8))
     flat = FlatIds.from_sequences(sequences)
-    assert tokenizer.decode_flat_bytes(flat) is not None  # the byte table decodes here
+    decoded = tokenizer.decode_flat_bytes(flat)
+    assert decoded is not None  # the byte table decodes here
     texts = tokenizer.decode_flat(flat)
     assert decoded_column(tokenizer, flat, "t").to_list() == texts
+    assert tokenizer.texts_of(flat, decoded) == texts
     assert texts == tokenizer._decode_by_tokenizer(flat, skip_special_tokens=False)
+    # Without a byte table the column is the tokenizer's own texts, decoded once.
+    no_table = SimpleNamespace(decode_flat_bytes=lambda flat: None, texts_of=tokenizer.texts_of)
+    assert decoded_column(no_table, flat, "t").to_list() == texts
+
+
+def test_a_small_audit_decodes_its_outputs_once_towards_the_byte_table(tmp_path, monkeypatch) -> None:
+    # The byte table is built once the ids decoded without it cost about what building it does;
+    # the decoded column decodes (and counts) each id once, on the tokenizer's own path too.
+    from audit.records.batch import decoded_column
+
+    monkeypatch.setenv("AUDIT_CACHE_DIR", str(tmp_path))
+    tokenizer = load_tokenizer(DEEPSEEK_TOKENIZER)
+    flat = FlatIds.from_sequences([[5, 6, 7], [8, 9]])
+    assert tokenizer.decode_flat_bytes(FlatIds.from_sequences([])) is None  # no table yet
+    decoded_column(tokenizer, flat, "t")
+    assert tokenizer._plain_decoded_ids == 5
 
 
 def _valid_utf8(piece: bytes | None) -> bool:

@@ -216,7 +216,7 @@ class Batch:
     @cached_property
     def decoded_output(self) -> pl.Series:
         """`decode(output_ids)` with special tokens kept; null where the ids cannot be decoded."""
-        texts = self._decoded_column() if len(self.decodable_rows) else pl.Series("decoded_output", [], dtype=pl.String)
+        texts = decoded_column(self.tokenizer, self.decodable_output, "decoded_output")
         if len(self.decodable_rows) == self.height:
             return texts
         full = pl.Series("decoded_output", [None] * self.height, dtype=pl.String)
@@ -224,22 +224,18 @@ class Batch:
             full = full.scatter(self.decodable_rows, texts)
         return full
 
-    def _decoded_column(self) -> pl.Series:
-        return decoded_column(self.tokenizer, self.decodable_output, "decoded_output")
-
 
 def decoded_column(tokenizer: Tokenizer, flat: FlatIds, name: str) -> pl.Series:
-    """`tokenizer.decode_flat(flat)` as a String column: from the byte table's bytes when each
-    sequence's are UTF-8 (one buffer handed to polars, ~5x faster than reading each Python
-    string again, and no Python string made at all), else from the tokenizer's texts (some
-    lossy)."""
+    """`tokenizer.decode_flat(flat)` as a String column, decoded once: from the byte table's
+    bytes when each sequence's are UTF-8 (one buffer handed to polars, ~5x faster than reading
+    each Python string again, and no Python string made at all), else from the texts
+    (`Tokenizer.texts_of`: some the tokenizer's lossy decoding)."""
     decoded = tokenizer.decode_flat_bytes(flat)
     if decoded is not None:
         data, offsets = decoded
         array = nanoarrow.c_array_from_buffers(nanoarrow.large_binary(), len(offsets) - 1, [None, offsets, data])
-        del data, decoded
         try:  # (polars checks each sequence's bytes: one that is not UTF-8 on its own refuses)
             return pl.Series(array).cast(pl.String).alias(name)
         except pl.exceptions.ComputeError:
             pass
-    return pl.Series(name, tokenizer.decode_flat(flat), dtype=pl.String)
+    return pl.Series(name, tokenizer.texts_of(flat, decoded), dtype=pl.String)

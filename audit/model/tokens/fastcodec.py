@@ -146,18 +146,19 @@ class ByteDecoder:
             base += chunk_total
         return out, byte_offsets
 
-    def decode(self, flat: FlatIds) -> list[str | None]:
-        """Each sequence's text, None where its bytes are not valid UTF-8 (the caller decodes
-        those with the tokenizer itself, whose lossy replacement is then authoritative)."""
-        data, offsets = self.decode_bytes(flat)
-        texts: list[str | None] = []
-        view = memoryview(data.data)
-        for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
-            try:
-                texts.append(str(view[a:b], "utf-8"))
-            except UnicodeDecodeError:
-                texts.append(None)
-        return texts
+
+def utf8_texts(data: np.ndarray, offsets: np.ndarray) -> list[str | None]:
+    """Each sequence's text from the bytes `ByteDecoder.decode_bytes` gave, None where its bytes
+    are not valid UTF-8 (the caller decodes those with the tokenizer itself, whose lossy
+    replacement is then authoritative)."""
+    texts: list[str | None] = []
+    view = memoryview(data.data)
+    for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist(), strict=True):
+        try:
+            texts.append(str(view[a:b], "utf-8"))
+        except UnicodeDecodeError:
+            texts.append(None)
+    return texts
 
 
 # -- building the table ------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from audit.model.rendering.chat_template import (
     UnsupportedInput,
     verified_chat_template,
 )
-from audit.model.tokens.fastcodec import REPLACEMENT, FlatIds, fast_paths_enabled
+from audit.model.tokens.fastcodec import REPLACEMENT, FlatIds, fast_paths_enabled, utf8_texts
 from audit.model.tokens.tokenizer_cache import RememberedAnswers, StoredVocabulary, TokenizerState
 from audit.model.tokens.tokenizer_fast_paths import FastPaths
 from audit.model.tokens.tokenizer_files import (
@@ -301,24 +301,29 @@ class Tokenizer(FastPaths):
         there is one; bytes that are not UTF-8 are decoded by the tokenizer itself, whose lossy
         replacement is the reference.
         """
+        return self.texts_of(flat, self.decode_flat_bytes(flat))
+
+    def decode_flat_bytes(self, flat: FlatIds) -> tuple[np.ndarray, np.ndarray] | None:
+        """The bytes the byte table decodes the sequences to (uint8, and per-sequence offsets;
+        no text made), or None when the byte table does not decode them. Where a sequence's
+        bytes are valid UTF-8 they are its text's very encoding; `texts_of` gives the texts."""
         decoder = self._table_for(len(flat.values))
-        if decoder is None:
+        return None if decoder is None else decoder.decode_bytes(flat)
+
+    def texts_of(self, flat: FlatIds, decoded: tuple[np.ndarray, np.ndarray] | None) -> list[str]:
+        """The texts of `flat` from what `decode_flat_bytes` gave for it (no second decode, and
+        no second count towards building the byte table): each sequence's bytes read as UTF-8,
+        the tokenizer's own lossy decoding where they are not UTF-8, or of every sequence when
+        there are no bytes (no byte table)."""
+        if decoded is None:
             return self._decode_by_tokenizer(flat, skip_special_tokens=False)
-        texts = decoder.decode(flat)
+        texts = utf8_texts(*decoded)
         invalid = [i for i, text in enumerate(texts) if text is None]
         if invalid:
             plain = self._decode_by_tokenizer(flat.take(np.array(invalid)), skip_special_tokens=False)
             for i, text in zip(invalid, plain, strict=True):
                 texts[i] = text
         return texts  # type: ignore[return-value]
-
-    def decode_flat_bytes(self, flat: FlatIds) -> tuple[np.ndarray, np.ndarray] | None:
-        """The bytes the byte table decodes the sequences to (uint8, and per-sequence offsets;
-        no text made), or None when the byte table does not decode them (then `decode_flat`).
-        Where a sequence's bytes are valid UTF-8 they are its text's very encoding; where not,
-        its text is the tokenizer's lossy decoding (`decode_flat`), not these bytes'."""
-        decoder = self._table_for(len(flat.values))
-        return None if decoder is None else decoder.decode_bytes(flat)
 
     def _decode_by_tokenizer(self, flat: FlatIds, *, skip_special_tokens: bool) -> list[str]:
         """The tokenizer's own decoder, which must never see an id it lacks (`tokenizers` drops
