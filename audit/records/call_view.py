@@ -43,15 +43,9 @@ from audit.records.response import answer_text, bound_or, response_bounds
 STRAY_SCHEMA: dict[str, pl.DataType] = {"row": pl.UInt32(), "position": pl.Int64(), "text": pl.String()}
 
 
-@cache
-def _no_calls() -> pl.DataFrame:
-    """The calls of a batch with none (shared: frames are never changed in place)."""
-    return pl.DataFrame(schema=CALLS_SCHEMA)
-
-
-@cache
-def _no_stray() -> pl.DataFrame:
-    return pl.DataFrame(schema=STRAY_SCHEMA)
+# Frames are never changed in place: every batch without calls, or without stray text, shares these.
+_NO_CALLS = pl.DataFrame(schema=CALLS_SCHEMA)
+_NO_STRAY = pl.DataFrame(schema=STRAY_SCHEMA)
 
 
 @dataclass(frozen=True)
@@ -66,7 +60,7 @@ class ToolCallView:
     first_marker: pl.Series  # per record: index in output_ids of the answer's first marker, or null
     calls: pl.DataFrame  # CALLS_SCHEMA, calls of grammar-valid records only
     # STRAY_SCHEMA: text between two markers where the template writes none (grammar-valid records)
-    stray: pl.DataFrame = field(default_factory=_no_stray)
+    stray: pl.DataFrame = field(default_factory=lambda: _NO_STRAY)
 
     @property
     def per_record(self) -> pl.Series:
@@ -161,7 +155,7 @@ def _view(batch: Batch) -> ToolCallView:
         prefix_ok=pl.Series("prefix_ok", prefix_ok, dtype=pl.Boolean),
         empty_head=pl.Series("empty_head", empty_head, dtype=pl.Boolean),
         first_marker=absent_as_null(first_marker, "first_marker"),
-        calls=_no_calls(),
+        calls=_NO_CALLS,
     )
     # A record holding an id the tokenizer lacks has no text to read (INT003 names the id); its
     # markers' order is judged above all the same.
@@ -192,7 +186,7 @@ def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
     (`ToolCallFormat.blank_between`): decoded in one batch, the gaps that hold more."""
     fmt = batch.profile.tool_call_spec.format
     if not fmt.blank_between or len(found.row) < 2:
-        return _no_stray()
+        return _NO_STRAY
     roles = _role_letters(batch, found)
     pairs = np.array([a + b for a, b in zip(roles[:-1], roles[1:], strict=True)])
     gap = (
@@ -201,7 +195,7 @@ def _stray_text(batch: Batch, found: _AnswerMarkers) -> pl.DataFrame:
         & np.isin(pairs, list(fmt.blank_between))
     )
     if not gap.any():
-        return _no_stray()
+        return _NO_STRAY
     ends = found.position[:-1] + batch.profile.widths(found.id[:-1])  # after each marker, sequences whole
     gap &= found.position[1:] > ends
     rows, after, before = found.row[:-1][gap], ends[gap], found.position[1:][gap]
@@ -371,5 +365,5 @@ def _text_view(batch: Batch) -> ToolCallView:
         prefix_ok=pl.Series("prefix_ok", _matching(letters, fmt.cut_grammar), dtype=pl.Boolean),
         empty_head=pl.Series("empty_head", [False] * batch.height, dtype=pl.Boolean),
         first_marker=pl.Series("first_marker", first_marker, dtype=pl.Int64),
-        calls=judge_calls(batch, read) if read else _no_calls(),
+        calls=judge_calls(batch, read) if read else _NO_CALLS,
     )
