@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any
 
@@ -19,32 +18,28 @@ _VALUE_NAMES = {
 
 
 def conventional_help() -> None:
-    """Help names values as command-line help does (TEXT, N, PATH, [on|off], TARGETS...)."""
+    """Help names values as command-line help does (TEXT, N, PATH, [on|off], TARGETS...).
+
+    For typer 0.28 (pyproject.toml holds it there), where each parameter makes its own metavar
+    (`make_metavar`): options name their value, arguments their name and value, and usage
+    their name. On another typer its own notation stands, and tests/test_cli_presentation.py fails."""
     core = getattr(typer, "core", None)
-    parameter, argument = getattr(core, "_TyperParameter", None), getattr(core, "TyperArgument", None)
-    if parameter is None and argument is not None and "usage" in getattr(argument.make_metavar, "__kwdefaults__", {}):
-        _conventional_metavars(core)  # typer 0.28: each parameter makes its own metavar
+    argument, option = getattr(core, "TyperArgument", None), getattr(core, "TyperOption", None)
+    if argument is None or option is None or "usage" not in (argument.make_metavar.__kwdefaults__ or {}):
         return
-    if parameter is None or argument is None or not hasattr(parameter, "display_type"):
-        return  # another typer: its own notation stands
-    python_names = parameter.display_type
 
-    def display_type(self, ctx):
-        if self.metavar is not None:
-            return self.metavar
-        label = str(python_names(self, ctx)).strip("<>")
-        if "|" in label:  # choices
-            return "[" + label.removeprefix("list[").removesuffix("]") + "]"
-        label = label.removeprefix("list[").removesuffix("]")
-        return _VALUE_NAMES.get(label, label.upper())
+    def option_metavar(self: Any, ctx: Any) -> str:
+        return _value_name(self) + ("..." if self.nargs != 1 else "")
 
-    def usage_name(self) -> str:
-        name = (self.metavar or self.name or "").upper()
-        name = name if self.required else f"[{name}]"
-        return name + ("..." if self.nargs != 1 else "")
+    def argument_metavar(self: Any, ctx: Any, *, usage: bool = False) -> str:
+        dots = "..." if self.nargs != 1 else ""
+        if usage:
+            name = (self.metavar or self.name or "").upper()
+            return (name if self.required else f"[{name}]") + dots
+        return f"{self.name}{dots} {_value_name(self)}"
 
-    parameter.display_type = display_type
-    argument._usage_display_name = usage_name
+    option.make_metavar = option_metavar
+    argument.make_metavar = argument_metavar
 
 
 def _value_name(param: Any) -> str:
@@ -59,24 +54,6 @@ def _value_name(param: Any) -> str:
     return _VALUE_NAMES.get(label, label.upper())
 
 
-def _conventional_metavars(core: Any) -> None:
-    """The notation of `conventional_help` for typer 0.28, where each parameter makes its own
-    metavar (`make_metavar`): options name their value, arguments their name and value."""
-
-    def option_metavar(self: Any, ctx: Any) -> str:
-        return _value_name(self) + ("..." if self.nargs != 1 else "")
-
-    def argument_metavar(self: Any, ctx: Any, *, usage: bool = False) -> str:
-        dots = "..." if self.nargs != 1 else ""
-        if usage:
-            name = (self.metavar or self.name or "").upper()
-            return (name if self.required else f"[{name}]") + dots
-        return f"{self.name}{dots} {_value_name(self)}"
-
-    core.TyperOption.make_metavar = option_metavar
-    core.TyperArgument.make_metavar = argument_metavar
-
-
 _PLAIN_WORDS = {"int": "is not a whole number", "float": "is not a number"}
 _PYTHON_TYPE_WORDS = re.compile(r"is not a valid (int|float)(?: range)?\b")
 
@@ -84,25 +61,17 @@ _PYTHON_TYPE_WORDS = re.compile(r"is not a valid (int|float)(?: range)?\b")
 def one_line_usage_errors(errors: Console) -> None:
     """A usage error (an unknown option or command, a value of the wrong type) is one line that
     says what to do, like every other error, not click's usage block (exit code 2 still)."""
-    import importlib
+    from typer._click import core, exceptions  # (the click typer 0.28 vendors)
 
     def show(self: Any, file: Any = None) -> None:
         command = self.ctx.command_path if self.ctx is not None else "audit"
         message = " ".join(self.format_message().split()).rstrip(".")
-        # typer checks a value with pydantic, whose message starts "Value error, ": not ours to show
-        message = message.replace(": Value error, ", ": ")
         # click names the type it wanted by its Python name ("'x' is not a valid int range")
         message = _PYTHON_TYPE_WORDS.sub(lambda found: _PLAIN_WORDS[found.group(1)], message)
         errors.print(Text(f"audit: error: {message}; see '{command} -h'"), soft_wrap=True)
 
-    # typer vendors its click (typer._click, 0.2x); older releases use click itself (imported
-    # only then: it is no small part of a start-up).
-    for name in ("typer._click", "click"):
-        with contextlib.suppress(ImportError):
-            exceptions = importlib.import_module(f"{name}.exceptions")
-            exceptions.UsageError.show = show
-            _name_the_command(importlib.import_module(f"{name}.core").Command, exceptions.UsageError)
-            return
+    exceptions.UsageError.show = show  # type: ignore[method-assign]
+    _name_the_command(core.Command, exceptions.UsageError)
 
 
 def _name_the_command(command: Any, usage_error: Any) -> None:
