@@ -339,7 +339,7 @@ def test_a_value_of_the_wrong_kind_is_named_in_plain_words(args, says):
     assert len(result.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("interval", ["-1", "0", "nan"])
+@pytest.mark.parametrize("interval", ["-1", "0", "nan", "inf"])
 def test_watch_interval_must_be_a_positive_number(interval):
     # -1 crashed in time.sleep; 0 re-audited the file in a busy loop.
     result = run("watch", "B1_glaive", "--data-root", str(PREPARED), "--interval", interval)

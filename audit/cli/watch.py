@@ -130,9 +130,10 @@ def _keys():
 
 
 def _seconds(value: float) -> float:
-    """A number of seconds to wait: finite (a range check lets NaN through, and sleep refuses it)."""
-    if not math.isfinite(value):
-        raise typer.BadParameter(f"{value} is not a number of seconds")
+    """Seconds to wait between looks: finite, 0.1 or more (NaN, which a range check lets
+    through, and infinity are refused: the wait between looks could not take them)."""
+    if not (value >= 0.1 and math.isfinite(value)):
+        raise typer.BadParameter(f"{value} is not a number of seconds of 0.1 or more")
     return value
 
 
@@ -150,7 +151,7 @@ def watch(
     rules: RulesOption = None,
     interval: Annotated[
         float,
-        typer.Option("--interval", min=0.1, callback=_seconds, help="Seconds between looks at the file."),
+        typer.Option("--interval", callback=_seconds, help="Seconds between looks at the file (0.1 or more)."),
     ] = 2.0,
     once: Annotated[
         bool, typer.Option("--once", help="Audit what is there now, print it and exit (1 when a rule fails, as check).")
