@@ -554,12 +554,15 @@ def test_a_first_load_without_autotokenizer_loads_what_autotokenizer_loads(
     choice: on every tokenizer at hand where it does, the two loads give the same tokenizer
     (class, backend, special tokens, template). (Where it does not: the test below.)"""
     from transformers import AutoTokenizer
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
-    from audit.model.tokens.tokenizer_files import _plain_backend_class
+    from audit.model.tokens.tokenizer_files import _declares_byte_level, _plain_backend_class
 
     dirs = [KIMI_TOKENIZER, DEEPSEEK_TOKENIZER, *(d for d in real_tokenizer_dirs.values() if d is not None)]
     shortcut = 0
     for directory in dirs:
+        # The byte-level test, searched in the file's bytes, answers as transformers' own does.
+        assert _declares_byte_level(directory) == TokenizersBackend._tokenizer_json_has_byte_level(str(directory))
         backend_class = _plain_backend_class(directory)
         if backend_class is None:
             continue
