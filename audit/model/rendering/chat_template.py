@@ -215,10 +215,9 @@ def _render(compiled: Any, variables: dict[str, Any]) -> str:
     compiled (`_compiled`), so their dict and key set are made once; the context, the render
     and the errors are jinja's own, as `render` makes them."""
     environment = compiled.environment
-    context = environment.context_class(
-        environment, {**_globals_of(compiled), **variables}, compiled.name, compiled.blocks
-    )
-    context.globals_keys = set(_globals_of(compiled))
+    template_globals, global_names = _globals_of(compiled)
+    context = environment.context_class(environment, {**template_globals, **variables}, compiled.name, compiled.blocks)
+    context.globals_keys = global_names  # (only read: jinja hands it on to derived contexts)
     try:
         return str(environment.concat(compiled.root_render_func(context)))
     except Exception:
@@ -227,8 +226,9 @@ def _render(compiled: Any, variables: dict[str, Any]) -> str:
 
 
 @lru_cache(maxsize=8)
-def _globals_of(compiled: Any) -> dict[str, Any]:
-    return dict(compiled.globals)
+def _globals_of(compiled: Any) -> tuple[dict[str, Any], frozenset[str]]:
+    """The compiled template's globals, and their names."""
+    return dict(compiled.globals), frozenset(compiled.globals)
 
 
 @lru_cache(maxsize=8)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from audit.base.errors import ConfigError
@@ -88,6 +89,13 @@ def _render_chat_template(
 _MAPPING_TEST = re.compile(r"arguments['\"\]]*\s+is\s+mapping")
 
 
+@lru_cache(maxsize=8)
+def _tests_for_mapping(template_text: str) -> bool:
+    """Whether a chat template's source tests a call's arguments for a mapping (searched once
+    per template, not once per render)."""
+    return _MAPPING_TEST.search(template_text) is not None
+
+
 def _render_as_given(
     tokenizer: Tokenizer, messages: Messages, tools: Tools, thinking: bool, extra: dict[str, Any]
 ) -> str:
@@ -104,7 +112,7 @@ def _render_any_argument_form(
             conversation, tools or None, add_generation_prompt=add_generation_prompt, **extra
         )
 
-    if _MAPPING_TEST.search(tokenizer.chat_template_text) and (objects := other_argument_form(messages, True)):
+    if _tests_for_mapping(tokenizer.chat_template_text) and (objects := other_argument_form(messages, True)):
         # A template that tests for a mapping takes one as its own form and writes a string as
         # it is (Gemma-4 pastes a JSON string between its braces); serving stacks give it the
         # mapping (SGLang's normalize_assistant_tool_call_arguments parses string arguments).
