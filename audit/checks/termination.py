@@ -266,6 +266,8 @@ class TurnJoined(RecordRule):
         joined = (stop_at != ABSENT) | (result_at != ABSENT)
         joined[list(text_results)] = True
         rows = np.flatnonzero(joined)
+        if not len(rows):
+            return empty_findings()  # (nearly every block: no frame built)
         flagged = pl.DataFrame(
             [
                 pl.Series("row", rows, dtype=pl.UInt32),
@@ -275,8 +277,6 @@ class TurnJoined(RecordRule):
                 batch.records["output_ids"].gather(rows),
             ]
         )
-        if flagged.is_empty():
-            return empty_findings()
         stops = profile.profile.end_of_turn + profile.profile.eos
         names = dict(zip(profile.end_of_turn + profile.eos, stops, strict=True))
         for text in profile.profile.tool_result:

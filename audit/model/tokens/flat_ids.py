@@ -13,20 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import polars as pl
 
 
-@dataclass
+@dataclass(frozen=True)
 class FlatIds:
     """Many id lists as one flat array: sequence i is `values[offsets[i]:offsets[i + 1]]`."""
 
     values: np.ndarray  # int64 (uint32 as an encoder wrote them)
     offsets: np.ndarray  # int64, len = sequences + 1
 
-    @property
+    @cached_property
     def lengths(self) -> np.ndarray:
+        """Each sequence's length (worked out once: many rules ask for a batch's)."""
         return np.diff(self.offsets)
 
     def __len__(self) -> int:
