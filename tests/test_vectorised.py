@@ -337,6 +337,27 @@ def test_contract_failures_are_those_pandera_finds(vocabulary, data) -> None:
     assert contract_failures(schema, records).equals(validated_by_pandera(schema, records))
 
 
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_the_decodable_rows_are_the_same_once_the_contract_is_worked_out(data) -> None:
+    """A batch whose contract (INT002's) found nothing takes every present output as decodable
+    without a second pass over its ids: the same rows as that pass finds."""
+    context = _profile_context("kimi-k2.5", str(KIMI_TOKENIZER))
+    size = context.tokenizer.vocab_size
+    output = st.one_of(st.none(), st.lists(st.sampled_from([0, 1, size - 1, size, size + 5]), max_size=5))
+    outputs = data.draw(st.lists(output, min_size=1, max_size=8))
+
+    def batch() -> Batch:
+        made = batch_of(context, outputs, ["stop"] * len(outputs))
+        prompts = pl.Series("input_ids", [[1]] * len(outputs), dtype=pl.List(pl.Int64))
+        return Batch(made.records.with_columns(prompts), context)
+
+    alone, after_contract = batch(), batch()
+    event("the contract found nothing" if after_contract.contract_failures.is_empty() else "the contract found some")
+    assert after_contract.decodable.to_list() == alone.decodable.to_list()
+    assert "contract_failures" not in alone.__dict__
+
+
 def test_pandera_itself_reports_the_contract_checks() -> None:
     """The reference is live: pandera runs the expression checks and finds each kind of problem."""
     columns = {name: [None] * 3 for name in RECORD_COLUMNS}
