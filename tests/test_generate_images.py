@@ -105,6 +105,57 @@ def test_image_rows_generate_records_that_check_clean(tmp_path: Path, rows: list
     assert checked.exit_code == 0 and report["findings"] == [], report["findings"]
 
 
+def test_a_parquet_of_datasets_images_generates_records_that_check_clean(tmp_path: Path) -> None:
+    """A table saved by `datasets` holds each image as `{"bytes": ..., "path": ...}`: the bytes
+    are sent and kept inline (a data: URI), a struct with no bytes names a file beside it."""
+    folder = tmp_path / "data"
+    dataset(folder, "unused.jsonl", [])
+    rows = [
+        {"id": "bytes", "images": [{"bytes": RED, "path": "red.png"}],
+         "conversations": [{"from": "human", "value": "<image>\nWhat colour is this?"}, {"from": "gpt", "value": "Red."}]},
+        {"id": "both", "images": [{"bytes": TALL, "path": None}, {"bytes": None, "path": "pics/blue.png"}],
+         "conversations": [{"from": "human", "value": "Compare <image> with <image>."}]},
+    ]
+    prompts = folder / "rows.parquet"
+    import polars as pl
+
+    pl.DataFrame(rows).write_parquet(prompts)
+    out = tmp_path / "part" / "raw_responses.jsonl"
+    with SGLangStandin(QWEN_DIR, vision="qwen3.6") as server:
+        result = generate(prompts, out, server.url)
+    assert result.exit_code == 0, result.output
+    samples = {s["id"]: s for s in read_samples(out)}
+    expected = {"bytes": [RED], "both": [TALL, BLUE]}
+    sent = {tuple(body["input_ids"]): body.get("image_data", []) for body in server.received}
+    for key, images in expected.items():
+        sample = samples[key]
+        assert sample["image_sha256"] == [sha(b) for b in images]
+        request = sent[tuple(sample["input_ids"])]
+        assert [base64.b64decode(e.partition(",")[2]) for e in request] == images
+    assert samples["bytes"]["image_data"] == ["data:image/png;base64," + base64.b64encode(RED).decode()]
+    assert (out.parent / samples["both"]["image_data"][1]).read_bytes() == BLUE  # the file, copied in
+    checked = run_cli(["check", str(out.parent), "--format", "json", "--no-cache"])
+    assert checked.exit_code == 0 and json.loads(checked.stdout)["findings"] == []
+
+
+@pytest.mark.parametrize(
+    ("image", "reason"),
+    [
+        ({"bytes": None, "path": None}, "`images`[0] is a `datasets` Image with no bytes and no path"),
+        ({"bytes": "iVBORw0KGgo=", "path": "a.png"}, "`images`[0].bytes must hold the image file's bytes"),
+        ({"bytes": b"", "path": "a.png"}, "`images`[0].bytes must hold the image file's bytes"),
+        ({"bytes": b"<html>not found</html>", "path": "a.png"}, "markup (an HTML or XML page), not an image"),
+    ],
+)
+def test_a_datasets_image_that_holds_no_image_is_refused_in_one_line(image: dict, reason: str) -> None:
+    row = {"id": "r", "images": [image], "conversations": [{"from": "human", "value": "<image> What?"}]}
+    normalised = normalise_row(row)
+    if isinstance(normalised, Normalised):  # the row's shape is right: reading its image refuses it
+        normalised = ImageIntake(Path("/nonexistent")).read(normalised.images)
+    assert isinstance(normalised, Refused) and reason in normalised.reason, normalised
+    assert "\n" not in normalised.reason
+
+
 def test_rows_with_bad_images_are_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "secret.png").write_bytes(RED)
     rows = [

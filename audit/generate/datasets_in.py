@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 
 from audit.base.errors import InputError
+from audit.generate.image_parts import IMAGE_COLUMNS
 from audit.records.sources import MAX_LINE_BYTES
 
 # Rows per batch read from a table: a few megabytes of chat text.
@@ -51,6 +52,7 @@ PROMPT_COLUMNS = (
     "system",
     "tools",
     "chat_template_kwargs",
+    *IMAGE_COLUMNS,  # (strings, or `datasets` Images: {"bytes", "path"})
 )
 # A table needs one of these to hold prompts at all.
 CONVERSATION_COLUMNS = ("messages", "conversations", "conversation", "prompt")

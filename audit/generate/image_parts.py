@@ -11,6 +11,10 @@ reads what these name):
   `{"type": "image", "image": ...}`, or a bare `{"type": "image"}` that takes the next image
   of the row's `images` (or `image`) column.
 
+An image is named by a string (a path, an http(s) URL, a data: URI) or given as a `datasets`
+Image (`{"bytes": ..., "path": ...}`, as a Parquet or Arrow table holds one): its bytes become a
+data: URI, or, with none, its path names the file.
+
 Each image becomes a `{"type": "image"}` part of the message, the part the Qwen-VL chat
 templates render as one placeholder, so the rendered prompt holds one placeholder per image,
 in the order of `Normalised.images`. What cannot be read so is an `ImagePartError`, which the
@@ -19,6 +23,7 @@ row's normalisation turns into a refusal; nothing here raises anything else on a
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 IMAGE_COLUMNS = ("images", "image")
@@ -51,12 +56,17 @@ class ImageColumn:
             raise ImagePartError("bad_image", "both `images` and `image` are given: keep one image column")
         self.column = given[0] if given else None
         value = row.get(self.column) if self.column else None
-        entries = [value] if isinstance(value, str) else value
+        entries = [value] if isinstance(value, str | dict) else value
         if entries is not None and not isinstance(entries, list):
             raise ImagePartError(
                 "bad_image", f"`{self.column}` must be an image reference or a list of them, got {_shown(value)}"
             )
-        self.entries: list[Any] = entries or []
+        # A `datasets` Image in the column is read now, before the row's values are measured:
+        # its bytes, which JSON cannot hold, become a data: URI.
+        self.entries: list[Any] = [
+            _image_feature(entry, f"`{self.column}`[{n}]") if _is_image_feature(entry) else entry
+            for n, entry in enumerate(entries or [])
+        ]
         self.taken = 0
 
     @property
@@ -86,12 +96,47 @@ class ImageColumn:
 
 
 def reference(value: Any, where: str) -> str:
-    """An image reference as the row gives it: a path, an http(s) URL or a data: URI."""
+    """An image reference as the row gives it: a path, an http(s) URL or a data: URI (a
+    `datasets` Image, as a table holds it, read as one of those)."""
     if isinstance(value, str) and value.strip() and "\0" not in value:
         return value
     if isinstance(value, dict):
+        if _is_image_feature(value):
+            return _image_feature(value, where)
         return reference(value.get("url"), f"{where}.url") if set(value) <= {"url", "detail"} else _refuse(value, where)
     return _refuse(value, where)
+
+
+# A `datasets` Image feature as a Parquet or Arrow table holds it: `{"bytes": the image file's
+# bytes, "path": its file name}`, or `{"bytes": null, "path": a file beside the dataset}`.
+_IMAGE_FEATURE = frozenset({"bytes", "path"})
+# The media type a data: URI names, by the image file's first bytes (SGLang decodes the base64
+# whatever it names; the audit reads the bytes).
+_MEDIA_TYPES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"),
+                (b"BM", "image/bmp"))
+
+
+def _is_image_feature(value: Any) -> bool:
+    return isinstance(value, dict) and bool(value) and set(value) <= _IMAGE_FEATURE
+
+
+def _image_feature(value: dict[str, Any], where: str) -> str:
+    """A `datasets` Image: its bytes as a data: URI (sent and kept inline, as a dataset's own
+    data: URI is), or, with no bytes, its path."""
+    data = value.get("bytes")
+    if data is None:
+        if value.get("path") is None:
+            raise ImagePartError("bad_image", f"{where} is a `datasets` Image with no bytes and no path")
+        return reference(value.get("path"), f"{where}.path")
+    if not isinstance(data, bytes | bytearray) or not data:
+        raise ImagePartError(
+            "bad_image", f"{where}.bytes must hold the image file's bytes (a `datasets` Image), got {_shown(data)}"
+        )
+    data = bytes(data)
+    media = next((kind for magic, kind in _MEDIA_TYPES if data.startswith(magic)), None)
+    if media is None:
+        media = "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "application/octet-stream"
+    return f"data:{media};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 def _refuse(value: Any, where: str) -> str:
