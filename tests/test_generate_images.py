@@ -138,6 +138,17 @@ def test_a_parquet_of_datasets_images_generates_records_that_check_clean(tmp_pat
     assert checked.exit_code == 0 and json.loads(checked.stdout)["findings"] == []
 
 
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(min_size=1, max_size=256), path=st.one_of(st.none(), st.text(max_size=12)))
+def test_a_datasets_image_sends_its_very_bytes(data: bytes, path: str | None) -> None:
+    from audit.generate.image_parts import reference
+    from audit.records.images import inline_bytes
+
+    sent = reference({"bytes": data, "path": path}, "`images`[0]")
+    assert sent.startswith("data:") and inline_bytes(sent) == data
+    assert reference({"bytes": None, "path": "pics/red.png"}, "`images`[0]") == "pics/red.png"
+
+
 @pytest.mark.parametrize(
     ("image", "reason"),
     [
