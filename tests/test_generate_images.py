@@ -149,6 +149,21 @@ def test_a_datasets_image_sends_its_very_bytes(data: bytes, path: str | None) ->
     assert reference({"bytes": None, "path": "pics/red.png"}, "`images`[0]") == "pics/red.png"
 
 
+def test_a_datasets_image_in_a_content_part_is_read_as_in_the_column() -> None:
+    def row(image: dict) -> dict:
+        return {"id": "r", "messages": [{"role": "user", "content": [
+            {"type": "image", "image": image}, {"type": "text", "text": "What?"}]}]}
+
+    normalised = normalise_row(row({"bytes": RED, "path": None}))
+    assert isinstance(normalised, Normalised)
+    assert normalised.images == ("data:image/png;base64," + base64.b64encode(RED).decode(),)
+    assert normalised.messages[0]["content"][0] == {"type": "image"}
+    refused = normalise_row(row({"bytes": None, "path": None}))
+    assert isinstance(refused, Refused) and refused.reason == (
+        "messages[0].content[0].image is a `datasets` Image with no bytes and no path"
+    )
+
+
 @pytest.mark.parametrize(
     ("image", "reason"),
     [

@@ -41,6 +41,7 @@ from audit.generate.image_parts import (
     ImageColumn,
     ImagePartError,
     content_parts,
+    read_image_features,
     tagged_text,
     take_images,
 )
@@ -178,6 +179,7 @@ def _normalise(row: dict[str, Any], from_table: bool) -> Normalised | Dropped:
             )
         if not turns:
             return Dropped(f"an empty `{column}`")
+    read_image_features(column, turns)
     budget.visit(turns, 1)
     budget.visit(images.entries, 1)
     messages = [_turn(column, n, turn, notes, from_table, images) for n, turn in enumerate(turns)]

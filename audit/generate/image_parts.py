@@ -12,8 +12,8 @@ reads what these name):
   of the row's `images` (or `image`) column.
 
 An image is named by a string (a path, an http(s) URL, a data: URI) or given as a `datasets`
-Image (`{"bytes": ..., "path": ...}`, as a Parquet or Arrow table holds one): its bytes become a
-data: URI, or, with none, its path names the file.
+Image (`{"bytes": ..., "path": ...}`, as a Parquet or Arrow table holds one, in the image column
+or in an image part): its bytes become a data: URI, or, with none, its path names the file.
 
 Each image becomes a `{"type": "image"}` part of the message, the part the Qwen-VL chat
 templates render as one placeholder, so the rendered prompt holds one placeholder per image,
@@ -137,6 +137,22 @@ def _image_feature(value: dict[str, Any], where: str) -> str:
     if media is None:
         media = "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "application/octet-stream"
     return f"data:{media};base64,{base64.b64encode(data).decode('ascii')}"
+
+
+def read_image_features(column: str, turns: list[Any]) -> None:
+    """Each `datasets` Image an image part of the turns holds (`{"type": "image", "image":
+    {"bytes", "path"}}`), read in place as the column's are: before the row's values are
+    measured, its bytes, which JSON cannot hold, become a data: URI."""
+    for n, turn in enumerate(turns):
+        content = turn.get("content") if isinstance(turn, dict) else None
+        if not isinstance(content, list):
+            continue
+        for k, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for key in ("image", "image_url"):
+                if _is_image_feature(part.get(key)):
+                    part[key] = _image_feature(part[key], f"{column}[{n}].content[{k}].{key}")
 
 
 def _refuse(value: Any, where: str) -> str:
