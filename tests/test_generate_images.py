@@ -141,12 +141,12 @@ def test_a_parquet_of_datasets_images_generates_records_that_check_clean(tmp_pat
 @settings(max_examples=60, deadline=None)
 @given(data=st.binary(min_size=1, max_size=256), path=st.one_of(st.none(), st.text(max_size=12)))
 def test_a_datasets_image_sends_its_very_bytes(data: bytes, path: str | None) -> None:
-    from audit.generate.image_parts import reference
-    from audit.records.images import inline_bytes
+    from audit.generate.image_parts import image_value
+    from audit.records.inline_images import inline_bytes
 
-    sent = reference({"bytes": data, "path": path}, "`images`[0]")
+    sent = image_value({"bytes": data, "path": path}, "`images`[0]")
     assert sent.startswith("data:") and inline_bytes(sent) == data
-    assert reference({"bytes": None, "path": "pics/red.png"}, "`images`[0]") == "pics/red.png"
+    assert image_value({"bytes": None, "path": "pics/red.png"}, "`images`[0]") == "pics/red.png"
 
 
 def test_a_datasets_image_in_a_content_part_is_read_as_in_the_column() -> None:

@@ -14,7 +14,8 @@ import polars as pl
 from audit.checks.base import RecordRule, Severity, empty_findings, findings_frame
 from audit.records.batch import Batch
 from audit.records.image_view import RecordImages, batch_images
-from audit.records.images import RAW_BASE64, excerpt, part_reference
+from audit.records.images import excerpt, part_reference
+from audit.records.inline_images import RAW_BASE64
 
 
 class ImageRule(RecordRule):

@@ -41,7 +41,8 @@ from audit.model.families.vision import ResolvedVision, server_counts
 from audit.model.rendering.chat_rendering import chat_renderer
 from audit.model.trainers.speculators import vllm_messages
 from audit.records.batch import AuditContext, Batch
-from audit.records.images import RAW_BASE64, ImageSource, message_images, read_image, vision_layout
+from audit.records.images import ImageSource, message_images, read_image, vision_layout
+from audit.records.inline_images import RAW_BASE64
 from audit.records.trainer_input import TrainerInput, trainer_inputs
 
 _PART = pl.Struct({"type": pl.String(), "text": pl.String(), "image_url": pl.Struct({"url": pl.String()})})

@@ -23,8 +23,9 @@ row's normalisation turns into a refusal; nothing here raises anything else on a
 
 from __future__ import annotations
 
-import base64
 from typing import Any
+
+from audit.records.inline_images import data_uri
 
 IMAGE_COLUMNS = ("images", "image")
 IMAGE_TAG = "<image>"
@@ -61,12 +62,9 @@ class ImageColumn:
             raise ImagePartError(
                 "bad_image", f"`{self.column}` must be an image reference or a list of them, got {_shown(value)}"
             )
-        # A `datasets` Image in the column is read now, before the row's values are measured:
-        # its bytes, which JSON cannot hold, become a data: URI.
-        self.entries: list[Any] = [
-            _image_feature(entry, f"`{self.column}`[{n}]") if _is_image_feature(entry) else entry
-            for n, entry in enumerate(entries or [])
-        ]
+        # Read now, before the row's values are measured: a `datasets` Image's bytes, which JSON
+        # cannot hold, become a data: URI.
+        self.entries: list[Any] = [image_value(entry, f"`{self.column}`[{n}]") for n, entry in enumerate(entries or [])]
         self.taken = 0
 
     @property
@@ -96,33 +94,25 @@ class ImageColumn:
 
 
 def reference(value: Any, where: str) -> str:
-    """An image reference as the row gives it: a path, an http(s) URL or a data: URI (a
-    `datasets` Image, as a table holds it, read as one of those)."""
+    """An image reference as the row gives it: a path, an http(s) URL or a data: URI."""
     if isinstance(value, str) and value.strip() and "\0" not in value:
         return value
     if isinstance(value, dict):
-        if _is_image_feature(value):
-            return _image_feature(value, where)
         return reference(value.get("url"), f"{where}.url") if set(value) <= {"url", "detail"} else _refuse(value, where)
     return _refuse(value, where)
 
 
-# A `datasets` Image feature as a Parquet or Arrow table holds it: `{"bytes": the image file's
-# bytes, "path": its file name}`, or `{"bytes": null, "path": a file beside the dataset}`.
+# A `datasets` Image as a Parquet or Arrow table holds it: `{"bytes": the image file's bytes,
+# "path": its file name}`, or `{"bytes": null, "path": a file beside the dataset}`.
 _IMAGE_FEATURE = frozenset({"bytes", "path"})
-# The media type a data: URI names, by the image file's first bytes (SGLang decodes the base64
-# whatever it names; the audit reads the bytes).
-_MEDIA_TYPES = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"),
-                (b"BM", "image/bmp"))
 
 
-def _is_image_feature(value: Any) -> bool:
-    return isinstance(value, dict) and bool(value) and set(value) <= _IMAGE_FEATURE
-
-
-def _image_feature(value: dict[str, Any], where: str) -> str:
-    """A `datasets` Image: its bytes as a data: URI (sent and kept inline, as a dataset's own
-    data: URI is), or, with no bytes, its path."""
+def image_value(value: Any, where: str) -> Any:
+    """What an image place holds, with a `datasets` Image read: its bytes as a data: URI (sent
+    and kept inline, as a dataset's own data: URI is), or, with no bytes, its path. Anything
+    else is left for `reference` to judge."""
+    if not (isinstance(value, dict) and value and set(value) <= _IMAGE_FEATURE):
+        return value
     data = value.get("bytes")
     if data is None:
         if value.get("path") is None:
@@ -132,27 +122,19 @@ def _image_feature(value: dict[str, Any], where: str) -> str:
         raise ImagePartError(
             "bad_image", f"{where}.bytes must hold the image file's bytes (a `datasets` Image), got {_shown(data)}"
         )
-    data = bytes(data)
-    media = next((kind for magic, kind in _MEDIA_TYPES if data.startswith(magic)), None)
-    if media is None:
-        media = "image/webp" if data[:4] == b"RIFF" and data[8:12] == b"WEBP" else "application/octet-stream"
-    return f"data:{media};base64,{base64.b64encode(data).decode('ascii')}"
+    return data_uri(bytes(data))
 
 
 def read_image_features(column: str, turns: list[Any]) -> None:
     """Each `datasets` Image an image part of the turns holds (`{"type": "image", "image":
-    {"bytes", "path"}}`), read in place as the column's are: before the row's values are
-    measured, its bytes, which JSON cannot hold, become a data: URI."""
+    {"bytes", "path"}}`), read in place as the column's are (`image_value`), before the row's
+    values are measured."""
     for n, turn in enumerate(turns):
         content = turn.get("content") if isinstance(turn, dict) else None
-        if not isinstance(content, list):
-            continue
-        for k, part in enumerate(content):
-            if not isinstance(part, dict):
-                continue
-            for key in ("image", "image_url"):
-                if _is_image_feature(part.get(key)):
-                    part[key] = _image_feature(part[key], f"{column}[{n}].content[{k}].{key}")
+        for k, part in enumerate(content if isinstance(content, list) else []):
+            for key in ("image", "image_url") if isinstance(part, dict) else ():
+                if key in part:
+                    part[key] = image_value(part[key], f"{column}[{n}].content[{k}].{key}")
 
 
 def _refuse(value: Any, where: str) -> str:

@@ -17,9 +17,7 @@ reads it; one copy per distinct image). URLs and data: URIs are sent and kept as
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import mimetypes
 import os
 import re
 from dataclasses import dataclass
@@ -28,14 +26,8 @@ from pathlib import Path
 
 from audit.generate.conversations import Refused
 from audit.records.image_paths import path_inside
-from audit.records.images import (
-    FETCH_MAX_BYTES,
-    RAW_BASE64,
-    ImageRead,
-    fetch_image,
-    image_bytes,
-    inline_bytes,
-)
+from audit.records.images import FETCH_MAX_BYTES, ImageRead, fetch_image, image_bytes
+from audit.records.inline_images import RAW_BASE64, data_uri, inline_bytes
 
 IMAGES_FOLDER = "images"
 _SUFFIX = re.compile(r"\.[a-z0-9]{1,8}")
@@ -182,8 +174,7 @@ class PartitionImages:
             suffix = image.path.suffix.lower()
             name = f"{IMAGES_FOLDER}/{image.sha256}{suffix if _SUFFIX.fullmatch(suffix) else ''}"
             self._store(name, data)
-            mime = mimetypes.guess_type(f"x{suffix}")[0] or "image/png"
-            sent.append(f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}")
+            sent.append(data_uri(data))
             kept.append(name)
         return sent, kept
 

@@ -12,11 +12,8 @@ empty file, an HTML error page saved under an image's name or a truncated PNG.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,6 +25,7 @@ import numpy as np
 
 from audit.model.families.vision import ResolvedVision, image_tokens, server_counts
 from audit.records.image_paths import path_inside
+from audit.records.inline_images import RAW_BASE64, inline_bytes
 from audit.records.png_size import png_pixels_short
 
 # `--fetch-images`: how long a URL may take to answer, and the most bytes read from it.
@@ -37,10 +35,6 @@ FETCH_MAX_BYTES = 64 << 20
 # A PNG's last chunk, IEND, with its checksum: a file cut inside it still verifies.
 _PNG_END = b"IEND\xaeB`\x82"
 
-# An image_data string SGLang 0.5.23 decodes as base64 (`srt/utils/common.py::get_image_bytes`:
-# any string that is no URL, data: URI or absolute path): of the base64 alphabet only (no
-# file suffix) and long, and no file of that name beside the data.
-RAW_BASE64 = re.compile(r"[A-Za-z0-9+/]{64,}={0,2}")
 
 # Images of other formats than PNG are decoded to find one cut short, up to this many pixels.
 _DECODED_PIXELS = 50_000_000
@@ -164,23 +158,6 @@ def fetch_image(url: str) -> bytes | ImageRead:
 def _inline(entry: str) -> ImageRead:
     data = inline_bytes(entry)
     return ImageRead(problem=data) if isinstance(data, str) else image_bytes(data)
-
-
-def inline_bytes(entry: str) -> bytes | str:
-    """The bytes an inline image holds (a `data:` URI, or bare base64, which SGLang decodes as
-    one), or why there are none."""
-    payload, problem = entry, "base64 that does not decode"
-    if entry[:5].lower() == "data:":
-        header, comma, payload = entry.partition(",")
-        if not comma:
-            return "a data: URI with no ',' before its data"
-        if not header.lower().endswith(";base64"):
-            return "a data: URI that is not base64 (SGLang decodes base64 images only)"
-        problem = "a data: URI holding base64 that does not decode"
-    try:
-        return base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError):
-        return problem
 
 
 def image_bytes(data: bytes) -> ImageRead:
