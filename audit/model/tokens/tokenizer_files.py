@@ -148,7 +148,7 @@ def _declares_byte_level(path: Path) -> bool:
     """transformers' `TokenizersBackend._tokenizer_json_has_byte_level` for a local folder: does
     tokenizer.json name "ByteLevel" anywhere. Searched in its bytes (the same answer, the name
     being ASCII): transformers decodes the whole file to text first, ~60 ms of a first load
-    for a 128k vocabulary."""
+    under cProfile for a 128k vocabulary."""
     try:
         return b'"ByteLevel"' in (path / "tokenizer.json").read_bytes()
     except OSError:
